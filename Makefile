@@ -1,0 +1,45 @@
+# Two entry points matter: `make run` and `make test` (see README.md).
+# Everything else is a prerequisite they pull in, so a fresh clone needs nothing by hand.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export KPMON_HOME ?= $(CURDIR)/.kpmon
+
+.PHONY: setup jars schemas lint typecheck test unit run clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,bench,ops]'
+	touch $(STAMP)
+
+setup: $(STAMP) jars
+
+# Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
+jars: $(STAMP)
+	$(PY) -m deploy.fetch
+
+# Regenerate codec/schema_table.json from the pinned kafka-clients jars.
+schemas: jars
+	$(PY) -m codec.generator --write
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(PY) -m pytest -m "not integration" -q
+
+test: setup lint typecheck
+	$(PY) -m pytest -q
+
+run: setup
+	$(VENV)/bin/kpmon run
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,12 @@
+"""Pinned upstream versions. One place, so the codec, the stack and the Spark connector agree."""
+
+from __future__ import annotations
+
+#: Newest Kafka 4.x on Maven Central: the default broker and the primary source of message definitions.
+KAFKA_LATEST = "4.4.0"
+#: Newest 3.9.x: the second broker kind, and the definitions of versions that 4.0 removed (KIP-896).
+KAFKA_LEGACY = "3.9.2"
+#: Newest first: for every API version the codec takes the definition from the first release that has it.
+KAFKA_RELEASES = (KAFKA_LATEST, KAFKA_LEGACY)
+
+SCALA_BINARY = "2.13"
