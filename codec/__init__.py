@@ -1,0 +1,46 @@
+"""A sans-I/O codec for every Kafka API and version, generated from Apache Kafka's message definitions.
+
+Frames are passed without their 4-byte size prefix. See ``docs/codec.md`` and ARCHITECTURE.md.
+"""
+
+from codec.api import (
+    Request,
+    Response,
+    api_keys,
+    api_name,
+    decode_data,
+    decode_request,
+    decode_request_header,
+    decode_response,
+    encode,
+    encode_data,
+    encode_request,
+    encode_response,
+    is_flexible,
+    request_header_version,
+    response_header_version,
+    supported_versions,
+)
+from codec.errors import DecodeError
+from codec.wire import EncodeError
+
+__all__ = [
+    "DecodeError",
+    "EncodeError",
+    "Request",
+    "Response",
+    "api_keys",
+    "api_name",
+    "decode_data",
+    "decode_request",
+    "decode_request_header",
+    "decode_response",
+    "encode",
+    "encode_data",
+    "encode_request",
+    "encode_response",
+    "is_flexible",
+    "request_header_version",
+    "response_header_version",
+    "supported_versions",
+]

@@ -57,7 +57,7 @@ def fetch_all() -> None:
         fetch_clients_jar(version)
     # The broker distributions for the local stack are fetched by deploy.local (see its module).
     try:
-        from deploy.local import distribution
+        from deploy.local import distribution  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return
     for version in KAFKA_RELEASES:

@@ -162,7 +162,5 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     try:
         return KpmonConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid config: {problems}") from exc

@@ -1,0 +1,655 @@
+"""Compile schema segments into specialised Python decode, skip and encode functions.
+
+Interpreting the schema field by field for every frame is several times slower than running code that
+was written for one message version. So, like Kafka's MessageGenerator (which writes Java), this module
+writes Python source for a (message, version, projection) the first time it is needed, ``exec``s it once
+and caches the functions. The generated code:
+
+- groups runs of fixed-width fields into one ``struct`` unpack;
+- checks every length against the bytes left before slicing or looping, so a hostile length can neither
+  allocate more than the input nor spin (array lengths are checked against the element's minimum size);
+- turns any low-level failure into ``DecodeError`` carrying the offset where the failing read began;
+- skips unprojected fields without building them.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable, Mapping
+from itertools import count
+from typing import Any
+
+from codec.errors import DecodeError
+from codec.schema import FIXED_FORMATS, FIXED_SIZES, FieldSpec, Segment
+from codec.wire import (
+    EncodeError,
+    read_tagged_section,
+    read_uvarint,
+    skip_tagged_section,
+    uuid_bytes,
+    write_uvarint,
+)
+
+#: A projection: field name → sub-projection (None = the whole field). None at the top = everything.
+Projection = Mapping[str, "Projection | None"]
+
+Decoder = Callable[[bytes, int, int], tuple[dict[str, Any], int]]
+Skipper = Callable[[bytes, int, int], int]
+Encoder = Callable[[Mapping[str, Any], bytearray], None]
+
+_ids = count()
+
+
+def _records_factory(raw: bytes) -> Any:
+    from codec.records import RecordBatches
+
+    return RecordBatches.from_bytes(raw)
+
+
+class _Namespace(dict[str, Any]):
+    """Globals shared by all generated functions: helpers and compiled struct formats."""
+
+    def __init__(self, **helpers: Any) -> None:
+        super().__init__(**helpers)
+        #: (kind, id(fields), version, flexible[, projection]) → generated function name.
+        self.cache: dict[tuple[Any, ...], str] = {}
+
+    def struct(self, fmt: str) -> str:
+        name = "_S_" + fmt.replace("?", "o")
+        if name not in self:
+            self[name] = struct.Struct(">" + fmt)
+        return name
+
+    def const(self, value: Any) -> str:
+        name = f"_C{next(_ids)}"
+        self[name] = value
+        return name
+
+
+def _base_namespace() -> _Namespace:
+    ns = _Namespace(
+        _E=DecodeError,
+        _EE=EncodeError,
+        _SE=struct.error,
+        _uv=read_uvarint,
+        _wuv=write_uvarint,
+        _tags=read_tagged_section,
+        _skiptags=skip_tagged_section,
+        _UUID=uuid.UUID,
+        _uuidb=uuid_bytes,
+        _unpack=struct.unpack_from,
+        _pack=struct.pack,
+        _records=_records_factory,
+    )
+    return ns
+
+
+class _Code:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def indent(self) -> None:
+        self.depth += 1
+
+    def dedent(self) -> None:
+        self.depth -= 1
+
+
+def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: bool) -> str:
+    """A Python expression for the field's default (what Java puts in a fresh message)."""
+    if field.has_default and field.default is None:
+        return "None"
+    if field.is_array:
+        return "[]"
+    if field.is_struct:
+        fn = compile_default(ns, field.fields or (), version, flexible)
+        return f"{fn}()"
+    t = field.type
+    if field.has_default:
+        if t == "uuid":
+            return (
+                ns.const(uuid.UUID(int=0))
+                if field.default in (None, "")
+                else ns.const(uuid.UUID(field.default))
+            )
+        return repr(field.default)
+    if t in ("int8", "int16", "uint16", "int32", "uint32", "int64"):
+        return "0"
+    if t == "float64":
+        return "0.0"
+    if t == "bool":
+        return "False"
+    if t == "string":
+        return "''"
+    if t == "bytes":
+        return "b''"
+    if t == "records":
+        return "None"
+    if t == "uuid":
+        return ns.const(uuid.UUID(int=0))
+    raise ValueError(f"no default for type {t}")
+
+
+def _min_size(field: FieldSpec, version: int, flexible: bool) -> int:
+    """The fewest bytes a value of this field can occupy (bounds array lengths before looping)."""
+    fflex = field.flexible_at(version, flexible)
+    if field.is_array:
+        return 1 if fflex else 4
+    if field.is_struct:
+        if field.nullable_at(version):
+            return 1
+        return struct_min_size(field.fields or (), version, flexible)
+    fmt = FIXED_FORMATS.get(field.type)
+    if fmt:
+        return FIXED_SIZES[fmt]
+    if field.type == "uuid":
+        return 16
+    if field.type == "string":
+        return 1 if fflex else 2
+    return 1 if fflex else 4  # bytes, records
+
+
+def struct_min_size(fields: tuple[FieldSpec, ...], version: int, flexible: bool) -> int:
+    total = 1 if flexible else 0
+    for f in fields:
+        if f.present(version) and not f.tagged_at(version):
+            total += _min_size(f, version, flexible)
+    return total
+
+
+def _element_field(field: FieldSpec) -> FieldSpec:
+    return FieldSpec(
+        name=field.name,
+        type=field.element,
+        versions=field.versions,
+        nullable=None,
+        tagged=None,
+        tag=None,
+        flexible_override=field.flexible_override,
+        default=None,
+        has_default=False,
+        map_key=False,
+        fields=field.fields,
+    )
+
+
+class _DecodeWriter:
+    """Writes decode (``build=True``) or skip (``build=False``) code for one struct version."""
+
+    def __init__(self, ns: _Namespace, code: _Code, version: int, flexible: bool, what: str) -> None:
+        self.ns = ns
+        self.c = code
+        self.version = version
+        self.flexible = flexible
+        self.what = what
+        self.tmp = count()
+
+    def var(self) -> str:
+        return f"t{next(self.tmp)}"
+
+    def length(self, fflex: bool, width: str) -> None:
+        """Read a length into ``n``: compact (uvarint - 1) or int16/int32."""
+        c = self.c
+        if fflex:
+            c.emit("n = b[p]")
+            c.emit("if n < 128: p += 1")
+            c.emit("else: n, p = _uv(b, p)")
+            c.emit("n -= 1")
+        else:
+            c.emit(f"n, = {self.ns.struct(width)}.unpack_from(b, p); p += {FIXED_SIZES[width]}")
+
+    def null_check(self, target: str | None, nullable: bool, label: str) -> None:
+        c = self.c
+        c.emit("if n < 0:")
+        c.indent()
+        if nullable:
+            c.emit(f"{target} = None" if target else "pass")
+        else:
+            c.emit(f"raise _E('non-nullable {label} is null', p)")
+        c.dedent()
+
+    def field(self, f: FieldSpec, target: str | None, proj: Projection | None) -> None:
+        """Emit code reading field ``f`` into local ``target`` (None: skip it)."""
+        c, v = self.c, self.version
+        fflex = f.flexible_at(v, self.flexible)
+        nullable = f.nullable_at(v)
+        label = f"{f.type} {f.name}"
+        if f.is_array:
+            self.length(fflex, "i")
+            self.null_check(target, nullable, label)
+            c.emit("else:")
+            c.indent()
+            elem = _element_field(f)
+            ms = max(1, _min_size(elem, v, self.flexible))
+            c.emit(f"if n * {ms} > L - p: raise _E(f'array {f.name} length {{n}} exceeds the bytes left', p)")
+            fmt = FIXED_FORMATS.get(f.element)
+            if fmt:
+                if target:
+                    c.emit(f"{target} = list(_unpack(f'>{{n}}{fmt}', b, p))")
+                c.emit(f"p += n * {FIXED_SIZES[fmt]}")
+            elif target:
+                item = self.var()
+                c.emit(f"{target} = []")
+                c.emit("for _ in range(n):")
+                c.indent()
+                self.scalar_or_struct(elem, item, proj, fflex)
+                c.emit(f"{target}.append({item})")
+                c.dedent()
+            else:
+                c.emit("for _ in range(n):")
+                c.indent()
+                self.scalar_or_struct(elem, None, proj, fflex)
+                c.dedent()
+            c.dedent()
+            return
+        if f.is_struct:
+            if nullable:
+                c.emit("m = b[p]; p += 1")
+                c.emit("if m > 127:")
+                c.indent()
+                c.emit(f"{target} = None" if target else "pass")
+                c.dedent()
+                c.emit("else:")
+                c.indent()
+                self.scalar_or_struct(f, target, proj, fflex)
+                c.dedent()
+            else:
+                self.scalar_or_struct(f, target, proj, fflex)
+            return
+        self.scalar_or_struct(f, target, proj, fflex, nullable)
+
+    def scalar_or_struct(
+        self, f: FieldSpec, target: str | None, proj: Projection | None, fflex: bool, nullable: bool = False
+    ) -> None:
+        c, ns = self.c, self.ns
+        if f.is_struct:
+            fields = f.fields or ()
+            if target:
+                fn = compile_decoder(ns, fields, self.version, self.flexible, proj, f"{self.what}.{f.name}")
+                c.emit(f"{target}, p = {fn}(b, p, L)")
+            else:
+                fn = compile_skipper(ns, fields, self.version, self.flexible, f"{self.what}.{f.name}")
+                c.emit(f"p = {fn}(b, p, L)")
+            return
+        t = f.type
+        fmt = FIXED_FORMATS.get(t)
+        if fmt:
+            if target:
+                c.emit(f"{target}, = {ns.struct(fmt)}.unpack_from(b, p); p += {FIXED_SIZES[fmt]}")
+            else:
+                c.emit(f"p += {FIXED_SIZES[fmt]}")
+            return
+        if t == "uuid":
+            if target:
+                c.emit(f"{target} = _UUID(bytes={ns.struct('16s')}.unpack_from(b, p)[0]); p += 16")
+            else:
+                c.emit("p += 16")
+            return
+        if t in ("string", "bytes", "records"):
+            self.length(fflex, "h" if t == "string" else "i")
+            self.null_check(target, nullable, f"{t} {f.name}")
+            c.emit("else:")
+            c.indent()
+            c.emit("e = p + n")
+            c.emit(f"if e > L: raise _E(f'{t} {f.name} length {{n}} exceeds the {{L - p}} bytes left', p)")
+            if target:
+                if t == "string":
+                    c.emit(f"{target} = b[p:e].decode()")
+                elif t == "bytes":
+                    c.emit(f"{target} = b[p:e]")
+                else:
+                    c.emit(f"{target} = _records(b[p:e])")
+            c.emit("p = e")
+            c.dedent()
+            return
+        raise ValueError(f"unknown type {t}")
+
+
+def _tag_fn(
+    ns: _Namespace, f: FieldSpec, version: int, flexible: bool, what: str, proj: Projection | None
+) -> str:
+    """A function reading one tagged field's value (the bytes after its tag and size)."""
+    name = f"_t{next(_ids)}"
+    code = _Code()
+    w = _DecodeWriter(ns, code, version, flexible, what)
+    code.emit("try:")
+    code.indent()
+    w.field(f, "x", proj)
+    code.emit("return x, p")
+    code.dedent()
+    code.emit("except (_SE, IndexError, UnicodeDecodeError) as exc:")
+    code.indent()
+    code.emit(f"raise _E(f'truncated or malformed tagged field {f.name}: {{exc}}', p) from None")
+    code.dedent()
+    src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
+    exec(compile(src, f"<kpmon:{what}.{f.name}>", "exec"), ns)
+    return name
+
+
+def _proj_key(proj: Projection | None) -> Any:
+    if proj is None:
+        return None
+    return tuple(sorted((k, _proj_key(v)) for k, v in proj.items()))
+
+
+def compile_decoder(
+    ns: _Namespace,
+    fields: tuple[FieldSpec, ...],
+    version: int,
+    flexible: bool,
+    proj: Projection | None,
+    what: str,
+) -> str:
+    """Name (in ``ns``) of a function ``(b, p, L) -> (dict, p)`` decoding this struct."""
+    key = ("d", id(fields), version, flexible, _proj_key(proj))
+    cached = ns.cache.get(key)
+    if cached:
+        return cached
+    name = f"_d{next(_ids)}"
+    ns.cache[key] = name
+    code = _Code()
+    w = _DecodeWriter(ns, code, version, flexible, what)
+    present = [f for f in fields if f.present(version)]
+    wanted = [f for f in present if proj is None or f.name in proj]
+    local = {f.name: f"f{i}" for i, f in enumerate(present)}
+    code.emit("try:")
+    code.indent()
+    run: list[FieldSpec] = []
+
+    def flush_fixed() -> None:
+        if not run:
+            return
+        fmt = "".join(FIXED_FORMATS[f.type] for f in run)
+        size = sum(FIXED_SIZES[ch] for ch in fmt)
+        if any(proj is None or f.name in proj for f in run):
+            targets = ", ".join(local[f.name] for f in run)
+            code.emit(f"{targets}, = {ns.struct(fmt)}.unpack_from(b, p); p += {size}")
+        else:
+            code.emit(f"p += {size}")
+        run.clear()
+
+    for f in present:
+        if f.tagged_at(version):
+            continue
+        if f.type in FIXED_FORMATS and not f.is_array:
+            run.append(f)
+            continue
+        flush_fixed()
+        selected = proj is None or f.name in proj
+        sub = proj.get(f.name) if proj is not None and selected else None
+        w.field(f, local[f.name] if selected else None, sub)
+    flush_fixed()
+    tagged = [f for f in wanted if f.tagged_at(version)]
+    if flexible:
+        for f in tagged:
+            code.emit(f"{local[f.name]} = {_default_literal(ns, f, version, flexible)}")
+        code.emit("if b[p] == 0:")
+        code.indent()
+        code.emit("p += 1; U = None")
+        code.dedent()
+        code.emit("else:")
+        code.indent()
+        if proj is None:
+            known = {
+                f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, None)])
+                for f in present
+                if f.tagged_at(version)
+            }
+            code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)})")
+            for f in tagged:
+                code.emit(f"if {f.name!r} in T: {local[f.name]} = T[{f.name!r}]")
+        else:
+            known = {
+                f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, proj.get(f.name))]) for f in tagged
+            }
+            code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)}, False)")
+            for f in tagged:
+                code.emit(f"if {f.name!r} in T: {local[f.name]} = T[{f.name!r}]")
+        code.dedent()
+    items = ", ".join(f"{f.name!r}: {local[f.name]}" for f in wanted)
+    code.emit(f"r = {{{items}}}")
+    if flexible:
+        code.emit("if U: r.update(U)")
+    code.emit("return r, p")
+    code.dedent()
+    code.emit("except (_SE, IndexError, UnicodeDecodeError) as exc:")
+    code.indent()
+    code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
+    code.dedent()
+    src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
+    exec(compile(src, f"<kpmon:{what}>", "exec"), ns)
+    return name
+
+
+def compile_skipper(
+    ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool, what: str
+) -> str:
+    """Name of a function ``(b, p, L) -> p`` stepping over this struct without building it."""
+    key = ("s", id(fields), version, flexible)
+    cached = ns.cache.get(key)
+    if cached:
+        return cached
+    name = f"_s{next(_ids)}"
+    ns.cache[key] = name
+    code = _Code()
+    w = _DecodeWriter(ns, code, version, flexible, what)
+    code.emit("try:")
+    code.indent()
+    fixed = 0
+    for f in fields:
+        if not f.present(version) or f.tagged_at(version):
+            continue
+        if f.type in FIXED_FORMATS and not f.is_array:
+            fixed += FIXED_SIZES[FIXED_FORMATS[f.type]]
+            continue
+        if fixed:
+            code.emit(f"p += {fixed}")
+            fixed = 0
+        w.field(f, None, None)
+    if fixed:
+        code.emit(f"p += {fixed}")
+    if flexible:
+        code.emit("p = _skiptags(b, p, L)")
+    code.emit("if p > L: raise _E('struct runs past the end of the frame', L)")
+    code.emit("return p")
+    code.dedent()
+    code.emit("except (_SE, IndexError) as exc:")
+    code.indent()
+    code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
+    code.dedent()
+    src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
+    exec(compile(src, f"<kpmon:{what}>", "exec"), ns)
+    return name
+
+
+def compile_default(ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool) -> str:
+    """Name of a function returning a fresh struct dict holding every field's default."""
+    key = ("z", id(fields), version, flexible)
+    cached = ns.cache.get(key)
+    if cached:
+        return cached
+    name = f"_z{next(_ids)}"
+    ns.cache[key] = name
+    items = ", ".join(
+        f"{f.name!r}: {_default_literal(ns, f, version, flexible)}" for f in fields if f.present(version)
+    )
+    exec(f"def {name}():\n    return {{{items}}}\n", ns)
+    return name
+
+
+class _EncodeWriter:
+    def __init__(self, ns: _Namespace, code: _Code, version: int, flexible: bool, what: str) -> None:
+        self.ns = ns
+        self.c = code
+        self.version = version
+        self.flexible = flexible
+        self.what = what
+        self.tmp = count()
+
+    def length(self, expr: str, fflex: bool, width: str) -> None:
+        if fflex:
+            self.c.emit(f"_wuv(w, {expr} + 1)")
+        else:
+            self.c.emit(f"w += {self.ns.struct(width)}.pack({expr})")
+
+    def null(self, fflex: bool, width: str) -> None:
+        if fflex:
+            self.c.emit("w.append(0)")
+        else:
+            self.c.emit(f"w += {self.ns.struct(width)}.pack(-1)")
+
+    def value(self, f: FieldSpec, expr: str, fflex: bool, nullable: bool) -> None:
+        """Emit code writing the value held in local ``expr``."""
+        c, ns, v = self.c, self.ns, self.version
+        if f.is_array:
+            c.emit(f"if {expr} is None:")
+            c.indent()
+            if nullable:
+                self.null(fflex, "i")
+            else:
+                c.emit(f"raise _EE('non-nullable array {f.name} is None')")
+            c.dedent()
+            c.emit("else:")
+            c.indent()
+            self.length(f"len({expr})", fflex, "i")
+            fmt = FIXED_FORMATS.get(f.element)
+            if fmt:
+                c.emit(f"w += _pack(f'>{{len({expr})}}{fmt}', *{expr})")
+            else:
+                item = f"i{next(self.tmp)}"
+                c.emit(f"for {item} in {expr}:")
+                c.indent()
+                self.value(_element_field(f), item, fflex, False)
+                c.dedent()
+            c.dedent()
+            return
+        if f.is_struct:
+            fn = compile_encoder(ns, f.fields or (), v, self.flexible, f"{self.what}.{f.name}")
+            if nullable:
+                c.emit(f"if {expr} is None: w.append(255)")
+                c.emit(f"else: w.append(1); {fn}({expr}, w)")
+            else:
+                c.emit(f"if {expr} is None: raise _EE('non-nullable struct {f.name} is None')")
+                c.emit(f"{fn}({expr}, w)")
+            return
+        t = f.type
+        fmt = FIXED_FORMATS.get(t)
+        if fmt:
+            c.emit(f"w += {ns.struct(fmt)}.pack({expr})")
+            return
+        if t == "uuid":
+            c.emit(f"w += _uuidb({expr})")
+            return
+        width = "h" if t == "string" else "i"
+        c.emit(f"if {expr} is None:")
+        c.indent()
+        if nullable:
+            self.null(fflex, width)
+        else:
+            c.emit(f"raise _EE('non-nullable {t} {f.name} is None')")
+        c.dedent()
+        c.emit("else:")
+        c.indent()
+        raw = f"x{next(self.tmp)}"
+        if t == "string":
+            c.emit(f"{raw} = {expr}.encode()")
+        else:
+            c.emit(f"{raw} = bytes({expr})")
+        self.length(f"len({raw})", fflex, width)
+        c.emit(f"w += {raw}")
+        c.dedent()
+
+
+def compile_encoder(
+    ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool, what: str
+) -> str:
+    """Name of a function ``(dict, bytearray) -> None`` appending this struct's encoding."""
+    key = ("e", id(fields), version, flexible)
+    cached = ns.cache.get(key)
+    if cached:
+        return cached
+    name = f"_e{next(_ids)}"
+    ns.cache[key] = name
+    code = _Code()
+    w = _EncodeWriter(ns, code, version, flexible, what)
+    present = [f for f in fields if f.present(version)]
+    run: list[FieldSpec] = []
+
+    def flush_fixed() -> None:
+        if not run:
+            return
+        fmt = "".join(FIXED_FORMATS[f.type] for f in run)
+        args = ", ".join(f"o.get({f.name!r}, {_default_literal(ns, f, version, flexible)})" for f in run)
+        code.emit(f"w += {ns.struct(fmt)}.pack({args})")
+        run.clear()
+
+    for f in present:
+        if f.tagged_at(version):
+            continue
+        if f.type in FIXED_FORMATS and not f.is_array:
+            run.append(f)
+            continue
+        flush_fixed()
+        code.emit(f"v = o.get({f.name!r}, {_default_literal(ns, f, version, flexible)})")
+        w.value(f, "v", f.flexible_at(version, flexible), f.nullable_at(version))
+    flush_fixed()
+    if flexible:
+        tagged = sorted((f for f in present if f.tagged_at(version)), key=lambda f: f.tag or 0)
+        code.emit("tags = []")
+        for f in tagged:
+            code.emit(f"v = o.get({f.name!r}, {_default_literal(ns, f, version, flexible)})")
+            code.emit(f"if v != {_default_literal(ns, f, version, flexible)}:")
+            code.indent()
+            code.emit("outer = w; w = bytearray()")
+            w.value(f, "v", f.flexible_at(version, flexible), f.nullable_at(version))
+            code.emit(f"tags.append(({f.tag}, bytes(w))); w = outer")
+            code.dedent()
+        code.emit("u = o.get('_unknown_tags')")
+        code.emit("if u: tags.extend(u.items()); tags.sort()")
+        code.emit("_wuv(w, len(tags))")
+        code.emit("for tag, data in tags:")
+        code.indent()
+        code.emit("_wuv(w, tag); _wuv(w, len(data)); w += data")
+        code.dedent()
+    if not code.lines:
+        code.emit("pass")
+    body = "\n".join(code.lines)
+    src = (
+        f"def {name}(o, w):\n    try:\n"
+        + "\n".join("    " + line for line in body.split("\n"))
+        + f"\n    except (_SE, AttributeError, TypeError, ValueError, OverflowError) as exc:\n"
+        f"        if isinstance(exc, _EE): raise\n"
+        f"        raise _EE(f'cannot encode {what}: {{exc}}') from None\n"
+    )
+    exec(compile(src, f"<kpmon:encode:{what}>", "exec"), ns)
+    return name
+
+
+class CompiledSchema:
+    """Compiled functions for one schema, cached per (segment, version, projection)."""
+
+    def __init__(self) -> None:
+        self.ns = _base_namespace()
+        self._decoders: dict[tuple[int, int, Any], Decoder] = {}
+        self._encoders: dict[tuple[int, int], Encoder] = {}
+
+    def decoder(self, segment: Segment, version: int, proj: Projection | None, what: str) -> Decoder:
+        key = (id(segment), version, _proj_key(proj))
+        fn = self._decoders.get(key)
+        if fn is None:
+            name = compile_decoder(self.ns, segment.fields, version, segment.flexible_at(version), proj, what)
+            fn = self._decoders[key] = self.ns[name]
+        return fn
+
+    def encoder(self, segment: Segment, version: int, what: str) -> Encoder:
+        key = (id(segment), version)
+        fn = self._encoders.get(key)
+        if fn is None:
+            name = compile_encoder(self.ns, segment.fields, version, segment.flexible_at(version), what)
+            fn = self._encoders[key] = self.ns[name]
+        return fn

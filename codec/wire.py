@@ -1,0 +1,118 @@
+"""Variable-length primitives shared by the generated code: unsigned varints and tagged sections."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from codec.errors import DecodeError
+
+TagReader = Callable[[bytes, int, int], tuple[Any, int]]
+
+
+class EncodeError(ValueError):
+    """A body that cannot be encoded at the requested version (wrong type, missing non-nullable value)."""
+
+
+def read_uvarint(b: bytes, p: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes (Kafka's lengths and tags are 32-bit)."""
+    result = 0
+    shift = 0
+    start = p
+    while True:
+        if p >= len(b):
+            raise DecodeError("varint runs past the end of the frame", start)
+        byte = b[p]
+        p += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, p
+        shift += 7
+        if shift > 28:
+            raise DecodeError("varint longer than 5 bytes", start)
+
+
+def write_uvarint(w: bytearray, value: int) -> None:
+    if value < 0:
+        raise EncodeError(f"unsigned varint cannot hold {value}")
+    while value >= 0x80:
+        w.append((value & 0x7F) | 0x80)
+        value >>= 7
+    w.append(value)
+
+
+def read_tagged_section(
+    b: bytes, p: int, limit: int, known: Mapping[int, tuple[str, TagReader]], keep_unknown: bool = True
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Read a tagged-field section: (known values by name, extra body keys, new position).
+
+    Extra keys are ``_unknown_tags`` ({tag: raw bytes}, kept so re-encoding is lossless) and
+    ``_tag_anomalies`` (tags out of order or repeated, known tags whose value does not fill the declared
+    size): KIP-482 well-formedness evidence that the checks report on, without failing the decode.
+    """
+    start = p
+    count, p = read_uvarint(b, p)
+    if count * 2 > limit - p:
+        raise DecodeError(f"tagged section claims {count} fields with {limit - p} bytes left", start)
+    values: dict[str, Any] = {}
+    unknown: dict[int, bytes] = {}
+    anomalies: list[dict[str, Any]] = []
+    last = -1
+    for _ in range(count):
+        at = p
+        tag, p = read_uvarint(b, p)
+        size, p = read_uvarint(b, p)
+        end = p + size
+        if end > limit:
+            raise DecodeError(f"tagged field {tag} size {size} exceeds the {limit - p} bytes left", at)
+        if tag == last or tag in unknown:
+            anomalies.append({"tag": tag, "offset": at, "problem": "duplicate"})
+        elif tag < last:
+            anomalies.append({"tag": tag, "offset": at, "problem": "not ascending"})
+        last = max(last, tag)
+        entry = known.get(tag)
+        if entry is not None:
+            name, reader = entry
+            value, used = reader(b, p, end)
+            if used > end:
+                raise DecodeError(f"tagged field {tag} ({name}) overruns its declared size {size}", at)
+            if used < end:
+                anomalies.append(
+                    {"tag": tag, "offset": at, "problem": f"declared size {size}, value used {used - p}"}
+                )
+            values[name] = value
+        elif keep_unknown:
+            unknown[tag] = b[p:end]
+        p = end
+    extras: dict[str, Any] = {}
+    if unknown:
+        extras["_unknown_tags"] = unknown
+    if anomalies:
+        extras["_tag_anomalies"] = anomalies
+    return values, extras, p
+
+
+def skip_tagged_section(b: bytes, p: int, limit: int) -> int:
+    start = p
+    count, p = read_uvarint(b, p)
+    if count * 2 > limit - p:
+        raise DecodeError(f"tagged section claims {count} fields with {limit - p} bytes left", start)
+    for _ in range(count):
+        at = p
+        _, p = read_uvarint(b, p)
+        size, p = read_uvarint(b, p)
+        p += size
+        if p > limit:
+            raise DecodeError(f"tagged field size {size} runs past the end", at)
+    return p
+
+
+def uuid_bytes(value: Any) -> bytes:
+    if isinstance(value, uuid.UUID):
+        return value.bytes
+    if isinstance(value, bytes | bytearray) and len(value) == 16:
+        return bytes(value)
+    if isinstance(value, str):
+        return uuid.UUID(value).bytes
+    raise EncodeError(f"not a uuid: {value!r}")
