@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kpmon.config import ConfigError, load_config
+
+
+def test_defaults_run_the_embedded_stack() -> None:
+    config = load_config(environ={})
+    assert config.tap.capture == "headers" and config.stack.brokers == 1
+    assert config.tap_cluster == config.kafka
+
+
+def test_file_then_environment_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "kpmon.yaml"
+    path.write_text("tap:\n  topic: frames\n  queue_max_frames: 10\n")
+    config = load_config(path, environ={"KPMON__TAP__QUEUE_MAX_FRAMES": "5000", "KPMON__STACK__SASL": "true"})
+    assert config.tap.topic == "frames" and config.tap.queue_max_frames == 5000 and config.stack.sasl is True
+
+
+def test_errors_name_the_bad_key(tmp_path: Path) -> None:
+    path = tmp_path / "kpmon.yaml"
+    path.write_text("tap:\n  capture: everything\n")
+    with pytest.raises(ConfigError, match=r"tap\.capture"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=r"unknown|Extra"):
+        load_config(None, environ={"KPMON__TAP__NOPE": "1"})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", environ={})
