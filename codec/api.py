@@ -166,13 +166,19 @@ def _decode_body(
     return body
 
 
-def decode_request_header(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int, int]:
-    """(header dict, header version, offset of the body)."""
+def decode_request_header(
+    buf: bytes | bytearray | memoryview, header_version: int | None = None
+) -> tuple[dict[str, Any], int, int]:
+    """(header dict, header version, offset of the body).
+
+    ``header_version`` overrides the version the API version implies: the KIP-482 check uses it to
+    tell a client that sent the wrong header version from a frame that is simply broken.
+    """
     data = _to_bytes(buf)
     if len(data) < 4:
         raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
     api_key, api_version = _HEAD.unpack_from(data, 0)
-    hv = request_header_version(api_key, api_version)
+    hv = request_header_version(api_key, api_version) if header_version is None else header_version
     seg = _header_segment("RequestHeader", hv)
     decoder = _compiled.decoder(seg, hv, None, f"RequestHeaderv{hv}")
     try:
@@ -182,10 +188,14 @@ def decode_request_header(buf: bytes | bytearray | memoryview) -> tuple[dict[str
     return header, hv, pos
 
 
-def decode_request(buf: bytes | bytearray | memoryview, fields: Iterable[str] | None = None) -> Request:
+def decode_request(
+    buf: bytes | bytearray | memoryview,
+    fields: Iterable[str] | None = None,
+    header_version: int | None = None,
+) -> Request:
     """Decode one request frame. ``fields`` (dotted paths) projects the body to just those fields."""
     data = _to_bytes(buf)
-    header, hv, pos = decode_request_header(data)
+    header, hv, pos = decode_request_header(data, header_version)
     api_key = header["RequestApiKey"]
     version = header["RequestApiVersion"]
     body = _decode_body(request_spec(api_key), version, data, pos, api_key, _projection(fields))
@@ -202,6 +212,7 @@ def decode_response(
     api_version: int,
     fields: Iterable[str] | None = None,
     request: Request | None = None,
+    header_version: int | None = None,
 ) -> Response:
     """Decode one response frame to a request of ``api_key``/``api_version``.
 
@@ -210,7 +221,7 @@ def decode_response(
     """
     data = _to_bytes(buf)
     spec = response_spec(api_key)
-    hv = response_header_version(api_key, api_version)
+    hv = response_header_version(api_key, api_version) if header_version is None else header_version
     seg = _header_segment("ResponseHeader", hv)
     try:
         header, pos = _compiled.decoder(seg, hv, None, f"ResponseHeaderv{hv}")(data, 0, len(data))

@@ -1,0 +1,309 @@
+"""The monitor core: order frames by event time, pair requests with responses, route to rules.
+
+``Monitor.feed`` takes frames in arrival order, which across tap partitions is only roughly event-time
+order. Frames wait in a buffer until the watermark (the newest ``ts_ns`` seen minus the configured
+lateness) passes them, and are then released in (ts_ns, conn, seq) order. So any arrival order within
+the lateness bound gives the same event sequence, and therefore the same findings. A frame older than
+the watermark is processed at once and counted as late.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.model import Exchange, Finding, Frame, Severity
+from checks.rule import KEY_TTL_FIELDS, Context, Rule, State, Stats
+from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
+
+PRODUCE = 0
+ENVELOPE = 58
+_SWEEP_EVERY_NS = 10 * 1_000_000_000
+
+
+@dataclass
+class _ConnState:
+    last_seq: int = -1
+    pending: dict[int, Frame] = field(default_factory=dict)
+
+
+class Monitor:
+    """Feeds frames through every rule. Sans-I/O: no clocks, sockets or threads."""
+
+    def __init__(self, rules: Sequence[Rule], ctx: Context) -> None:
+        self.rules = list(rules)
+        self.ctx = ctx
+        self.states: dict[tuple[str, str], State] = {}
+        self.last_seen: dict[tuple[str, str], int] = {}
+        self.conns: dict[str, _ConnState] = {}
+        self._heap: list[tuple[int, str, int, int, Frame]] = []
+        self._tiebreak = 0
+        self.max_ts = 0
+        self.released_ts = 0
+        self._next_sweep = 0
+        self._ttl_ns = {
+            kind: int(getattr(ctx.config, attr) * 1e9) for kind, attr in KEY_TTL_FIELDS.items()
+        }
+        self._rules_by_name = {r.name: r for r in self.rules}
+
+    @property
+    def stats(self) -> Stats:
+        return self.ctx.stats
+
+    @property
+    def watermark_ns(self) -> int:
+        return self.max_ts - int(self.ctx.config.watermark_seconds * 1e9)
+
+    def feed(self, frame: Frame) -> list[Finding]:
+        """Accept one frame; return the findings that became final because of it."""
+        self.stats.frames += 1
+        if frame.ts_ns < self.released_ts:
+            self.stats.late_frames += 1
+            self._release(frame)
+        else:
+            self._tiebreak += 1
+            heapq.heappush(self._heap, (frame.ts_ns, frame.conn, frame.seq, self._tiebreak, frame))
+            self.max_ts = max(self.max_ts, frame.ts_ns)
+            self._drain(self.watermark_ns)
+        return self.take_findings()
+
+    def feed_all(self, frames: Iterable[Frame]) -> list[Finding]:
+        out: list[Finding] = []
+        for frame in frames:
+            out.extend(self.feed(frame))
+        return out
+
+    def advance(self, now_ns: int) -> list[Finding]:
+        """Event time moved on without frames (an idle stream): release what the watermark passed."""
+        self.max_ts = max(self.max_ts, now_ns)
+        self._drain(self.watermark_ns)
+        return self.take_findings()
+
+    def flush(self) -> list[Finding]:
+        """Release everything buffered (end of a capture, or a graceful stop)."""
+        self._drain(None)
+        return self.take_findings()
+
+    def take_findings(self) -> list[Finding]:
+        out, self.ctx.findings = self.ctx.findings, []
+        return out
+
+    def _drain(self, upto: int | None) -> None:
+        while self._heap and (upto is None or self._heap[0][0] <= upto):
+            frame = heapq.heappop(self._heap)[-1]
+            self._release(frame)
+        if upto is not None:
+            self._fire_timers(upto)
+
+    def _release(self, frame: Frame) -> None:
+        if frame.ts_ns > self.released_ts:
+            self.released_ts = frame.ts_ns
+            self._fire_timers(frame.ts_ns)
+            if frame.ts_ns >= self._next_sweep:
+                self._sweep(frame.ts_ns)
+        conn = self.conns.setdefault(frame.conn, _ConnState())
+        if conn.last_seq >= 0 and frame.seq > conn.last_seq + 1:
+            self._gap(frame, conn.last_seq)
+        conn.last_seq = max(conn.last_seq, frame.seq)
+        if frame.direction == "close":
+            self._close(frame, conn)
+            return
+        if frame.direction == "open":
+            return
+        if frame.error is not None:
+            self._decode_error(frame)
+            return
+        if frame.message is None:
+            # Captured header-only (``meta`` policy, or truncated as too large): nothing to check.
+            self.stats.header_only += 1
+            return
+        if frame.direction == "req":
+            self._on_request(frame, conn)
+        elif frame.direction == "resp":
+            self._on_response(frame, conn)
+
+    def _on_request(self, frame: Frame, conn: _ConnState) -> None:
+        request = frame.request
+        if request is None:
+            return
+        conn.pending[request.correlation_id] = frame
+        self.ctx.trim(conn.pending)
+        exchange = Exchange(frame, None)
+        self._dispatch("on_request", exchange)
+        if request.api_key == PRODUCE and request.body.get("Acks") == 0:
+            # acks=0: no response will ever come, so the exchange completes now.
+            del conn.pending[request.correlation_id]
+            self._complete(exchange)
+
+    def _on_response(self, frame: Frame, conn: _ConnState) -> None:
+        response = frame.response
+        if response is None:
+            return
+        request_frame = conn.pending.pop(response.correlation_id, None)
+        if request_frame is None or request_frame.request is None:
+            self.stats.unpaired_responses += 1
+            return
+        # Nested payloads that need the request (Envelope inner responses, pre-v7 JoinGroup metadata).
+        expand_response(response, request_frame.request)
+        self._complete(Exchange(request_frame, frame))
+
+    def _complete(self, exchange: Exchange) -> None:
+        self.stats.exchanges += 1
+        self._dispatch("on_response", exchange)
+
+    def _dispatch(self, hook: str, exchange: Exchange) -> None:
+        api_key = exchange.api_key
+        for rule in self.rules:
+            if rule.api_keys is not None and api_key not in rule.api_keys:
+                continue
+            for key in rule.keys(exchange):
+                self._call(rule, key, hook, exchange)
+        if api_key == ENVELOPE:
+            inner = _unwrap_envelope(exchange)
+            if inner is not None:
+                self.ctx._envelope = exchange
+                try:
+                    self._dispatch(hook, inner)
+                finally:
+                    self.ctx._envelope = None
+
+    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange) -> None:
+        skey = (rule.name, key)
+        state = self.states.get(skey)
+        if state is None:
+            state = self.states[skey] = {}
+        self.last_seen[skey] = exchange.response.ts_ns if exchange.response else exchange.ts_ns
+        self.ctx._rule, self.ctx._key = skey
+        getattr(rule, hook)(state, key, exchange, self.ctx)
+
+    def _fire_timers(self, now_ns: int) -> None:
+        timers = self.ctx.timers
+        due = sorted((deadline, skey) for skey, deadline in timers.items() if deadline <= now_ns)
+        for deadline, skey in due:
+            if timers.get(skey) != deadline:
+                continue
+            del timers[skey]
+            rule = self._rules_by_name.get(skey[0])
+            state = self.states.get(skey)
+            if rule is None or state is None:
+                continue
+            self.ctx._rule, self.ctx._key = skey
+            rule.on_timer(state, skey[1], deadline, self.ctx)
+
+    def _close(self, frame: Frame, conn: _ConnState) -> None:
+        for rule in self.rules:
+            skey = (rule.name, frame.conn)
+            state = self.states.get(skey)
+            if state is None:
+                continue
+            self.ctx._rule, self.ctx._key = skey
+            if rule.on_close(state, frame.conn, frame.conn, frame.ts_ns, self.ctx):
+                self._drop(skey)
+        self.conns.pop(frame.conn, None)
+        self.ctx.incomplete_conns.discard(frame.conn)
+
+    def _gap(self, frame: Frame, last_seq: int) -> None:
+        missing = frame.seq - last_seq - 1
+        self.stats.gaps += 1
+        self.ctx.incomplete_conns.add(frame.conn)
+        self.ctx.emit(
+            "tap.gap",
+            Severity.WARNING,
+            f"conn:{frame.conn}",
+            f"{missing} frame(s) missing on connection {frame.conn} (seq {last_seq + 1}..{frame.seq - 1}); "
+            "checks on it report incomplete",
+            frame.ts_ns,
+            {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
+        )
+
+    def _decode_error(self, frame: Frame) -> None:
+        self.stats.decode_errors += 1
+        error = frame.error
+        self.ctx.emit(
+            "frame.decode_error",
+            Severity.WARNING,
+            f"conn:{frame.conn}",
+            f"undecodable {frame.direction} frame"
+            + (f" (api {frame.api_key} v{frame.api_version})" if frame.api_key is not None else "")
+            + (f": {error.reason} at byte {error.offset}" if error else ""),
+            frame.ts_ns,
+            {
+                **frame.evidence(),
+                "client": frame.client,
+                "broker": frame.broker,
+                "api_key": frame.api_key,
+                "api_version": frame.api_version,
+                "correlation_id": frame.correlation_id,
+                "offsets": [[frame.partition, frame.offset]],
+            },
+        )
+
+    def _sweep(self, now_ns: int) -> None:
+        self._next_sweep = now_ns + _SWEEP_EVERY_NS
+        for skey, seen in list(self.last_seen.items()):
+            rule = self._rules_by_name.get(skey[0])
+            if rule is None:
+                continue
+            if seen < now_ns - self._ttl_ns.get(rule.key_kind, self._ttl_ns["conn"]) and skey not in self.ctx.timers:
+                self._drop(skey)
+                self.stats.evicted_keys += 1
+
+    def _drop(self, skey: tuple[str, str]) -> None:
+        self.states.pop(skey, None)
+        self.last_seen.pop(skey, None)
+        self.ctx.timers.pop(skey, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Rule state as plain data (what a state store would keep)."""
+        return {f"{rule}|{key}": state for (rule, key), state in self.states.items()}
+
+
+def _unwrap_envelope(exchange: Exchange) -> Exchange | None:
+    data = exchange.req.body.get("RequestData")
+    if not isinstance(data, EmbeddedRequest) or data.request is None:
+        return None
+    outer = exchange.request
+    inner_request = Frame(
+        conn=outer.conn,
+        seq=outer.seq,
+        ts_ns=outer.ts_ns,
+        direction="req",
+        api_key=data.request.api_key,
+        api_version=data.request.api_version,
+        correlation_id=data.request.correlation_id,
+        client=outer.client,
+        broker=outer.broker,
+        broker_id=outer.broker_id,
+        listener=outer.listener,
+        partition=outer.partition,
+        offset=outer.offset,
+        message=data.request,
+        capture=outer.capture,
+    )
+    inner_response = None
+    resp = exchange.resp
+    if exchange.response is not None and resp is not None:
+        wrapped = resp.body.get("ResponseData")
+        if isinstance(wrapped, EmbeddedResponse) and wrapped.response is not None:
+            r = exchange.response
+            inner_response = Frame(
+                conn=r.conn,
+                seq=r.seq,
+                ts_ns=r.ts_ns,
+                direction="resp",
+                api_key=data.request.api_key,
+                api_version=data.request.api_version,
+                correlation_id=wrapped.response.correlation_id,
+                client=r.client,
+                broker=r.broker,
+                broker_id=r.broker_id,
+                listener=r.listener,
+                partition=r.partition,
+                offset=r.offset,
+                message=wrapped.response,
+                capture=r.capture,
+            )
+    return Exchange(inner_request, inner_response)
+

@@ -1,0 +1,78 @@
+"""Tap records (the tap topic contract in ARCHITECTURE.md) to decoded ``Frame`` objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import codec
+from checks.model import Frame
+from codec.errors import DecodeError
+
+#: Header names of the tap record contract.
+DIRECTIONS = ("req", "resp", "open", "close")
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def headers_dict(headers: Iterable[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]) -> dict[str, str]:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {key: _text(value) for key, value in items}
+
+
+def frame_from_record(
+    headers: Mapping[str, str],
+    value: bytes | None,
+    partition: int = -1,
+    offset: int = -1,
+    fields: Iterable[str] | None = None,
+) -> Frame:
+    """Decode one tap record. Never raises for bad frames: the error is kept on the Frame."""
+    direction = headers.get("dir", "")
+    api_key = _int(headers.get("api_key", ""))
+    api_version = _int(headers.get("api_version", ""))
+    frame = Frame(
+        conn=headers.get("conn", ""),
+        seq=_int(headers.get("seq", "")) or 0,
+        ts_ns=_int(headers.get("ts_ns", "")) or 0,
+        direction=direction,
+        api_key=api_key,
+        api_version=api_version,
+        correlation_id=_int(headers.get("corr_id", "")),
+        client=headers.get("client", ""),
+        broker=headers.get("broker", ""),
+        broker_id=_int(headers.get("broker_id", "")),
+        listener=headers.get("listener") or None,
+        partition=partition,
+        offset=offset,
+        capture=headers.get("capture", "full"),
+    )
+    if direction not in ("req", "resp"):
+        return frame
+    if frame.capture == "meta" or headers.get("truncated"):
+        # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.
+        return frame
+    data = value or b""
+    try:
+        if direction == "req":
+            frame.message = codec.decode_request(data, fields=fields)
+            frame.api_key = frame.message.api_key
+            frame.api_version = frame.message.api_version
+            frame.correlation_id = frame.message.correlation_id
+        else:
+            if api_key is None or api_version is None:
+                raise DecodeError("response record without api_key/api_version headers", 0)
+            frame.message = codec.decode_response(data, api_key, api_version, fields=fields)
+    except DecodeError as exc:
+        frame.error = exc
+    return frame

@@ -1,0 +1,131 @@
+"""The interface every invariant implements, and the context it reports through.
+
+A rule is a state machine per key (a connection, a group, a producer id, ...). It sees two kinds of
+event, both in event-time order: a request when it was sent (``on_request``) and the same request with
+its response when the response came (``on_response``). Keeping them apart is what makes "which epoch was
+current when this write was *sent*" answerable even when the response arrives after a later fence.
+
+Rule state is a plain ``dict`` of JSON-compatible values, so any store (memory, Spark's state store)
+can keep it; rules never hold references to frames between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from checks.model import Exchange, Finding, Severity
+from kpmon.config import ChecksConfig
+
+State = dict[str, Any]
+
+#: How long an idle key's state is kept, by key kind, read from ChecksConfig.
+KEY_TTL_FIELDS = {
+    "conn": "connection_ttl_seconds",
+    "broker": "connection_ttl_seconds",
+    "group": "group_ttl_seconds",
+    "producer": "producer_ttl_seconds",
+    "txn": "producer_ttl_seconds",
+    "cluster": "producer_ttl_seconds",
+}
+
+
+@dataclass
+class Stats:
+    frames: int = 0
+    exchanges: int = 0
+    late_frames: int = 0
+    unpaired_responses: int = 0
+    decode_errors: int = 0
+    header_only: int = 0
+    gaps: int = 0
+    evicted_keys: int = 0
+    #: Entries dropped from a key's state to respect ``max_entries_per_key`` (never silent).
+    evicted_entries: int = 0
+    findings: dict[str, int] = field(default_factory=dict)
+
+
+class Context:
+    """What a rule may do besides changing its own state: report, set timers, note evictions."""
+
+    def __init__(self, config: ChecksConfig) -> None:
+        self.config = config
+        self.stats = Stats()
+        self.findings: list[Finding] = []
+        self.resolved: list[tuple[str, str, int]] = []
+        self.timers: dict[tuple[str, str], int] = {}
+        self.incomplete_conns: set[str] = set()
+        self._envelope: Exchange | None = None
+        self._rule = ""
+        self._key = ""
+
+    def emit(
+        self,
+        rule: str,
+        severity: Severity,
+        subject: str,
+        summary: str,
+        ts_ns: int,
+        evidence: dict[str, Any],
+        conns: tuple[str, ...] = (),
+    ) -> None:
+        incomplete = any(c in self.incomplete_conns for c in conns)
+        if self._envelope is not None:
+            rule = f"envelope.inner_{rule}"
+            evidence = {**evidence, "envelope": self._envelope.evidence()}
+        if incomplete and severity != Severity.INFO:
+            summary += " (incomplete: the tap dropped frames on this connection)"
+        finding = Finding(rule, severity, subject, summary, ts_ns, evidence, incomplete)
+        self.findings.append(finding)
+        self.stats.findings[rule] = self.stats.findings.get(rule, 0) + 1
+
+    def resolve(self, rule: str, subject: str, ts_ns: int) -> None:
+        """The condition behind (rule, subject) has cleared: alert hooks send a resolve."""
+        self.resolved.append((rule, subject, ts_ns))
+
+    def set_timer(self, deadline_ns: int) -> None:
+        """Call this rule's ``on_timer`` for the current key once event time passes ``deadline_ns``."""
+        self.timers[(self._rule, self._key)] = deadline_ns
+
+    def cancel_timer(self) -> None:
+        self.timers.pop((self._rule, self._key), None)
+
+    def trim(self, container: dict[Any, Any] | list[Any]) -> None:
+        """Keep a state container within ``max_entries_per_key``, dropping the oldest entries."""
+        limit = self.config.max_entries_per_key
+        excess = len(container) - limit
+        if excess <= 0:
+            return
+        if isinstance(container, list):
+            del container[:excess]
+        else:
+            for key in list(container)[:excess]:
+                del container[key]
+        self.stats.evicted_entries += excess
+
+
+class Rule:
+    """Base class: override ``keys`` and the hooks you need."""
+
+    #: Namespace of this rule's state and the prefix of its findings' rule ids.
+    name: ClassVar[str]
+    #: One of KEY_TTL_FIELDS: decides how long idle state lives.
+    key_kind: ClassVar[str]
+    #: API keys this rule looks at; None means every API.
+    api_keys: ClassVar[frozenset[int] | None] = None
+
+    def keys(self, ex: Exchange) -> list[str]:
+        raise NotImplementedError
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        """``ex.response`` is None here: the request as it was sent."""
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        """The request with its response (``ex.response`` None when no response can come)."""
+
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+        """A deadline set with ``ctx.set_timer`` has passed in event time."""
+
+    def on_close(self, state: State, key: str, conn: str, ts_ns: int, ctx: Context) -> bool:
+        """A connection closed. Return True to drop this key's state (connection-scoped rules)."""
+        return self.key_kind == "conn" and key == conn

@@ -1,0 +1,94 @@
+"""Build realistic frame sequences for the checker tests, through the real codec (encode, then decode)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import codec
+from checks.model import Frame
+
+SECOND = 1_000_000_000
+
+
+@dataclass
+class Conversation:
+    """One client connection through the tap: numbers seqs, correlation ids and tap offsets for you."""
+
+    conn: str = "tap1-c1"
+    client: str = "10.0.0.5:51000"
+    broker: str = "127.0.0.1:9092"
+    broker_id: int | None = 1
+    listener: str | None = "PLAINTEXT"
+    client_id: str = "app"
+    partition: int = 0
+    seq: int = 0
+    corr: int = 0
+    offsets: list[int] = field(default_factory=lambda: [0])
+
+    def _next_offset(self) -> int:
+        self.offsets[0] += 1
+        return self.offsets[0]
+
+    def _frame(self, direction: str, ts_ns: int, **kw: Any) -> Frame:
+        frame = Frame(
+            conn=self.conn,
+            seq=self.seq,
+            ts_ns=ts_ns,
+            direction=direction,
+            client=self.client,
+            broker=self.broker,
+            broker_id=self.broker_id,
+            listener=self.listener,
+            partition=self.partition,
+            offset=self._next_offset(),
+            **kw,
+        )
+        self.seq += 1
+        return frame
+
+    def open(self, ts_ns: int) -> Frame:
+        return self._frame("open", ts_ns)
+
+    def close(self, ts_ns: int) -> Frame:
+        return self._frame("close", ts_ns)
+
+    def request(self, api_key: int, version: int, body: dict[str, Any], ts_ns: int) -> Frame:
+        self.corr += 1
+        raw = codec.encode_request(api_key, version, self.corr, self.client_id, body)
+        message = codec.decode_request(raw)
+        return self._frame(
+            "req", ts_ns, api_key=api_key, api_version=version, correlation_id=self.corr, message=message
+        )
+
+    def response(self, request: Frame, body: dict[str, Any], ts_ns: int) -> Frame:
+        assert request.api_key is not None and request.api_version is not None and request.correlation_id is not None
+        raw = codec.encode_response(request.api_key, request.api_version, request.correlation_id, body)
+        message = codec.decode_response(raw, request.api_key, request.api_version, request=request.request)
+        return self._frame(
+            "resp",
+            ts_ns,
+            api_key=request.api_key,
+            api_version=request.api_version,
+            correlation_id=request.correlation_id,
+            message=message,
+        )
+
+    def garbage(self, direction: str, data: bytes, ts_ns: int) -> Frame:
+        try:
+            message = codec.decode_request(data) if direction == "req" else None
+            error = None
+        except codec.DecodeError as exc:
+            message, error = None, exc
+        return self._frame(direction, ts_ns, message=message, error=error)
+
+    def exchange(self, api_key: int, version: int, req: dict[str, Any], resp: dict[str, Any], ts_ns: int) -> list[Frame]:
+        request = self.request(api_key, version, req, ts_ns)
+        return [request, self.response(request, resp, ts_ns + 1_000_000)]
+
+
+def shared_offsets(*conversations: Conversation) -> None:
+    """Make conversations number tap offsets from one counter (one tap partition)."""
+    counter = conversations[0].offsets
+    for conv in conversations[1:]:
+        conv.offsets = counter
