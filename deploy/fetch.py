@@ -55,6 +55,9 @@ def fetch_clients_jar(version: str) -> Path:
 def fetch_all() -> None:
     for version in KAFKA_RELEASES:
         fetch_clients_jar(version)
+    from streaming.connector import fetch_connector
+
+    fetch_connector()
     # The broker distributions for the local stack are fetched by deploy.local (see its module).
     try:
         from deploy.local import distribution  # type: ignore[attr-defined,unused-ignore]
