@@ -12,4 +12,16 @@ def new_monitor(config: ChecksConfig | None = None) -> Monitor:
     return Monitor(all_rules(), Context(config or ChecksConfig()))
 
 
-__all__ = ["ChecksConfig", "Context", "Exchange", "Finding", "Frame", "Monitor", "Rule", "Severity", "Stats", "all_rules", "new_monitor"]
+__all__ = [
+    "ChecksConfig",
+    "Context",
+    "Exchange",
+    "Finding",
+    "Frame",
+    "Monitor",
+    "Rule",
+    "Severity",
+    "Stats",
+    "all_rules",
+    "new_monitor",
+]

@@ -43,9 +43,7 @@ class Monitor:
         self.max_ts = 0
         self.released_ts = 0
         self._next_sweep = 0
-        self._ttl_ns = {
-            kind: int(getattr(ctx.config, attr) * 1e9) for kind, attr in KEY_TTL_FIELDS.items()
-        }
+        self._ttl_ns = {kind: int(getattr(ctx.config, attr) * 1e9) for kind, attr in KEY_TTL_FIELDS.items()}
         self._rules_by_name = {r.name: r for r in self.rules}
 
     @property
@@ -246,7 +244,10 @@ class Monitor:
             rule = self._rules_by_name.get(skey[0])
             if rule is None:
                 continue
-            if seen < now_ns - self._ttl_ns.get(rule.key_kind, self._ttl_ns["conn"]) and skey not in self.ctx.timers:
+            if (
+                seen < now_ns - self._ttl_ns.get(rule.key_kind, self._ttl_ns["conn"])
+                and skey not in self.ctx.timers
+            ):
                 self._drop(skey)
                 self.stats.evicted_keys += 1
 
@@ -306,4 +307,3 @@ def _unwrap_envelope(exchange: Exchange) -> Exchange | None:
                 capture=r.capture,
             )
     return Exchange(inner_request, inner_response)
-

@@ -25,7 +25,9 @@ def _int(value: str) -> int | None:
         return None
 
 
-def headers_dict(headers: Iterable[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]) -> dict[str, str]:
+def headers_dict(
+    headers: Iterable[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None],
+) -> dict[str, str]:
     items = headers.items() if isinstance(headers, Mapping) else headers
     return {key: _text(value) for key, value in items}
 

@@ -62,7 +62,11 @@ class Conversation:
         )
 
     def response(self, request: Frame, body: dict[str, Any], ts_ns: int) -> Frame:
-        assert request.api_key is not None and request.api_version is not None and request.correlation_id is not None
+        assert (
+            request.api_key is not None
+            and request.api_version is not None
+            and request.correlation_id is not None
+        )
         raw = codec.encode_response(request.api_key, request.api_version, request.correlation_id, body)
         message = codec.decode_response(raw, request.api_key, request.api_version, request=request.request)
         return self._frame(
@@ -82,7 +86,9 @@ class Conversation:
             message, error = None, exc
         return self._frame(direction, ts_ns, message=message, error=error)
 
-    def exchange(self, api_key: int, version: int, req: dict[str, Any], resp: dict[str, Any], ts_ns: int) -> list[Frame]:
+    def exchange(
+        self, api_key: int, version: int, req: dict[str, Any], resp: dict[str, Any], ts_ns: int
+    ) -> list[Frame]:
         request = self.request(api_key, version, req, ts_ns)
         return [request, self.response(request, resp, ts_ns + 1_000_000)]
 
