@@ -1,0 +1,201 @@
+"""Catalogue violations made to happen for real, against a real broker (normally through the tap).
+
+Each function drives real clients (confluent-kafka, kafka-python) or, where no real client would send
+the frame, the codec over a raw socket. They return a short description of what they did, and never
+leave a producer or consumer open.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import time
+from typing import Any
+
+import codec
+from codec.samples import random_request_body
+from kpmon.traffic.raw_client import RawClientError, RawKafkaClient
+
+INCONSISTENT_GROUP_PROTOCOL = 23
+MEMBER_ID_REQUIRED = 79
+
+
+def _drain(client: RawKafkaClient, seconds: float = 2.0) -> str:
+    """After a request the broker should refuse: read whatever comes back until it closes."""
+    client.sock.settimeout(seconds)
+    try:
+        client.read_frame()
+        return "answered"
+    except (RawClientError, OSError):
+        return "closed"
+
+
+def zombie_producer(
+    bootstrap: str, topic: str, transactional_id: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Two transactional producers share a transactional.id; the fenced one writes again (KIP-98)."""
+    from confluent_kafka import KafkaException, Producer
+
+    def producer(name: str) -> Producer:
+        return Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": transactional_id,
+                "client.id": name,
+                "linger.ms": 0,
+                "message.timeout.ms": int(timeout * 1000),
+            }
+        )
+
+    zombie = producer("kpmon-zombie")
+    zombie.init_transactions(timeout)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"before-fence", partition=0)
+    zombie.flush(timeout)
+    fencer = producer("kpmon-fencer")
+    fencer.init_transactions(timeout)  # bumps the epoch: the zombie is now fenced
+    outcome = "accepted"
+    try:
+        zombie.produce(topic, b"after-fence", partition=0)
+        zombie.flush(timeout)
+        zombie.commit_transaction(timeout)
+    except KafkaException as exc:
+        outcome = f"rejected: {exc.args[0].name() if exc.args else exc}"
+    fencer.begin_transaction()
+    fencer.produce(topic, b"from-fencer", partition=0)
+    fencer.commit_transaction(timeout)
+    fencer.flush(timeout)
+    return {"scenario": "zombie_producer", "transactional_id": transactional_id, "zombie_write": outcome}
+
+
+def mixed_protocol_group(bootstrap: str, group: str, topic: str, timeout: float = 30.0) -> dict[str, Any]:
+    """A kafka-python consumer holds ``group``; a raw member joins it with protocol type ``connect`` (KIP-559)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        client_id="kpmon-consumer-member",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=1000,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=500)
+        with RawKafkaClient(_coordinator(bootstrap, group), client_id="kpmon-connect-member") as raw:
+            raw.handshake()
+            error = _join_connect_member(raw, group)
+        return {"scenario": "mixed_protocol_group", "group": group, "join_error": error}
+    finally:
+        consumer.close()
+
+
+def _coordinator(bootstrap: str, group: str) -> str:
+    with RawKafkaClient(bootstrap) as raw:
+        raw.handshake()
+        response = raw.request(10, 3, {"Key": group, "KeyType": 0})
+        assert response is not None
+        body = response.body
+        return f"{body['Host']}:{body['Port']}"
+
+
+def _join_connect_member(raw: RawKafkaClient, group: str) -> int:
+    body: dict[str, Any] = {
+        "GroupId": group,
+        "SessionTimeoutMs": 10000,
+        "RebalanceTimeoutMs": 10000,
+        "MemberId": "",
+        "GroupInstanceId": None,
+        "ProtocolType": "connect",
+        "Protocols": [{"Name": "sessioned", "Metadata": b"\x00\x01"}],
+    }
+    for _ in range(2):
+        response = raw.request(11, 5, body)
+        assert response is not None
+        error = int(response.body["ErrorCode"])
+        if error != MEMBER_ID_REQUIRED:
+            return error
+        body["MemberId"] = response.body["MemberId"]
+    return error
+
+
+def out_of_range_versions(bootstrap: str) -> dict[str, Any]:
+    """Requests outside the versions the broker advertised (KIP-35), one of them removed in 4.0 (KIP-896)."""
+    sent: list[str] = []
+    with RawKafkaClient(bootstrap, client_id="kpmon-old-client") as raw:
+        advertised = raw.handshake()
+        # Above the advertised maximum: an API whose newest version the broker does not advertise
+        # (an unstable latest version), encoded with the codec which knows it.
+        for api_key, (lo, hi) in sorted(advertised.items()):
+            codec_hi = codec.supported_versions(api_key)[1] if api_key in codec.api_keys() else -1
+            if codec_hi > hi and api_key != 58:
+                raw.correlation_id += 1
+                try:
+                    body = random_request_body(api_key, codec_hi, random.Random(1))
+                    raw.send_frame(
+                        codec.encode_request(api_key, codec_hi, raw.correlation_id, raw.client_id, body)
+                    )
+                    sent.append(f"{codec.api_name(api_key)} v{codec_hi} (advertised v{lo}-v{hi})")
+                except codec.EncodeError:
+                    continue
+                break
+        outcome = _drain(raw)
+    with RawKafkaClient(bootstrap, client_id="kpmon-old-client") as raw:
+        raw.handshake()
+        # Produce v2: below the 4.x minimum, and one of the versions Kafka 4.0 removed.
+        body = {"Acks": 1, "TimeoutMs": 1000, "TopicData": []}
+        raw.correlation_id += 1
+        raw.send_frame(codec.encode_request(0, 2, raw.correlation_id, raw.client_id, body))
+        sent.append("Produce v2 (removed in 4.0)")
+        outcome += "/" + _drain(raw)
+    return {"scenario": "out_of_range_versions", "sent": sent, "broker": outcome}
+
+
+def envelope_from_client(bootstrap: str) -> dict[str, Any]:
+    """An Envelope (KIP-590) sent on an ordinary client connection, which only brokers may send."""
+    inner = codec.encode_request(
+        19, 7, 1, "forged-admin", {"Topics": [], "ValidateOnly": True, "TimeoutMs": 1000}
+    )
+    principal = struct.pack(">h", 0) + codec.encode_data(
+        "DefaultPrincipalData", 0, {"Type": "User", "Name": "admin", "TokenAuthenticated": False}
+    )
+    with RawKafkaClient(bootstrap, client_id="kpmon-forger") as raw:
+        raw.handshake()
+        raw.correlation_id += 1
+        frame = codec.encode_request(
+            58,
+            0,
+            raw.correlation_id,
+            raw.client_id,
+            {
+                "RequestData": inner,
+                "RequestPrincipal": principal,
+                "ClientHostAddress": socket.inet_aton("10.9.8.7"),
+            },
+        )
+        raw.send_frame(frame)
+        outcome = _drain(raw)
+    return {"scenario": "envelope_from_client", "broker": outcome}
+
+
+def malformed_frame(bootstrap: str) -> dict[str, Any]:
+    """A frame with a valid size prefix and a body no codec can read."""
+    with RawKafkaClient(bootstrap, client_id="kpmon-garbage") as raw:
+        raw.handshake()
+        # An ApiVersions v3 header followed by a compact string claiming more bytes than the frame has.
+        garbage = struct.pack(">hhih", 18, 3, 99, 4) + b"junk" + b"\x00" + b"\x7f" + b"xx"
+        raw.send_frame(garbage)
+        outcome = _drain(raw)
+    return {"scenario": "malformed_frame", "broker": outcome}
+
+
+SCENARIOS = (
+    "zombie_producer",
+    "mixed_protocol_group",
+    "out_of_range_versions",
+    "envelope_from_client",
+    "malformed_frame",
+)
