@@ -1,0 +1,544 @@
+"""Transactions (KIP-98, KIP-890): the per-transactional-id state machine, producer id ownership, and
+what read-committed consumers are told.
+
+Three rules:
+
+``txn`` (key: transactional id) follows InitProducerId -> AddPartitionsToTxn / AddOffsetsToTxn /
+TxnOffsetCommit / transactional Produce -> EndTxn, and reports
+
+- ``txn.produce_outside_txn`` (warning): a transactional batch for a partition the ongoing transaction
+  has not added. With transactions v2 (KIP-890 part 2: Produce v12+ with EndTxn v5+, the default in
+  Kafka 4.x) the client never sends AddPartitionsToTxn -- the partition leader adds the partition
+  implicitly, broker to broker -- so a missing explicit add is normal there. **Decision:** flag only a
+  producer that uses the explicit-add protocol: its Produce is below v12 (a client may not use v12+ in
+  a transaction unless transactions v2 is on), or it sent a client-side AddPartitionsToTxn (v0-v3) in
+  this transaction. A partition counts as added when an AddPartitionsToTxn answer (client v0-v3, or a
+  broker's v4+ batched request, VerifyOnly or not) reported no error for it. The check runs when the
+  Produce is answered, so an add answered after the Produce was sent (clock skew between taps) still
+  counts. Two more guards against false positives: the monitor must have seen the transaction start at
+  a boundary (InitProducerId or a completed EndTxn) -- otherwise it may have missed the adds -- and a
+  batch with an epoch older than the transactional id's current one is a zombie write, which
+  ``producer.stale_epoch_*`` already reports.
+- ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
+  first successful add, offsets add, transactional offset commit or transactional Produce (at that
+  request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
+  none was seen). It closes with a successful EndTxn or a new InitProducerId (which aborts an ongoing
+  transaction); the alert is then resolved. While an EndTxn is in flight at the deadline the check
+  waits rather than fire.
+
+``txn_pid`` (key: producer id) reports ``txn.pid_hijack`` (warning): a producer id used under a second
+transactional id, or by a second client (client host + client id; not the port, which changes on
+reconnect). Ownership is (re)bound by a successful InitProducerId answer -- a restarted instance of a
+transactional producer legitimately gets the same producer id from another host -- and a request from
+another client with an *older* epoch than the owner's is a zombie, not a hijack. Only client-sent APIs
+count: AddPartitionsToTxn v4+ and WriteTxnMarkers come from brokers.
+
+``txn_read`` (key: connection) reports ``txn.read_committed_inconsistent`` on READ_COMMITTED Fetch
+answers (IsolationLevel 1): LastStableOffset above HighWatermark (warning), or AbortedTransactions
+disagreeing with the control batches in the same answer (critical: a read-committed consumer would
+deliver aborted records, or drop committed ones). For each producer, an ABORT marker that closes
+transactional data seen in the answer needs an aborted-transaction entry starting at or before that
+data; a COMMIT marker must not close a transaction listed as aborted (an entry for the producer after
+its previous marker, at or before the COMMIT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.model import Exchange, Severity
+from checks.rule import Context, Rule, State
+from checks.rules.producers import (
+    PRODUCE,
+    is_producing,
+    produce_answers,
+    produce_batches,
+    record_batches,
+    topic_key,
+)
+
+FETCH = 1
+INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
+
+#: Kafka's default transaction.timeout.ms, used when the InitProducerId was not seen.
+DEFAULT_TXN_TIMEOUT_MS = 60_000
+READ_COMMITTED = 1
+#: First Produce version with which a transactional producer relies on implicit adds (KIP-890 part 2).
+PRODUCE_TXN_V2 = 12
+NS_PER_MS = 1_000_000
+#: Control record types (the key's second int16).
+ABORT, COMMIT = 0, 1
+
+
+def _txn_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class TxnRule(Rule):
+    name = "txn"
+    key_kind = "txn"
+    api_keys = frozenset(
+        {PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT}
+    )
+
+    def keys(self, ex: Exchange) -> list[str]:
+        body = ex.req.body
+        if ex.api_key == ADD_PARTITIONS_TO_TXN:
+            if ex.api_version <= 3:
+                ids = [_txn_id(body.get("V3AndBelowTransactionalId"))]
+            else:
+                ids = [_txn_id(t.get("TransactionalId")) for t in body.get("Transactions") or []]
+        else:
+            ids = [_txn_id(body.get("TransactionalId"))]
+        return [i for i in dict.fromkeys(ids) if i is not None]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        if ex.api_key == END_TXN:
+            state["ending"] = True
+        elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
+            state["explicit"] = True
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if resp is None:
+            return
+        api, body = ex.api_key, resp.body
+        if api == INIT_PRODUCER_ID:
+            if body.get("ErrorCode") == 0:
+                # A new InitProducerId aborts whatever transaction this id had open.
+                self._close(state, key, ex, ctx)
+                state["pid"], state["epoch"] = (
+                    int(body.get("ProducerId", -1)),
+                    int(body.get("ProducerEpoch", -1)),
+                )
+                state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
+                state["boundary"] = True
+        elif api == END_TXN:
+            state["ending"] = False
+            if body.get("ErrorCode") == 0:
+                self._close(state, key, ex, ctx)
+                state["boundary"] = True
+                if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
+                    state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
+            elif state.get("open"):
+                # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
+                ctx.set_timer(int(state["deadline"]))
+        elif api == ADD_PARTITIONS_TO_TXN:
+            added = self._added_partitions(key, ex)
+            if added:
+                self._open(state, ex, ctx)
+                partitions: dict[str, int] = state.setdefault("added", {})
+                partitions.update(dict.fromkeys(added, 1))
+                ctx.trim(partitions)
+        elif api == ADD_OFFSETS_TO_TXN:
+            if body.get("ErrorCode") == 0:
+                self._open(state, ex, ctx)
+        elif api == TXN_OFFSET_COMMIT:
+            errors = [p.get("ErrorCode") for t in body.get("Topics") or [] for p in t.get("Partitions") or []]
+            if 0 in errors:
+                self._open(state, ex, ctx)
+        elif api == PRODUCE:
+            self._produced(state, key, ex, ctx)
+
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+        if not state.get("open") or state.get("hanging"):
+            return
+        if state.get("ending"):
+            # The client asked to end it before the deadline; look again one timeout later.
+            ctx.set_timer(now_ns + int(state.get("timeout_ms", DEFAULT_TXN_TIMEOUT_MS)) * NS_PER_MS)
+            return
+        state["hanging"] = True
+        timeout_ms = int(state.get("timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
+        evidence = {
+            **state.get("open_evidence", {}),
+            "transactional_id": key,
+            "producer_id": state.get("pid", -1),
+            "producer_epoch": state.get("epoch", -1),
+            "opened_ts": state.get("start_ts"),
+            "timeout_ms": timeout_ms,
+            "added_partitions": list(state.get("added", {}))[:20],
+        }
+        ctx.emit(
+            "txn.hanging",
+            Severity.WARNING,
+            f"txn:{key}",
+            f"transaction of {key!r} (producer {state.get('pid', -1)}) still open {timeout_ms} ms after it "
+            "began (its transaction timeout): the coordinator will abort it, and read-committed consumers "
+            "of its partitions are held back until then",
+            now_ns,
+            evidence,
+            conns=tuple(state.get("conns", [])),
+        )
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _open(state: State, ex: Exchange, ctx: Context) -> None:
+        conns: list[str] = state.setdefault("conns", [])
+        if ex.conn not in conns:
+            conns.append(ex.conn)
+            del conns[:-4]
+        if state.get("open"):
+            return
+        timeout_ms = int(state.get("timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
+        state.update(
+            open=True,
+            start_ts=ex.ts_ns,
+            deadline=ex.ts_ns + timeout_ms * NS_PER_MS,
+            open_evidence=ex.evidence(),
+            hanging=False,
+        )
+        ctx.set_timer(int(state["deadline"]))
+
+    @staticmethod
+    def _close(state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        ts = ex.response.ts_ns if ex.response is not None else ex.ts_ns
+        if state.get("hanging"):
+            ctx.resolve("txn.hanging", f"txn:{key}", ts)
+        if state.get("open"):
+            ctx.cancel_timer()
+        state.update(open=False, hanging=False, explicit=False, added={}, conns=[])
+        state.pop("open_evidence", None)
+
+    @staticmethod
+    def _added_partitions(key: str, ex: Exchange) -> list[str]:
+        """The "topic|partition"s this answer reports as in the transaction ``key``."""
+        resp = ex.resp
+        if resp is None:
+            return []
+        body = resp.body
+        if ex.api_version <= 3:
+            results = body.get("ResultsByTopicV3AndBelow") or []
+        else:
+            if body.get("ErrorCode", 0) != 0:
+                return []
+            results = [
+                topic
+                for txn in body.get("ResultsByTransaction") or []
+                if txn.get("TransactionalId") == key
+                for topic in txn.get("TopicResults") or []
+            ]
+        return [
+            f"{topic.get('Name')}|{part.get('PartitionIndex')}"
+            for topic in results
+            for part in topic.get("ResultsByPartition") or []
+            if part.get("PartitionErrorCode") == 0
+        ]
+
+    def _produced(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        answers = produce_answers(ex)
+        current_epoch = int(state.get("epoch", -1))
+        explicit = ex.api_version < PRODUCE_TXN_V2 or bool(state.get("explicit"))
+        added: dict[str, int] = state.get("added", {})
+        outside: list[tuple[str, int, Any, int | None]] = []
+        for topic, partition, _index, batch in produce_batches(ex):
+            if not is_producing(batch) or not getattr(batch, "is_transactional", False):
+                continue
+            answer = answers.get(f"{topic}|{partition}")
+            error = None if answer is None else int(answer.get("ErrorCode", 0))
+            tp = f"{topic}|{partition}"
+            if (
+                explicit
+                and state.get("boundary")
+                and tp not in added
+                and int(batch.producer_epoch) >= current_epoch
+            ):
+                outside.append((topic, partition, batch, error))
+            if error == 0:
+                self._open(state, ex, ctx)
+                if ex.api_version >= PRODUCE_TXN_V2:
+                    # Transactions v2: the leader added the partition implicitly.
+                    added[tp] = 1
+                    state["added"] = added
+                    ctx.trim(added)
+        for topic, partition, batch, error in outside:
+            outcome = (
+                "the broker appended it: the partition can hold an open transaction its coordinator "
+                "never commits or aborts (a hanging transaction)"
+                if error == 0
+                else f"the broker refused it (error {error})"
+            )
+            ctx.emit(
+                "txn.produce_outside_txn",
+                Severity.WARNING,
+                f"txn:{key}",
+                f"transactional producer {key!r} wrote to {topic}-{partition}, which its transaction never "
+                f"added with AddPartitionsToTxn; {outcome}",
+                ex.ts_ns,
+                {
+                    **ex.evidence(),
+                    "transactional_id": key,
+                    "producer_id": int(batch.producer_id),
+                    "producer_epoch": int(batch.producer_epoch),
+                    "topic": topic,
+                    "partition": partition,
+                    "base_sequence": int(batch.base_sequence),
+                    "broker_error": error,
+                    "added_partitions": list(added)[:20],
+                },
+                conns=(ex.conn, *state.get("conns", [])),
+            )
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
+    """(producer id, epoch, transactional id) that a *client* request claims."""
+    body, api = ex.req.body, ex.api_key
+    if api == PRODUCE:
+        txn = _txn_id(body.get("TransactionalId"))
+        return [
+            (int(b.producer_id), int(b.producer_epoch), txn)
+            for _, _, _, b in produce_batches(ex)
+            if is_producing(b)
+        ]
+    if api == ADD_PARTITIONS_TO_TXN:
+        if ex.api_version > 3:
+            return []  # v4+ is sent by brokers
+        return [
+            (
+                int(body.get("V3AndBelowProducerId", -1)),
+                int(body.get("V3AndBelowProducerEpoch", -1)),
+                _txn_id(body.get("V3AndBelowTransactionalId")),
+            )
+        ]
+    if api in (ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+        return [
+            (
+                int(body.get("ProducerId", -1)),
+                int(body.get("ProducerEpoch", -1)),
+                _txn_id(body.get("TransactionalId")),
+            )
+        ]
+    return []
+
+
+class PidOwnershipRule(Rule):
+    name = "txn_pid"
+    key_kind = "producer"
+    api_keys = frozenset(
+        {PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT}
+    )
+
+    def keys(self, ex: Exchange) -> list[str]:
+        if ex.api_key == INIT_PRODUCER_ID:
+            resp = ex.resp
+            pids = [int(resp.body.get("ProducerId", -1))] if resp is not None else []
+        else:
+            pids = [pid for pid, _, _ in _client_pids(ex)]
+        return [str(p) for p in dict.fromkeys(pids) if p >= 0]
+
+    @staticmethod
+    def _client(ex: Exchange) -> str:
+        return f"{ex.request.client_host}|{ex.req.client_id or ''}"
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        pid = int(key)
+        client = self._client(ex)
+        claim = next(((e, t) for p, e, t in _client_pids(ex) if p == pid), None)
+        if claim is None:
+            return
+        epoch, txn = claim
+        if "client" not in state:
+            # First sight without an InitProducerId (the monitor started later): the first user owns it.
+            state.update(client=client, txn=txn, epoch=epoch)
+            return
+        owner_epoch = int(state.get("epoch", -1))
+        if txn is not None and state.get("txn") is None:
+            state["txn"] = txn
+        if txn is not None and txn != state.get("txn"):
+            self._report(state, pid, f"txn={txn}", ex, ctx, epoch, txn, client)
+        elif client != state["client"]:
+            # An older epoch from another client is an earlier instance still writing: a zombie, which
+            # producer.stale_epoch_* reports.
+            if epoch >= owner_epoch:
+                self._report(state, pid, f"client={client}", ex, ctx, epoch, txn, client)
+        elif epoch > owner_epoch:
+            state["epoch"] = epoch
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if ex.api_key != INIT_PRODUCER_ID or resp is None or resp.body.get("ErrorCode") != 0:
+            return
+        pid, epoch = int(key), int(resp.body.get("ProducerEpoch", -1))
+        txn = _txn_id(ex.req.body.get("TransactionalId"))
+        if state.get("txn") is not None and txn is not None and txn != state["txn"]:
+            # The coordinator handed one producer id to two transactional ids.
+            self._report(state, pid, f"txn={txn}", ex, ctx, epoch, txn, self._client(ex))
+        # The coordinator (re)binds the producer id: a restarted instance may come from another host.
+        state.update(client=self._client(ex), txn=txn if txn is not None else state.get("txn"), epoch=epoch)
+
+    @staticmethod
+    def _report(
+        state: State,
+        pid: int,
+        what: str,
+        ex: Exchange,
+        ctx: Context,
+        epoch: int,
+        txn: str | None,
+        client: str,
+    ) -> None:
+        flagged: dict[str, int] = state.setdefault("flagged", {})
+        if what in flagged:
+            return  # one finding per intruding client or transactional id
+        flagged[what] = 1
+        ctx.trim(flagged)
+        owner_txn, owner_client = state.get("txn"), state.get("client")
+        if what.startswith("txn="):
+            summary = (
+                f"producer id {pid} used under transactional id {txn!r}, but it belongs to {owner_txn!r}"
+            )
+        else:
+            summary = (
+                f"producer id {pid} (epoch {epoch}) used by client {client!r}, but {owner_client!r} owns it "
+                f"(epoch {state.get('epoch')})"
+            )
+        ctx.emit(
+            "txn.pid_hijack",
+            Severity.WARNING,
+            f"producer:{pid}",
+            summary,
+            ex.ts_ns,
+            {
+                **ex.evidence(),
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "transactional_id": txn,
+                "owner_transactional_id": owner_txn,
+                "client_identity": client,
+                "owner_client_identity": owner_client,
+                "owner_epoch": state.get("epoch"),
+            },
+            conns=(ex.conn,),
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def control_type(batch: Any) -> int | None:
+    """ABORT (0) or COMMIT (1) for a control batch, None otherwise or when it cannot be read."""
+    if not getattr(batch, "is_control", False):
+        return None
+    try:
+        records = batch.control_records()
+    except Exception:  # a stripped or truncated payload: the marker type is unknown
+        return None
+    for record in records or []:
+        kind = getattr(record, "type", record)
+        if isinstance(kind, str):
+            return {"ABORT": ABORT, "COMMIT": COMMIT}.get(kind.upper())
+        if isinstance(kind, int):
+            return kind
+        value = getattr(kind, "value", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+class ReadCommittedRule(Rule):
+    name = "txn_read"
+    key_kind = "conn"
+    api_keys = frozenset({FETCH})
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [ex.conn] if ex.req.body.get("IsolationLevel") == READ_COMMITTED else []
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if resp is None:
+            return
+        for topic in resp.body.get("Responses") or []:
+            tkey = topic_key(topic)
+            for part in topic.get("Partitions") or []:
+                self._partition(tkey, part, ex, ctx)
+
+    def _partition(self, topic: str, part: dict[str, Any], ex: Exchange, ctx: Context) -> None:
+        index = int(part.get("PartitionIndex", -1))
+        subject = f"partition:{topic}-{index}"
+        hw, lso = int(part.get("HighWatermark", -1)), int(part.get("LastStableOffset", -1))
+        base_evidence = {
+            **ex.evidence(),
+            "topic": topic,
+            "partition": index,
+            "high_watermark": hw,
+            "last_stable_offset": lso,
+        }
+        if hw >= 0 and lso >= 0 and lso > hw:
+            ctx.emit(
+                "txn.read_committed_inconsistent",
+                Severity.WARNING,
+                subject,
+                f"{topic}-{index}: LastStableOffset {lso} is above HighWatermark {hw}",
+                ex.ts_ns,
+                base_evidence,
+                conns=(ex.conn,),
+            )
+        if part.get("ErrorCode", 0) != 0:
+            return
+        aborted = [
+            (int(a.get("ProducerId", -1)), int(a.get("FirstOffset", -1)))
+            for a in part.get("AbortedTransactions") or []
+        ]
+        # Per producer: first offset of transactional data since its last marker, and that marker's offset.
+        open_data: dict[int, int] = {}
+        last_marker: dict[int, int] = {}
+        for batch in record_batches(part.get("Records")):
+            pid, offset = int(getattr(batch, "producer_id", -1)), int(getattr(batch, "base_offset", -1))
+            if pid < 0:
+                continue
+            if not getattr(batch, "is_control", False):
+                if getattr(batch, "is_transactional", False):
+                    open_data.setdefault(pid, offset)
+                continue
+            kind = control_type(batch)
+            if kind is None:
+                continue
+            data_at = open_data.pop(pid, None)
+            previous = last_marker.get(pid, -1)
+            last_marker[pid] = offset
+            listed = [f for p, f in aborted if p == pid and previous < f <= offset]
+            problem = None
+            if (
+                kind == ABORT
+                and data_at is not None
+                and not any(f <= data_at for p, f in aborted if p == pid)
+            ):
+                problem = (
+                    f"records of producer {pid} from offset {data_at} end in an ABORT marker at {offset}, but "
+                    "AbortedTransactions does not list them: a read-committed consumer would deliver aborted records"
+                )
+            elif kind == COMMIT and listed:
+                problem = (
+                    f"the transaction of producer {pid} committed at offset {offset} is listed as aborted from "
+                    f"offset {listed[0]}: a read-committed consumer would drop committed records"
+                )
+            if problem is not None:
+                ctx.emit(
+                    "txn.read_committed_inconsistent",
+                    Severity.CRITICAL,
+                    subject,
+                    f"{topic}-{index}: {problem}",
+                    ex.ts_ns,
+                    {
+                        **base_evidence,
+                        "producer_id": pid,
+                        "marker": "ABORT" if kind == ABORT else "COMMIT",
+                        "marker_offset": offset,
+                        "data_offset": data_at,
+                        "aborted_transactions": [[p, f] for p, f in aborted][:20],
+                    },
+                    conns=(ex.conn,),
+                )
+
+
+RULES: list[type[Rule]] = [TxnRule, PidOwnershipRule, ReadCommittedRule]
