@@ -77,12 +77,12 @@ ACKED_WINDOW = 16
 
 
 def topic_key(topic: dict[str, Any]) -> str:
-    """A topic's name, or its id for versions that carry only ids (Produce v13, Fetch v13+)."""
+    """A topic's name, or ``id:<uuid>`` for versions that carry only ids (Produce v13, Fetch v13+)."""
     name = topic.get("Name", topic.get("Topic"))
     if name is not None:
         return str(name)
     topic_id = topic.get("TopicId")
-    return str(topic_id) if topic_id is not None else ""
+    return f"id:{topic_id}" if topic_id is not None else ""
 
 
 def record_batches(records: Any) -> list[Any]:

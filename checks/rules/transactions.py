@@ -241,15 +241,13 @@ class TxnRule(Rule):
         for topic, partition, _index, batch in produce_batches(ex):
             if not is_producing(batch) or not getattr(batch, "is_transactional", False):
                 continue
+            if int(batch.producer_epoch) < current_epoch:
+                continue  # a zombie's write: producer.stale_epoch_* reports it; it is not this transaction
             answer = answers.get(f"{topic}|{partition}")
             error = None if answer is None else int(answer.get("ErrorCode", 0))
             tp = f"{topic}|{partition}"
-            if (
-                explicit
-                and state.get("boundary")
-                and tp not in added
-                and int(batch.producer_epoch) >= current_epoch
-            ):
+            # Topic ids (Produce v13) cannot be matched with the names AddPartitionsToTxn carries.
+            if explicit and state.get("boundary") and tp not in added and not topic.startswith("id:"):
                 outside.append((topic, partition, batch, error))
             if error == 0:
                 self._open(state, ex, ctx)
@@ -366,7 +364,13 @@ class PidOwnershipRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
         resp = ex.resp
-        if ex.api_key != INIT_PRODUCER_ID or resp is None or resp.body.get("ErrorCode") != 0:
+        if resp is None or resp.body.get("ErrorCode") != 0:
+            return
+        if ex.api_key == END_TXN and ex.api_version >= 5 and self._client(ex) == state.get("client"):
+            # Transactions v2: every EndTxn bumps the owner's epoch.
+            state["epoch"] = max(int(state.get("epoch", -1)), int(resp.body.get("ProducerEpoch", -1)))
+            return
+        if ex.api_key != INIT_PRODUCER_ID:
             return
         pid, epoch = int(key), int(resp.body.get("ProducerEpoch", -1))
         txn = _txn_id(ex.req.body.get("TransactionalId"))
