@@ -1,0 +1,437 @@
+"""The value of a ``records`` field: record batches (magic 2) and legacy message sets (magic 0/1).
+
+``RecordBatches.from_bytes`` reads batch headers only, one precompiled struct unpack per batch,
+because the streaming path runs it on every Produce and Fetch partition. Records are decoded, and
+decompressed, only when ``RecordBatch.records()`` is called. See docs/codec-records.md.
+
+Stripped format (the tap's ``headers`` capture policy, ``strip_payloads``): each v2 batch keeps its
+61-byte header unchanged except batchLength, rewritten to 49 (the header-only length), and loses its
+records section; the CRC is left as it was, so it no longer validates. Legacy messages: see
+``codec.message_set``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import crc32c as _crc32c
+
+from codec.compression import codec_name, compress, decompress
+from codec.control import ControlRecord, decode_control
+from codec.errors import DecodeError
+from codec.message_set import LEGACY_MIN_HEADER, LegacyMessage, parse_legacy, strip_legacy
+
+#: baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
+#: baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+#: batchLength counts the bytes after itself.
+LOG_OVERHEAD = 12
+STRIPPED_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
+_CRC_FROM = 21  # attributes onwards
+_LENGTH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+DELETE_HORIZON_BIT = 0x40
+
+
+class Record:
+    """One record of a v2 batch, with the batch's base offset and timestamp for absolute values."""
+
+    __slots__ = (
+        "attributes",
+        "base_offset",
+        "base_timestamp",
+        "headers",
+        "key",
+        "offset_delta",
+        "timestamp_delta",
+        "value",
+    )
+
+    def __init__(
+        self,
+        attributes: int,
+        timestamp_delta: int,
+        offset_delta: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]],
+        base_offset: int = 0,
+        base_timestamp: int = 0,
+    ) -> None:
+        self.attributes = attributes
+        self.timestamp_delta = timestamp_delta
+        self.offset_delta = offset_delta
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.base_offset = base_offset
+        self.base_timestamp = base_timestamp
+
+    @property
+    def offset(self) -> int:
+        return self.base_offset + self.offset_delta
+
+    @property
+    def timestamp(self) -> int:
+        return self.base_timestamp + self.timestamp_delta
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(offset={self.offset}, key={self.key!r}, value={self.value!r}, headers={self.headers!r})"
+        )
+
+
+class RecordBatch:
+    """A magic-2 batch header; records are decoded on demand."""
+
+    __slots__ = (
+        "attributes",
+        "base_offset",
+        "base_sequence",
+        "base_timestamp",
+        "batch_length",
+        "compression",
+        "compression_name",
+        "crc",
+        "has_delete_horizon",
+        "is_control",
+        "is_transactional",
+        "last_offset_delta",
+        "magic",
+        "max_timestamp",
+        "partition_leader_epoch",
+        "payload_stripped",
+        "producer_epoch",
+        "producer_id",
+        "raw",
+        "record_count",
+        "timestamp_type",
+    )
+
+    def __init__(self, raw: bytes, fields: tuple[int, ...]) -> None:
+        (
+            self.base_offset,
+            self.batch_length,
+            self.partition_leader_epoch,
+            self.magic,
+            self.crc,
+            attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.record_count,
+        ) = fields
+        self.raw = raw
+        self.attributes = attributes
+        self.compression = attributes & 0x07
+        self.compression_name = codec_name(self.compression)
+        self.timestamp_type = (attributes & TIMESTAMP_TYPE_BIT) >> 3
+        self.is_transactional = bool(attributes & TRANSACTIONAL_BIT)
+        self.is_control = bool(attributes & CONTROL_BIT)
+        self.has_delete_horizon = bool(attributes & DELETE_HORIZON_BIT)
+        self.payload_stripped = self.batch_length == STRIPPED_LENGTH and self.record_count > 0
+
+    @property
+    def delete_horizon(self) -> int | None:
+        """When the delete-horizon bit is set, baseTimestamp carries the delete horizon instead."""
+        return self.base_timestamp if self.has_delete_horizon else None
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    def crc_valid(self) -> bool:
+        """CRC-32C over attributes..end matches the stored crc."""
+        return _crc32c.crc32c(self.raw[_CRC_FROM:]) == self.crc
+
+    def records(self, max_size: int | None = None) -> list[Record]:
+        """The batch's records, decompressed when needed (``max_size`` caps the decompressed size)."""
+        if self.payload_stripped:
+            raise DecodeError("record payload stripped by capture policy", HEADER_SIZE, what="record batch")
+        section = self.raw[HEADER_SIZE:]
+        if self.compression:
+            section = decompress(self.compression, section, max_size, what="record batch")
+        return _parse_records(section, self.record_count, self.base_offset, self.base_timestamp)
+
+    def control_records(self) -> list[ControlRecord]:
+        """The control records (transaction markers) of a control batch; [] for a data batch."""
+        if not self.is_control:
+            return []
+        return [decode_control(r.key, r.value, r.offset) for r in self.records()]
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordBatch(base_offset={self.base_offset}, producer_id={self.producer_id}, "
+            f"producer_epoch={self.producer_epoch}, base_sequence={self.base_sequence}, "
+            f"record_count={self.record_count}, attributes={self.attributes:#x})"
+        )
+
+
+class RecordBatches:
+    """The decoded value of a ``records`` field; compares and serialises as its raw bytes."""
+
+    __slots__ = ("batches", "partial_tail", "raw")
+
+    def __init__(self, raw: bytes, batches: list[RecordBatch | LegacyMessage], partial_tail: bytes) -> None:
+        self.raw = raw
+        self.batches = batches
+        self.partial_tail = partial_tail
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> RecordBatches:
+        raw = bytes(raw)
+        batches: list[RecordBatch | LegacyMessage] = []
+        p, n = 0, len(raw)
+        unpack, length_at = HEADER.unpack_from, _LENGTH.unpack_from
+        while p < n:
+            if n - p < LOG_OVERHEAD:
+                break  # Fetch responses may cut the last batch anywhere
+            (length,) = length_at(raw, p + 8)
+            end = p + LOG_OVERHEAD + length
+            if length < 0:
+                raise DecodeError(f"negative batch length {length}", p + 8, what="record batch")
+            if end > n:
+                break
+            if length < 5:
+                raise DecodeError(
+                    f"batch length {length} is too short to hold a magic byte", p + 8, what="records"
+                )
+            magic = raw[p + 16]
+            if magic == 2:
+                if length < STRIPPED_LENGTH:
+                    raise DecodeError(
+                        f"batch length {length} is shorter than a v2 header", p + 8, what="record batch"
+                    )
+                batches.append(RecordBatch(raw[p:end], unpack(raw, p)))
+            elif magic in (0, 1):
+                if length < LEGACY_MIN_HEADER[magic]:
+                    raise DecodeError(
+                        f"message size {length} too short for magic {magic}", p + 8, what="message set"
+                    )
+                batches.append(parse_legacy(raw[p:end], p))
+            else:
+                raise DecodeError(f"unknown magic byte {magic}", p + 16, what="records")
+            p = end
+        return cls(raw, batches, raw[p:])
+
+    @staticmethod
+    def build(records: Sequence[Any], **kwargs: Any) -> RecordBatches:
+        return RecordBatches.from_bytes(build_record_batch(records, **kwargs))
+
+    def __bytes__(self) -> bytes:
+        return self.raw
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordBatches):
+            return self.raw == other.raw
+        if isinstance(other, bytes | bytearray):
+            return self.raw == bytes(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[RecordBatch | LegacyMessage]:
+        return iter(self.batches)
+
+    def __repr__(self) -> str:
+        tail = f", partial_tail={len(self.partial_tail)}B" if self.partial_tail else ""
+        return f"RecordBatches({len(self.raw)}B, {len(self.batches)} batches{tail})"
+
+
+def strip_payloads(raw: bytes) -> bytes:
+    """``raw`` with every batch's records (and legacy key/value) dropped; see the module docstring."""
+    parsed = RecordBatches.from_bytes(raw)
+    out = bytearray()
+    for batch in parsed.batches:
+        if isinstance(batch, RecordBatch):
+            out += _stripped_v2(batch.raw)
+        else:
+            out += strip_legacy(batch.raw)
+    tail = parsed.partial_tail
+    if len(tail) >= 17 and tail[16] == 2:
+        out += _stripped_v2(tail) if len(tail) >= HEADER_SIZE else b""
+    elif len(tail) >= 17 and tail[16] in (0, 1):
+        out += strip_legacy(tail) if len(tail) >= LEGACY_MIN_HEADER[tail[16]] + LOG_OVERHEAD else b""
+    return bytes(out)
+
+
+def _stripped_v2(raw: bytes) -> bytes:
+    return raw[:8] + _LENGTH.pack(STRIPPED_LENGTH) + raw[LOG_OVERHEAD:HEADER_SIZE]
+
+
+# --- varints ------------------------------------------------------------------------------------
+
+
+def _varint(b: bytes, p: int, end: int, max_bytes: int) -> tuple[int, int]:
+    """A zigzag varint at ``p``, and the position after it."""
+    shift = result = 0
+    for i in range(max_bytes):
+        if p + i >= end:
+            raise DecodeError("truncated varint", p, what="record")
+        byte = b[p + i]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), p + i + 1
+        shift += 7
+    raise DecodeError("varint too long", p, what="record")
+
+
+def _write_varint(out: bytearray, value: int) -> None:
+    z = (value << 1) ^ (value >> 63)
+    z &= (1 << 64) - 1
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+
+
+def _bytes_field(b: bytes, p: int, end: int, what: str) -> tuple[bytes | None, int]:
+    n, p = _varint(b, p, end, 5)
+    if n < 0:
+        return None, p
+    if n > end - p:
+        raise DecodeError(f"{what} of {n} bytes exceeds the {end - p} left in the record", p, what="record")
+    return b[p : p + n], p + n
+
+
+def _parse_records(b: bytes, count: int, base_offset: int, base_timestamp: int) -> list[Record]:
+    n = len(b)
+    # Every record takes at least 7 bytes, so a count beyond that is a lie, not a reason to loop.
+    if count < 0 or count > n:
+        raise DecodeError(f"record count {count} does not fit in {n} bytes", 0, what="record batch")
+    out: list[Record] = []
+    p = 0
+    for _ in range(count):
+        size, p = _varint(b, p, n, 5)
+        end = p + size
+        if size < 0 or end > n:
+            raise DecodeError(f"record length {size} exceeds the {n - p} bytes left", p, what="record")
+        if p >= end:
+            raise DecodeError("empty record", p, what="record")
+        attributes = b[p]
+        ts_delta, q = _varint(b, p + 1, end, 10)
+        off_delta, q = _varint(b, q, end, 5)
+        key, q = _bytes_field(b, q, end, "key")
+        value, q = _bytes_field(b, q, end, "value")
+        nheaders, q = _varint(b, q, end, 5)
+        if nheaders < 0 or nheaders > end - q:
+            raise DecodeError(f"header count {nheaders} does not fit in the record", q, what="record")
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(nheaders):
+            hkey, q = _bytes_field(b, q, end, "header key")
+            if hkey is None:
+                raise DecodeError("null header key", q, what="record")
+            try:
+                name = hkey.decode()
+            except UnicodeDecodeError:
+                raise DecodeError("header key is not UTF-8", q, what="record") from None
+            hval, q = _bytes_field(b, q, end, "header value")
+            headers.append((name, hval))
+        if q != end:
+            raise DecodeError(f"record declared {size} bytes but used {q - p}", p, what="record")
+        out.append(Record(attributes, ts_delta, off_delta, key, value, headers, base_offset, base_timestamp))
+        p = end
+    if p != n:
+        raise DecodeError(f"{n - p} bytes left after {count} records", p, what="record batch")
+    return out
+
+
+# --- building -----------------------------------------------------------------------------------
+
+RecordSpec = Sequence[Any]
+"""(key, value), (key, value, headers) or (key, value, headers, timestamp_delta)."""
+
+
+def encode_records(records: Iterable[RecordSpec]) -> tuple[bytes, int, int]:
+    """The uncompressed records section, the record count and the largest timestamp delta."""
+    out = bytearray()
+    count = max_delta = 0
+    for i, spec in enumerate(records):
+        key, value = spec[0], spec[1]
+        headers: Sequence[tuple[str, bytes | None]] = spec[2] if len(spec) > 2 and spec[2] else ()
+        ts_delta = int(spec[3]) if len(spec) > 3 else 0
+        body = bytearray(b"\x00")
+        _write_varint(body, ts_delta)
+        _write_varint(body, i)
+        for field in (key, value):
+            if field is None:
+                _write_varint(body, -1)
+            else:
+                _write_varint(body, len(field))
+                body += field
+        _write_varint(body, len(headers))
+        for hkey, hval in headers:
+            encoded = hkey.encode()
+            _write_varint(body, len(encoded))
+            body += encoded
+            if hval is None:
+                _write_varint(body, -1)
+            else:
+                _write_varint(body, len(hval))
+                body += hval
+        _write_varint(out, len(body))
+        out += body
+        count += 1
+        max_delta = max(max_delta, ts_delta)
+    return bytes(out), count, max_delta
+
+
+def build_record_batch(
+    records: Iterable[RecordSpec],
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+    compression: int = 0,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+    base_timestamp: int = 0,
+    timestamp_type: int = 0,
+    delete_horizon: bool = False,
+) -> bytes:
+    """A valid magic-2 batch (correct batchLength and CRC-32C)."""
+    section, count, max_delta = encode_records(records)
+    if compression:
+        section = compress(compression, section)
+    attributes = (
+        compression
+        | (TIMESTAMP_TYPE_BIT if timestamp_type else 0)
+        | (TRANSACTIONAL_BIT if transactional else 0)
+        | (CONTROL_BIT if control else 0)
+        | (DELETE_HORIZON_BIT if delete_horizon else 0)
+    )
+    header = bytearray(
+        HEADER.pack(
+            base_offset,
+            STRIPPED_LENGTH + len(section),
+            partition_leader_epoch,
+            2,
+            0,
+            attributes,
+            max(count - 1, 0),
+            base_timestamp,
+            base_timestamp + max_delta,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        )
+    )
+    crc = _crc32c.crc32c(bytes(header[_CRC_FROM:]) + section)
+    _CRC.pack_into(header, 17, crc)
+    return bytes(header) + section
