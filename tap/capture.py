@@ -1,0 +1,232 @@
+"""Capture policy and secret redaction: a pure function from one frame to the tap record's value.
+
+Nothing here touches sockets or the producer, so every policy and every secret can be tested on
+bytes alone. Secrets never leave in any policy: secret-bearing frames are decoded, the secret
+fields blanked and the frame re-encoded; when that is impossible the record carries the frame
+header only (fail closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import codec
+import codec.peek
+from codec.errors import DecodeError
+
+Policy = Literal["full", "headers", "meta"]
+Direction = Literal["req", "resp"]
+
+PRODUCE, FETCH, SASL_AUTHENTICATE = 0, 1, 36
+CREATE_DT, RENEW_DT, EXPIRE_DT, DESCRIBE_DT = 38, 39, 40, 41
+ALTER_USER_SCRAM_CREDENTIALS, ENVELOPE, SHARE_FETCH = 51, 58, 78
+
+#: Secret-bearing fields per (api key, direction), as dotted paths; ``[]`` walks an array.
+SECRETS: dict[tuple[int, Direction], tuple[str, ...]] = {
+    (SASL_AUTHENTICATE, "req"): ("AuthBytes",),
+    (SASL_AUTHENTICATE, "resp"): ("AuthBytes",),
+    (ALTER_USER_SCRAM_CREDENTIALS, "req"): ("Upsertions[].Salt", "Upsertions[].SaltedPassword"),
+    (CREATE_DT, "resp"): ("Hmac",),
+    (RENEW_DT, "req"): ("Hmac",),
+    (EXPIRE_DT, "req"): ("Hmac",),
+    (DESCRIBE_DT, "resp"): ("Tokens[].Hmac",),
+}
+_SECRET_REQUEST_KEYS = frozenset(k for (k, d) in SECRETS if d == "req")
+_SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in SECRETS if d == "resp")
+
+#: Where the headers policy strips record payloads.
+_RECORDS: frozenset[tuple[int, Direction]] = frozenset(
+    {(PRODUCE, "req"), (FETCH, "resp"), (SHARE_FETCH, "resp")}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    direction: Direction
+    #: Original frame size (without the size prefix); ``head`` may hold fewer bytes.
+    size: int
+    api_key: int | None = None
+    api_version: int | None = None
+    #: A raw SASL token (after SaslHandshake v0): no Kafka header, all secret.
+    sasl_token: bool = False
+    #: A response whose request was secret-bearing in a way the response cannot show (an Envelope).
+    sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    value: bytes
+    redacted: tuple[str, ...] = ()
+    #: Extra record headers: ``truncated``, ``orig_size``, ``redaction_failed``, ``capture_fallback``.
+    flags: dict[str, str] = field(default_factory=dict)
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 28:
+            raise DecodeError("bad unsigned varint", pos, what="ResponseHeader")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def header_end(head: bytes, info: FrameInfo) -> int:
+    """Length of the frame's Kafka header (0 for raw SASL tokens). Raises DecodeError."""
+    if info.sasl_token:
+        return 0
+    if info.direction == "req":
+        return codec.decode_request_header(head)[2]
+    if len(head) < 4:
+        raise DecodeError("response header needs 4 bytes", 0, what="ResponseHeader")
+    if info.api_key is None or info.api_version is None:
+        return 4
+    try:
+        hv = codec.response_header_version(info.api_key, info.api_version)
+    except (DecodeError, KeyError, ValueError):
+        return 4
+    if hv == 0:
+        return 4
+    count, pos = _uvarint(head, 4)
+    for _ in range(count):
+        _, pos = _uvarint(head, pos)
+        size, pos = _uvarint(head, pos)
+        pos += size
+    if pos > len(head):
+        raise DecodeError("tagged fields run past the frame", pos, what="ResponseHeader")
+    return pos
+
+
+def _blank(node: Any, parts: list[str]) -> bool:
+    """Blank the field at ``parts`` under ``node``; True if at least one value was present."""
+    if not parts or node is None:
+        return False
+    name, rest = parts[0], parts[1:]
+    if name.endswith("[]"):
+        items = node.get(name[:-2]) if isinstance(node, dict) else None
+        hit = False
+        for item in items or ():
+            hit = _blank(item, rest) or hit
+        return hit
+    if not isinstance(node, dict) or name not in node:
+        return False
+    if rest:
+        return _blank(node[name], rest)
+    node[name] = b"" if node[name] is not None else None
+    return True
+
+
+def _strip_records(node: Any, strip: Callable[[bytes], bytes]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _strip_records(item, strip)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "Records" and value is not None:
+                raw = value if isinstance(value, bytes | bytearray) else getattr(value, "raw", None)
+                if raw is not None:
+                    node[key] = strip(bytes(raw))
+            elif isinstance(value, list | dict):
+                _strip_records(value, strip)
+
+
+def _strip_payloads() -> Callable[[bytes], bytes] | None:
+    try:
+        from codec.records import strip_payloads  # written alongside the codec; may land later
+    except ImportError:
+        return None
+    fn: Callable[[bytes], bytes] = strip_payloads
+    return fn
+
+
+def request_is_sensitive_envelope(frame: bytes) -> bool:
+    """An Envelope request whose inner request carries secrets (or cannot be read: fail closed)."""
+    try:
+        request = codec.decode_request(frame)
+        data = request.body.get("RequestData")
+        raw = getattr(data, "raw", data)
+        if not isinstance(raw, bytes | bytearray):
+            return True
+        return codec.peek.peek_request_header(raw).api_key in (_SECRET_REQUEST_KEYS | _SECRET_RESPONSE_KEYS)
+    except Exception:
+        return True
+
+
+def secret_fields(info: FrameInfo) -> tuple[str, ...]:
+    if info.sasl_token:
+        return ("sasl_token",)
+    if info.api_key is None:
+        return ()
+    if info.api_key == ENVELOPE and info.sensitive:
+        return ("ResponseData",)
+    return SECRETS.get((info.api_key, info.direction), ())
+
+
+def _decode(frame: bytes, info: FrameInfo) -> codec.Request | codec.Response:
+    if info.direction == "req":
+        return codec.decode_request(frame)
+    if info.api_key is None or info.api_version is None:
+        raise DecodeError("response without a matching request", 0, what="ResponseHeader")
+    return codec.decode_response(frame, info.api_key, info.api_version)
+
+
+def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Captured:
+    """The tap record value for one frame: ``head`` is the frame (or its first bytes if truncated)."""
+    flags: dict[str, str] = {}
+    secrets = secret_fields(info)
+    if info.sasl_token:
+        return Captured(b"", secrets, {"orig_size": str(info.size)})
+    if (
+        info.api_key == ENVELOPE
+        and info.direction == "req"
+        and len(head) == info.size
+        and request_is_sensitive_envelope(head)
+    ):
+        secrets = ("RequestData",)
+
+    def header_only(**extra: str) -> Captured:
+        # The header is located lazily: the full policy's common case never needs it. An unreadable
+        # header leaves nothing that is known to be safe, so the value is then empty.
+        try:
+            value = head[: header_end(head, info)]
+        except DecodeError:
+            value = b""
+            extra = {**extra, "header_error": "1"}
+        return Captured(value, secrets, {**flags, **extra})
+
+    if policy == "meta":
+        return header_only()
+    if len(head) < info.size or info.size > max_bytes:
+        flags.update(truncated="1", orig_size=str(info.size))
+        return header_only()
+    if info.api_key == ENVELOPE and secrets:
+        return header_only()
+    value = head
+    if secrets:
+        try:
+            message = _decode(head, info)
+            for path in secrets:
+                _blank(message.body, path.split("."))
+            value = codec.encode(message)
+        except Exception:
+            # Fail closed: a secret-bearing frame we cannot rewrite is mirrored header-only.
+            return header_only(redaction_failed="1")
+    if policy == "headers" and info.api_key is not None and (info.api_key, info.direction) in _RECORDS:
+        strip = _strip_payloads()
+        try:
+            if strip is None:
+                raise RuntimeError("codec.records.strip_payloads is not available")
+            message = _decode(value, info)
+            _strip_records(message.body, strip)
+            value = codec.encode(message)
+        except Exception:
+            return header_only(capture_fallback="meta")
+    if len(value) > max_bytes:
+        flags.update(truncated="1", orig_size=str(info.size))
+        return header_only()
+    return Captured(value, secrets, flags)

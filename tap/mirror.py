@@ -1,0 +1,128 @@
+"""Mirror sinks: where tap records go. Offering a record never blocks; a full sink drops it.
+
+``KafkaMirror`` uses confluent-kafka's own bounded queue (``queue.buffering.max.messages`` and
+``queue.buffering.max.kbytes`` bound frames and bytes); ``produce`` raises BufferError instead of
+waiting, which is exactly the drop-and-count the tap needs. A daemon thread polls for delivery
+reports so the event loop never does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Headers = list[tuple[str, str | bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorRecord:
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+class MirrorSink(Protocol):
+    def offer(self, record: MirrorRecord) -> bool:
+        """Queue ``record``; False (dropped) when the queue is full. Never blocks."""
+        ...
+
+    def depth(self) -> int: ...
+
+    def close(self, timeout: float = 5.0) -> None: ...
+
+
+class MemoryMirror:
+    """An in-process sink for tests and ``--no-mirror`` runs, bounded like the real one."""
+
+    def __init__(self, max_frames: int = 1 << 30, max_bytes: int = 1 << 62) -> None:
+        self.records: list[MirrorRecord] = []
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._bytes = 0
+
+    def offer(self, record: MirrorRecord) -> bool:
+        size = len(record.value)
+        if len(self.records) >= self.max_frames or self._bytes + size > self.max_bytes:
+            return False
+        self.records.append(record)
+        self._bytes += size
+        return True
+
+    def depth(self) -> int:
+        return len(self.records)
+
+    def close(self, timeout: float = 5.0) -> None:
+        return None
+
+
+class NullMirror:
+    def offer(self, record: MirrorRecord) -> bool:
+        return True
+
+    def depth(self) -> int:
+        return 0
+
+    def close(self, timeout: float = 5.0) -> None:
+        return None
+
+
+class KafkaMirror:
+    """Produces tap records to ``topic`` with an idempotent producer (per-key order survives retries)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        max_frames: int,
+        max_bytes: int,
+        properties: dict[str, str] | None = None,
+        on_error: Callable[[str], None] | None = None,
+        message_timeout_ms: int = 30_000,
+    ) -> None:
+        from confluent_kafka import Producer
+
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": max(1, max_frames),
+            "queue.buffering.max.kbytes": max(1, max_bytes // 1024),
+            "message.timeout.ms": message_timeout_ms,
+            "message.max.bytes": 1_000_000 + 100_000,
+            "client.id": "kpmon-tap",
+        }
+        conf.update(properties or {})
+        self.topic = topic
+        self._on_error = on_error
+        self._producer = Producer(conf)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kpmon-tap-mirror", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.1)
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None and self._on_error is not None:
+            self._on_error(str(err.name() if hasattr(err, "name") else err))
+
+    def offer(self, record: MirrorRecord) -> bool:
+        try:
+            self._producer.produce(
+                self.topic, record.value, record.key, headers=record.headers, on_delivery=self._delivered
+            )
+        except BufferError:
+            return False
+        return True
+
+    def depth(self) -> int:
+        return len(self._producer)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._producer.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout)

@@ -1,0 +1,63 @@
+"""Raw-socket helpers for tap tests: a fake broker that answers each request frame in order."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+
+import codec
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+class FakeBroker:
+    """Answers every request with a response carrying its correlation id and ``reply`` bytes.
+
+    Records a digest of every byte received, so tests can compare it with what the client sent.
+    """
+
+    def __init__(self, reply: bytes = b"\x00\x00") -> None:
+        self.reply = reply
+        self.received = hashlib.sha256()
+        self.received_len = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = struct.unpack(">i", head)
+                body = await reader.readexactly(size)
+                self.received.update(head + body)
+                self.received_len += 4 + size
+                corr = struct.unpack_from(">i", body, 4)[0] if size >= 8 else 0
+                writer.write(frame(struct.pack(">i", corr) + self.reply))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        for w in self.writers:
+            w.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+def api_versions_request(corr: int, client_id: str = "test") -> bytes:
+    return codec.encode_request(
+        18, 3, corr, client_id, {"ClientSoftwareName": "t", "ClientSoftwareVersion": "1"}
+    )

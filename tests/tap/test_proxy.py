@@ -1,0 +1,238 @@
+"""The asyncio tap against a local fake broker: byte-exact forwarding, mirroring, failure modes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+
+import pytest
+
+import codec
+from tap.mirror import MemoryMirror
+from tap.proxy import ListenerSpec, Tap, TapSettings
+from tests.tap.helpers import FakeBroker, api_versions_request, frame
+
+
+async def _start(sink: MemoryMirror, broker_port: int, **settings: object) -> tuple[Tap, int]:
+    tap = Tap(
+        [ListenerSpec("127.0.0.1", 0, "127.0.0.1", broker_port, 1)],
+        sink,
+        TapSettings(**settings),  # type: ignore[arg-type]
+    )
+    ((_, port),) = await tap.start()
+    return tap, port
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+def _headers(record: object) -> dict[str, bytes]:
+    return dict(record.headers)  # type: ignore[attr-defined]
+
+
+def test_pipelined_requests_are_forwarded_exactly_and_mirrored_in_order() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start(), capture="full")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent = hashlib.sha256()
+        for corr in range(50):
+            data = frame(api_versions_request(corr))
+            sent.update(data)
+            writer.write(data)
+        await writer.drain()
+        for corr in range(50):
+            assert struct.unpack_from(">i", await _read_frame(reader))[0] == corr
+        writer.close()
+        await asyncio.sleep(0.1)
+        assert broker.received.digest() == sent.digest()
+        await tap.stop()
+        await broker.stop()
+        heads = [_headers(r) for r in sink.records]
+        assert [h["seq"] for h in heads] == [str(i).encode() for i in range(1, 103)]
+        assert heads[0]["dir"] == b"open" and heads[-1]["dir"] == b"close"
+        responses = [(h, r) for h, r in zip(heads, sink.records, strict=True) if h["dir"] == b"resp"]
+        assert len(responses) == 50
+        for h, _ in responses:
+            assert h["api_key"] == b"18" and h["api_version"] == b"3"
+        for h, r in zip(heads, sink.records, strict=True):
+            if h["dir"] == b"req":
+                assert codec.decode_request(r.value).api_key == 18
+        assert len({h["conn"] for h in heads}) == 1
+
+    asyncio.run(run())
+
+
+def test_large_frame_streams_through_without_buffering() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start(), capture="full", max_mirrored_frame_bytes=1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        header = api_versions_request(99)
+        big = header + b"z" * (120 * 1024 * 1024)
+        writer.write(struct.pack(">i", len(big)))
+        chunk = 1 << 20
+        view = memoryview(big)
+        for i in range(0, len(big), chunk):
+            writer.write(view[i : i + chunk])
+            await writer.drain()
+        assert struct.unpack_from(">i", await _read_frame(reader))[0] == 99
+        writer.close()
+        await asyncio.sleep(0.1)
+        assert broker.received_len == len(big) + 4
+        await tap.stop()
+        await broker.stop()
+        req = next(r for r in sink.records if _headers(r)["dir"] == b"req")
+        assert _headers(req)["truncated"] == b"1"
+        assert _headers(req)["orig_size"] == str(len(big)).encode()
+        assert len(req.value) < 100
+
+    asyncio.run(run())
+
+
+def test_garbage_connection_is_closed_and_others_continue() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start())
+        good_r, good_w = await asyncio.open_connection("127.0.0.1", port)
+        bad_r, bad_w = await asyncio.open_connection("127.0.0.1", port)
+        bad_w.write(struct.pack(">i", -5) + b"junk")
+        await bad_w.drain()
+        assert await asyncio.wait_for(bad_r.read(), 5) == b""
+        good_w.write(frame(api_versions_request(1)))
+        await good_w.drain()
+        assert struct.unpack_from(">i", await _read_frame(good_r))[0] == 1
+        good_w.close()
+        samples = tap.metrics.registry.get_sample_value(
+            "kpmon_tap_closed_connections_total", {"reason": "bad_request_frame"}
+        )
+        assert samples == 1
+        await tap.stop()
+        await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_broker_death_disconnects_the_client() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(api_versions_request(1)))
+        await writer.drain()
+        await _read_frame(reader)
+        await broker.stop()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()  # the broker's FIN is passed on as a half-close; the client then closes
+        await asyncio.sleep(0.05)
+        close = _headers(sink.records[-1])
+        assert close["dir"] == b"close"
+        assert b"broker" in sink.records[-1].value
+        await tap.stop()
+
+    asyncio.run(run())
+
+
+def test_unreachable_broker_closes_client_with_reason() -> None:
+    async def run() -> None:
+        sink = MemoryMirror()
+        tap, port = await _start(sink, 1)  # nothing listens on port 1
+        reader, _ = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.sleep(0.05)
+        assert _headers(sink.records[0]).get("error")
+        await tap.stop()
+
+    asyncio.run(run())
+
+
+def test_half_close_still_delivers_responses() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for corr in range(3):
+            writer.write(frame(api_versions_request(corr)))
+        writer.write_eof()
+        got = [struct.unpack_from(">i", await _read_frame(reader))[0] for _ in range(3)]
+        assert got == [0, 1, 2]
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await tap.stop()
+        await broker.stop()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("max_frames", [0, 3])
+def test_full_mirror_queue_drops_and_counts_without_affecting_traffic(max_frames: int) -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror(max_frames=max_frames)
+        tap, port = await _start(sink, await broker.start())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for corr in range(20):
+            writer.write(frame(api_versions_request(corr)))
+        await writer.drain()
+        for corr in range(20):
+            assert struct.unpack_from(">i", await _read_frame(reader))[0] == corr
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        drops = tap.metrics.registry.get_sample_value("kpmon_tap_mirror_drops_total")
+        assert drops == 42 - max_frames  # open + 20 req + 20 resp + close
+        assert len(sink.records) == max_frames
+
+    asyncio.run(run())
+
+
+def test_sasl_v0_tokens_are_never_mirrored() -> None:
+    password = b"hunter2-very-secret"
+
+    async def run() -> None:
+        # A fake broker speaking the SaslHandshake v0 flow: handshake response, then raw tokens.
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            req = await _read_frame(reader)
+            corr = struct.unpack_from(">i", req, 4)[0]
+            body = codec.encode_response(17, 0, corr, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]})
+            writer.write(frame(body))
+            await _read_frame(reader)  # the PLAIN token
+            writer.write(frame(b""))
+            req = await _read_frame(reader)
+            corr = struct.unpack_from(">i", req, 4)[0]
+            writer.write(frame(struct.pack(">ih", corr, 0)))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        sink = MemoryMirror()
+        tap, port = await _start(sink, server.sockets[0].getsockname()[1], capture="full")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(codec.encode_request(17, 0, 1, "c", {"Mechanism": "PLAIN"})))
+        await _read_frame(reader)
+        writer.write(frame(b"\x00alice\x00" + password))
+        assert await _read_frame(reader) == b""
+        writer.write(frame(api_versions_request(2)))
+        await _read_frame(reader)
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        server.close()
+        for record in sink.records:
+            assert password not in record.value
+            assert all(password not in v for _, v in record.headers)
+        kinds = [(_headers(r)["dir"], _headers(r).get("redacted")) for r in sink.records]
+        assert (b"req", b"sasl_token") in kinds and (b"resp", b"sasl_token") in kinds
+        last_req = [r for r in sink.records if _headers(r)["dir"] == b"req"][-1]
+        assert _headers(last_req)["api_key"] == b"18"
+
+    asyncio.run(run())
