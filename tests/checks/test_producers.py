@@ -1,0 +1,443 @@
+"""producer.stale_epoch_* and producer.sequence_* on frames built through the real codec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.engine import Monitor
+from checks.model import Finding, Frame
+from checks.rule import Context
+from checks.rules.producers import ProducerRule
+from codec.records import build_record_batch
+from kpmon.config import ChecksConfig
+from tests.checks.builders import SECOND, Conversation, shared_offsets
+
+MS = 1_000_000
+PID = 4000
+TOPIC = "orders"
+FENCED, OUT_OF_ORDER, DUPLICATE, NOT_LEADER, TOO_LARGE = 90, 45, 46, 6, 10
+
+
+def batch(epoch: int, seq: int, count: int = 1, pid: int = PID, txn: bool = False) -> bytes:
+    return build_record_batch(
+        [(None, b"v%d" % i) for i in range(count)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        transactional=txn,
+    )
+
+
+def produce(
+    conv: Conversation,
+    ts: int,
+    parts: list[tuple[int, bytes]],
+    txn_id: str | None = None,
+    version: int = 9,
+    topic: str = TOPIC,
+) -> Frame:
+    body: dict[str, Any] = {
+        "TransactionalId": txn_id,
+        "Acks": -1,
+        "TimeoutMs": 30000,
+        "TopicData": [{"Name": topic, "PartitionData": [{"Index": p, "Records": r} for p, r in parts]}],
+    }
+    return conv.request(0, version, body, ts)
+
+
+def answer(
+    conv: Conversation, req: Frame, ts: int, parts: list[tuple[int, int, int]], topic: str = TOPIC
+) -> Frame:
+    """``parts``: (partition, error code, base offset)."""
+    return conv.response(
+        req,
+        {
+            "Responses": [
+                {
+                    "Name": topic,
+                    "PartitionResponses": [
+                        {"Index": p, "ErrorCode": e, "BaseOffset": o} for p, e, o in parts
+                    ],
+                }
+            ]
+        },
+        ts,
+    )
+
+
+def write(
+    conv: Conversation,
+    ts: int,
+    epoch: int,
+    seq: int,
+    error: int = 0,
+    offset: int = 0,
+    count: int = 1,
+    partition: int = 0,
+) -> list[Frame]:
+    req = produce(conv, ts, [(partition, batch(epoch, seq, count))])
+    return [req, answer(conv, req, ts + 2 * MS, [(partition, error, offset)])]
+
+
+def init_pid(
+    conv: Conversation, ts: int, epoch: int, pid: int = PID, txn_id: str | None = "tx"
+) -> list[Frame]:
+    return conv.exchange(
+        22,
+        4,
+        {"TransactionalId": txn_id, "TransactionTimeoutMs": 60000, "ProducerId": -1, "ProducerEpoch": -1},
+        {"ErrorCode": 0, "ProducerId": pid, "ProducerEpoch": epoch},
+        ts,
+    )
+
+
+def run(frames: list[Frame]) -> list[Finding]:
+    monitor = Monitor([ProducerRule()], Context(ChecksConfig()))
+    return monitor.feed_all(frames) + monitor.flush()
+
+
+def rules(findings: list[Finding]) -> list[tuple[str, str]]:
+    return [(f.rule, f.severity.value) for f in findings]
+
+
+def two_clients() -> tuple[Conversation, Conversation]:
+    zombie = Conversation(conn="tap1-z", client="10.0.0.7:40000", client_id="zombie")
+    fencer = Conversation(conn="tap1-f", client="10.0.0.8:40000", client_id="fencer")
+    shared_offsets(zombie, fencer)
+    return zombie, fencer
+
+
+# -- stale epochs --------------------------------------------------------------------------------
+
+
+def test_zombie_write_after_the_fence_rejected_is_a_warning() -> None:
+    zombie, fencer = two_clients()
+    frames = [
+        *init_pid(zombie, 0, epoch=0),
+        *write(zombie, 1 * SECOND, epoch=0, seq=0),
+        *init_pid(fencer, 2 * SECOND, epoch=1),
+        *write(zombie, 3 * SECOND, epoch=0, seq=1, error=FENCED),
+    ]
+    findings = run(frames)
+    assert rules(findings) == [("producer.stale_epoch_rejected", "warning")]
+    evidence = findings[0].evidence
+    assert (evidence["producer_id"], evidence["producer_epoch"], evidence["newest_epoch"]) == (PID, 0, 1)
+    assert evidence["broker_error"] == FENCED and evidence["topic"] == TOPIC and evidence["partition"] == 0
+    assert evidence["newest_epoch_source"] == "InitProducerId"
+    assert findings[0].subject == f"producer:{PID}"
+    # Tap offsets of the zombie's request and response.
+    assert evidence["offsets"] == [[0, frames[-2].offset], [0, frames[-1].offset]]
+
+
+def test_zombie_write_the_broker_accepted_is_critical() -> None:
+    zombie, fencer = two_clients()
+    frames = [*init_pid(zombie, 0, epoch=3), *init_pid(fencer, 2 * SECOND, epoch=4)]
+    frames += write(zombie, 3 * SECOND, epoch=3, seq=0, error=0, offset=77)
+    assert rules(run(frames)) == [("producer.stale_epoch_accepted", "critical")]
+
+
+def test_invalid_producer_epoch_counts_as_rejected() -> None:
+    zombie, fencer = two_clients()
+    frames = [*init_pid(fencer, 0, epoch=2), *write(zombie, 1 * SECOND, epoch=1, seq=0, error=47)]
+    assert rules(run(frames)) == [("producer.stale_epoch_rejected", "warning")]
+
+
+def test_write_sent_before_the_new_epoch_is_not_stale_even_if_answered_and_fed_later() -> None:
+    zombie, fencer = two_clients()
+    early = produce(zombie, 2 * SECOND - 5 * MS, [(0, batch(0, 0))])
+    fence = init_pid(fencer, 2 * SECOND, epoch=1)
+    late_answer = answer(zombie, early, 2 * SECOND + 500 * MS, [(0, 0, 10)])
+    # Arrival order: the fence first, then the zombie's request and answer (all within the watermark).
+    assert run([*fence, early, late_answer]) == []
+    # Also while the InitProducerId is in flight: the epoch is only known once the broker answered it.
+    zombie2, fencer2 = two_clients()
+    init_req = fencer2.request(
+        22,
+        4,
+        {"TransactionalId": "tx", "TransactionTimeoutMs": 60000, "ProducerId": -1, "ProducerEpoch": -1},
+        SECOND,
+    )
+    mid = produce(zombie2, SECOND + 1 * MS, [(0, batch(0, 0))])
+    init_resp = fencer2.response(
+        init_req, {"ErrorCode": 0, "ProducerId": PID, "ProducerEpoch": 1}, SECOND + 2 * MS
+    )
+    assert run([init_req, init_resp, mid, answer(zombie2, mid, SECOND + 9 * MS, [(0, FENCED, -1)])]) == []
+
+
+def test_end_txn_v5_bumps_the_epoch() -> None:
+    conv = Conversation()
+    end = conv.exchange(
+        26,
+        5,
+        {"TransactionalId": "tx", "ProducerId": PID, "ProducerEpoch": 0, "Committed": True},
+        {"ErrorCode": 0, "ProducerId": PID, "ProducerEpoch": 1},
+        2 * SECOND,
+    )
+    before = write(conv, 1 * SECOND, epoch=0, seq=0)
+    after_ok = write(conv, 3 * SECOND, epoch=1, seq=0)
+    assert run([*before, *end, *after_ok]) == []
+    stale = write(Conversation(conn="tap1-x"), 4 * SECOND, epoch=0, seq=1, error=FENCED)
+    findings = run([*before, *end, *after_ok, *stale])
+    assert rules(findings) == [("producer.stale_epoch_rejected", "warning")]
+    assert findings[0].evidence["newest_epoch_source"] == "EndTxn"
+
+
+def test_end_txn_before_v5_does_not_carry_an_epoch() -> None:
+    conv = Conversation()
+    end = conv.exchange(
+        26,
+        4,
+        {"TransactionalId": "tx", "ProducerId": PID, "ProducerEpoch": 0, "Committed": True},
+        {"ErrorCode": 0},
+        2 * SECOND,
+    )
+    assert run([*write(conv, SECOND, 0, 0), *end, *write(conv, 3 * SECOND, 0, 1)]) == []
+
+
+def test_write_txn_markers_with_a_bumped_epoch_fence_older_writes() -> None:
+    coordinator = Conversation(conn="tap1-b", client="10.0.0.2:9093", client_id="broker-2")
+    markers = coordinator.exchange(
+        27,
+        1,
+        {
+            "Markers": [
+                {
+                    "ProducerId": PID,
+                    "ProducerEpoch": 5,
+                    "TransactionResult": False,
+                    "Topics": [{"Name": TOPIC, "PartitionIndexes": [0]}],
+                    "CoordinatorEpoch": 1,
+                }
+            ]
+        },
+        {
+            "Markers": [
+                {
+                    "ProducerId": PID,
+                    "Topics": [{"Name": TOPIC, "Partitions": [{"PartitionIndex": 0, "ErrorCode": 0}]}],
+                }
+            ]
+        },
+        SECOND,
+    )
+    frames = [*markers, *write(Conversation(), 2 * SECOND, epoch=4, seq=3, error=FENCED)]
+    assert rules(run(frames)) == [("producer.stale_epoch_rejected", "warning")]
+
+
+def test_non_idempotent_batches_are_ignored() -> None:
+    conv = Conversation()
+    req = produce(conv, SECOND, [(0, batch(-1, -1, pid=-1))])
+    assert run([req, answer(conv, req, SECOND + MS, [(0, 0, 1)])]) == []
+
+
+# -- sequences -----------------------------------------------------------------------------------
+
+
+def test_clean_in_flight_series_and_epoch_reset_raise_nothing() -> None:
+    conv = Conversation()
+    frames = [*init_pid(conv, 0, epoch=0, txn_id=None)]
+    reqs = [produce(conv, SECOND + i * MS, [(0, batch(0, i * 5, 5))]) for i in range(5)]
+    frames += reqs
+    frames += [answer(conv, r, SECOND + 50 * MS + i * MS, [(0, 0, i * 5)]) for i, r in enumerate(reqs)]
+    # KIP-360: the client bumps its epoch and restarts sequences at 0.
+    bump = conv.exchange(
+        22,
+        4,
+        {"TransactionalId": None, "TransactionTimeoutMs": 60000, "ProducerId": PID, "ProducerEpoch": 0},
+        {"ErrorCode": 0, "ProducerId": PID, "ProducerEpoch": 1},
+        2 * SECOND,
+    )
+    frames += [*bump, *write(conv, 3 * SECOND, epoch=1, seq=0, count=3, offset=25)]
+    frames += write(conv, 3 * SECOND + 10 * MS, epoch=1, seq=3, count=2, offset=28)
+    assert run(frames) == []
+
+
+def test_gap_confirmed_by_the_broker() -> None:
+    conv = Conversation()
+    frames = [*write(conv, SECOND, 0, 0, count=2), *write(conv, 2 * SECOND, 0, 5, error=OUT_OF_ORDER)]
+    findings = run(frames)
+    assert rules(findings) == [("producer.sequence_gap", "warning")]
+    evidence = findings[0].evidence
+    assert (evidence["expected_sequence"], evidence["base_sequence"], evidence["missing"]) == (2, 5, 3)
+    assert evidence["broker_error"] == OUT_OF_ORDER and "confirmed" in findings[0].summary
+
+
+def test_gap_the_broker_accepted_is_reported_too() -> None:
+    conv = Conversation()
+    findings = run([*write(conv, SECOND, 0, 0), *write(conv, 2 * SECOND, 0, 2, offset=1)])
+    assert rules(findings) == [("producer.sequence_gap", "warning")]
+    assert "accepted" in findings[0].summary
+
+
+def test_out_of_order_after_a_failed_in_flight_batch_is_not_a_gap() -> None:
+    """Two in flight; the first fails (retriable), so the broker answers the second 45; both are retried."""
+    conv = Conversation()
+    a = produce(conv, SECOND, [(0, batch(0, 0, 5))])
+    b = produce(conv, SECOND + MS, [(0, batch(0, 5, 5))])
+    frames = [a, b, answer(conv, a, SECOND + 5 * MS, [(0, NOT_LEADER, -1)])]
+    frames.append(answer(conv, b, SECOND + 6 * MS, [(0, OUT_OF_ORDER, -1)]))
+    frames += write(conv, 2 * SECOND, 0, 0, count=5, offset=0)
+    frames += write(conv, 2 * SECOND + 10 * MS, 0, 5, count=5, offset=5)
+    assert run(frames) == []
+
+
+def test_retry_the_broker_deduplicated_is_info_only() -> None:
+    conv = Conversation()
+    frames = [*write(conv, SECOND, 0, 0, count=3, offset=40)]
+    # The answer was lost on the way to the client: it retries the same batch; the broker answers
+    # with the original offset.
+    frames += write(conv, 2 * SECOND, 0, 0, count=3, offset=40)
+    frames += write(conv, 3 * SECOND, 0, 0, count=3, error=DUPLICATE, offset=-1)
+    findings = run(frames)
+    assert rules(findings) == [
+        ("producer.sequence_duplicate", "info"),
+        ("producer.sequence_duplicate", "info"),
+    ]
+    assert findings[0].evidence["original"]["base_offset"] == 40
+
+
+def test_retry_without_a_seen_acknowledgement_is_silent() -> None:
+    conv = Conversation()
+    lost = produce(conv, SECOND, [(0, batch(0, 0, 3))])  # never answered (the connection dropped)
+    other = Conversation(conn="tap1-c2", client="10.0.0.5:51001")
+    assert run([lost, *write(other, 2 * SECOND, 0, 0, count=3, offset=12)]) == []
+
+
+def test_duplicate_sequence_answer_without_the_original_is_info() -> None:
+    conv = Conversation()
+    assert rules(run(write(conv, SECOND, 0, 7, error=DUPLICATE, offset=-1))) == [
+        ("producer.sequence_duplicate", "info")
+    ]
+
+
+def test_retry_appended_at_another_offset_is_critical() -> None:
+    conv = Conversation()
+    frames = [
+        *write(conv, SECOND, 0, 0, count=3, offset=40),
+        *write(conv, 2 * SECOND, 0, 0, count=3, offset=90),
+    ]
+    findings = run(frames)
+    assert rules(findings) == [("producer.sequence_duplicate", "critical")]
+    assert "twice" in findings[0].summary
+
+
+def test_resend_of_acknowledged_sequences_with_other_boundaries() -> None:
+    conv = Conversation()
+    frames = [
+        *write(conv, SECOND, 0, 0, count=4, offset=0),
+        *write(conv, 2 * SECOND, 0, 2, count=4, error=45),
+    ]
+    assert rules(run(frames)) == [("producer.sequence_duplicate", "warning")]
+    conv = Conversation()
+    frames = [
+        *write(conv, SECOND, 0, 0, count=4, offset=0),
+        *write(conv, 2 * SECOND, 0, 2, count=4, offset=4),
+    ]
+    assert rules(run(frames)) == [("producer.sequence_duplicate", "critical")]
+
+
+def test_split_batch_after_message_too_large_is_silent() -> None:
+    conv = Conversation()
+    frames = [*write(conv, SECOND, 0, 0, count=10, error=TOO_LARGE, offset=-1)]
+    frames += write(conv, 2 * SECOND, 0, 0, count=5, offset=0)
+    frames += write(conv, 2 * SECOND + 5 * MS, 0, 5, count=5, offset=5)
+    frames += write(conv, 2 * SECOND + 10 * MS, 0, 10, count=1, offset=10)
+    assert run(frames) == []
+
+
+def test_sequences_wrap_around_at_int32_max() -> None:
+    conv = Conversation()
+    top = 2**31 - 3
+    frames = [
+        *write(conv, SECOND, 0, top, count=3, offset=0),
+        *write(conv, 2 * SECOND, 0, 0, count=2, offset=3),
+    ]
+    frames += write(conv, 3 * SECOND, 0, 2, count=1, offset=5)
+    assert run(frames) == []
+    # Across the wrap, skipping is still a gap.
+    conv = Conversation()
+    frames = [
+        *write(conv, SECOND, 0, top, count=3, offset=0),
+        *write(conv, 2 * SECOND, 0, 4, count=1, error=45),
+    ]
+    findings = run(frames)
+    assert rules(findings) == [("producer.sequence_gap", "warning")]
+    assert findings[0].evidence["missing"] == 4
+
+
+def test_streams_are_per_partition_and_per_epoch() -> None:
+    conv = Conversation()
+    frames = [
+        *write(conv, SECOND, 0, 0, count=2, partition=0),
+        *write(conv, SECOND + 10 * MS, 0, 0, count=2, partition=1),
+    ]
+    frames += write(conv, 2 * SECOND, 1, 0, partition=0)  # new epoch (not known yet): sequences restart
+    assert run(frames) == []
+
+
+def test_first_batch_seen_mid_stream_is_the_baseline() -> None:
+    conv = Conversation()
+    assert run([*write(conv, SECOND, 0, 500, count=2), *write(conv, 2 * SECOND, 0, 502)]) == []
+
+
+def test_tap_gap_marks_sequence_findings_incomplete() -> None:
+    conv = Conversation()
+    frames = write(conv, SECOND, 0, 0, count=2)
+    conv.seq += 3  # the tap dropped frames on this connection (e.g. a produce)
+    frames += write(conv, 2 * SECOND, 0, 5, error=OUT_OF_ORDER)
+    gap = [f for f in run(frames) if f.rule == "producer.sequence_gap"]
+    assert len(gap) == 1 and gap[0].incomplete
+
+
+def test_state_is_plain_json() -> None:
+    import json
+
+    monitor = Monitor([ProducerRule()], Context(ChecksConfig()))
+    conv = Conversation()
+    monitor.feed_all(
+        [*init_pid(conv, 0, 0), *write(conv, SECOND, 0, 0), produce(conv, 2 * SECOND, [(0, batch(0, 5))])]
+    )
+    monitor.flush()
+    json.dumps(monitor.snapshot())
+
+
+def test_produce_v13_topic_ids_are_matched_with_their_answers() -> None:
+    import uuid
+
+    topic_id = uuid.UUID(int=0xFEED)
+    zombie, fencer = two_clients()
+    req = zombie.request(
+        0,
+        13,
+        {
+            "TransactionalId": None,
+            "Acks": -1,
+            "TimeoutMs": 30000,
+            "TopicData": [{"TopicId": topic_id, "PartitionData": [{"Index": 2, "Records": batch(0, 0)}]}],
+        },
+        2 * SECOND,
+    )
+    resp = zombie.response(
+        req,
+        {
+            "Responses": [
+                {"TopicId": topic_id, "PartitionResponses": [{"Index": 2, "ErrorCode": 0, "BaseOffset": 5}]}
+            ]
+        },
+        2 * SECOND + MS,
+    )
+    findings = run([*init_pid(fencer, SECOND, epoch=1), req, resp])
+    assert rules(findings) == [("producer.stale_epoch_accepted", "critical")]
+    assert (findings[0].evidence["topic"], findings[0].evidence["partition"]) == (f"id:{topic_id}", 2)
+
+
+def test_state_stays_within_max_entries_per_key() -> None:
+    monitor = Monitor([ProducerRule()], Context(ChecksConfig(max_entries_per_key=4)))
+    conv = Conversation()
+    frames: list[Frame] = []
+    for partition in range(12):
+        frames += write(conv, SECOND + partition * 10 * MS, 0, 0, partition=partition)
+    monitor.feed_all(frames)
+    monitor.flush()
+    state = monitor.snapshot()[f"producer|{PID}"]
+    assert len(state["streams"]) <= 4 and monitor.stats.evicted_entries >= 8
