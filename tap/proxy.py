@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import codec
 from tap.capture import FrameInfo, Policy, capture, header_end, request_is_sensitive_envelope
@@ -100,9 +100,9 @@ class _Side(asyncio.Protocol):
         self.client = client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         if self.client:
-            self.conn.client_made(transport)
+            # uvloop's transports implement asyncio.Transport without subclassing it.
+            self.conn.client_made(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         if self.client:
@@ -147,6 +147,7 @@ class TapConnection:
         self.broker_eof = False
         self.closed = False
         self.close_reason = "client closed"
+        self.close_error = False
         self.client_addr = "?"
         self.client_name: bytes = b""
         self._static: Headers = []
@@ -177,6 +178,9 @@ class TapConnection:
         self.tap.metrics.connections.inc()
         self.tap.metrics.connections_total.inc()
         self.tap.connections.add(self)
+        # The open record goes first, so it gets seq 1 even if requests arrive before the broker
+        # connection exists (uvloop may deliver data in the same tick as connection_made).
+        self._mirror_lifecycle("open", {"tls": None})
         # Hold the client until the broker side exists; what arrives meanwhile is kept in order.
         transport.pause_reading()
         self.tap.spawn(self._connect())
@@ -192,17 +196,15 @@ class TapConnection:
             )
         except (OSError, TimeoutError) as exc:
             self.close_reason = f"broker connect failed: {exc}"
+            self.close_error = True
             self.tap.metrics.bad_connections.labels("broker_unreachable").inc()
-            self._mirror_lifecycle("open", {"error": self.close_reason})
             self._shutdown()
             return
-        assert isinstance(transport, asyncio.Transport)
         if self.closed:
             transport.close()
             return
         self.broker_t = transport
         transport.set_write_buffer_limits(high=self.tap.settings.write_buffer_high)
-        self._mirror_lifecycle("open", {"tls": None})
         for chunk in self.pending:
             transport.write(chunk)
         self.pending.clear()
@@ -231,6 +233,7 @@ class TapConnection:
         if not self.closed:
             if exc is not None:
                 self.close_reason = f"{'client' if from_client else 'broker'} error: {exc}"
+                self.close_error = True
             elif not from_client:
                 self.close_reason = "broker closed"
         self._shutdown()
@@ -246,6 +249,8 @@ class TapConnection:
         self.tap.metrics.connections.dec()
         self.tap.connections.discard(self)
         info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
+        if self.close_error:
+            info["error"] = self.close_reason
         if self.req_split.mid_frame or self.resp_split.mid_frame:
             info["mid_frame"] = True
         self._mirror_lifecycle("close", info)
@@ -253,6 +258,7 @@ class TapConnection:
 
     def _abort(self, reason: str, label: str) -> None:
         self.close_reason = reason
+        self.close_error = True
         self.tap.metrics.bad_connections.labels(label).inc()
         self.tap.log_event("bad_frame", conn=self.conn_id, reason=reason)
         for t in (self.client_t, self.broker_t):

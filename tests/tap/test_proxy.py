@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,6 +28,16 @@ async def _start(sink: MemoryMirror, broker_port: int, **settings: object) -> tu
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     size = struct.unpack(">i", await reader.readexactly(4))[0]
     return await reader.readexactly(size)
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def event_loop_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs on both loops: the tap uses uvloop in production, asyncio where it is missing."""
+    if request.param == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    yield request.param
+    asyncio.set_event_loop_policy(None)
 
 
 def _headers(record: object) -> dict[str, bytes]:
@@ -147,7 +158,8 @@ def test_unreachable_broker_closes_client_with_reason() -> None:
         reader, _ = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(), 5) == b""
         await asyncio.sleep(0.05)
-        assert _headers(sink.records[0]).get("error")
+        assert _headers(sink.records[0])["dir"] == b"open"
+        assert b"connect failed" in _headers(sink.records[-1])["error"]
         await tap.stop()
 
     asyncio.run(run())

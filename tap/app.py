@@ -1,0 +1,116 @@
+"""Run the tap from the shared config: build listeners, the mirror sink and metrics, serve until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+
+from kpmon.config import KpmonConfig, TapConfig
+from tap.metrics import TapMetrics
+from tap.mirror import KafkaMirror, MirrorSink, NullMirror
+from tap.proxy import ListenerSpec, Tap, TapSettings, install_uvloop, parse_hostport
+
+log = logging.getLogger("kpmon.tap")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; messages that already are JSON objects are merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        message = record.getMessage()
+        try:
+            parsed = json.loads(message)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            entry.update(parsed)
+        else:
+            entry["msg"] = message
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("kpmon")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
+    specs = []
+    for entry in tap.listeners:
+        lhost, lport = parse_hostport(entry.listen)
+        bhost, bport = parse_hostport(entry.broker)
+        specs.append(ListenerSpec(lhost, lport, bhost, bport, entry.broker_id, entry.listener_name))
+    return specs
+
+
+def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
+    tap_cfg = config.tap
+    metrics = TapMetrics()
+    instance = tap_cfg.instance_id or f"tap-{uuid.uuid4().hex[:8]}"
+    sink: MirrorSink = NullMirror()
+    if mirror:
+        cluster = config.tap_cluster
+        sink = KafkaMirror(
+            cluster.bootstrap_servers,
+            tap_cfg.topic,
+            tap_cfg.queue_max_frames,
+            tap_cfg.queue_max_bytes,
+            dict(cluster.properties),
+            on_error=lambda err: metrics.delivery_errors.inc(),
+        )
+    settings = TapSettings(
+        capture=tap_cfg.capture,
+        mirror=mirror,
+        max_mirrored_frame_bytes=tap_cfg.max_mirrored_frame_bytes,
+        instance_id=instance,
+    )
+    return Tap(listener_specs(tap_cfg), sink, settings, metrics)
+
+
+async def serve(tap: Tap, metrics_port: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    bound = await tap.start()
+    if metrics_port is not None:
+        tap.metrics.serve(metrics_port)
+    tap.log_event("ready", listeners=[f"{h}:{p}" for h, p in bound], metrics_port=metrics_port)
+    await stop.wait()
+    tap.log_event("stopping")
+    await tap.stop()
+
+
+def run(config: KpmonConfig, mirror: bool = True) -> int:
+    if not config.tap.listeners:
+        log.error(
+            json.dumps({"event": "no_listeners", "hint": "give --listen or tap.listeners in the config"})
+        )
+        return 2
+    install_uvloop()
+    tap = build_tap(config, mirror)
+    try:
+        asyncio.run(serve(tap, config.tap.metrics_port))
+    finally:
+        tap.sink.close()
+    return 0

@@ -1,0 +1,86 @@
+"""``kpmon tap``: argument parsing into the shared config, and a real process forwarding traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kpmon.cli import build_parser
+from kpmon.commands.tap import configure
+from tests.tap.helpers import FakeBroker, api_versions_request, frame
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_listen_args_override_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "kpmon.yaml"
+    cfg.write_text("tap:\n  topic: from-file\n  capture: meta\n")
+    args = build_parser().parse_args(
+        [
+            "tap",
+            "--config",
+            str(cfg),
+            "--listen",
+            "127.0.0.1:29092=127.0.0.1:19092@3",
+            "--capture",
+            "full",
+            "--tap-bootstrap-servers",
+            "mon:9092",
+        ]
+    )
+    config = configure(args)
+    assert config.tap.topic == "from-file"
+    assert config.tap.capture == "full"
+    assert config.tap.listeners[0].broker_id == 3
+    assert config.tap_cluster.bootstrap_servers == "mon:9092"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_tap_process_forwards_and_stops_on_sigterm() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        bport = await broker.start()
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "kpmon.cli", "tap"),
+                *("--listen", f"127.0.0.1:{port}=127.0.0.1:{bport}@1", "--no-mirror", "--no-metrics"),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "KPMON__TAP__INSTANCE_ID": "cli-test"},
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "tap did not start"
+                    await asyncio.sleep(0.1)
+            writer.write(frame(api_versions_request(7)))
+            await writer.drain()
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            assert struct.unpack_from(">i", await reader.readexactly(size))[0] == 7
+            writer.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+            await broker.stop()
+        assert proc.returncode == 0, err
+        assert b'"event": "ready"' in err
+
+    asyncio.run(run())
