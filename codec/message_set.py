@@ -118,10 +118,13 @@ class LegacyMessage:
         if any(m.compression for m in out):
             raise DecodeError("nested compressed message", 0, what="message set")
         if self.magic == 1 and out:
-            # v1 inner offsets are relative; the wrapper holds the last one's absolute offset.
+            # v1 inner offsets are relative; the wrapper holds the last one's absolute offset. A
+            # producer's wrapper (offset 0 or anything below the last relative offset) has no
+            # absolute offsets yet, so like the Java client keep the relative ones then.
             shift = self.offset - out[-1].offset
-            for m in out:
-                m.offset += shift
+            if shift >= 0:
+                for m in out:
+                    m.offset += shift
         return out
 
     def records(self, max_size: int | None = None) -> list[Record]:
@@ -129,9 +132,11 @@ class LegacyMessage:
         from codec.records import Record
 
         out = []
+        # A LogAppendTime wrapper's timestamp overrides its inner messages' (as the Java client reads it).
+        wrapper_ts = self.timestamp if self.compression and self.timestamp_type == 1 else None
         for m in self.messages(max_size):
             key, value = m.key_value()
-            ts = m.timestamp if m.timestamp is not None else -1
+            ts = wrapper_ts if wrapper_ts is not None else m.timestamp if m.timestamp is not None else -1
             out.append(Record(m.attributes, 0, 0, key, value, [], m.offset, ts))
         return out
 

@@ -23,7 +23,7 @@ from codec.records import (
     strip_payloads,
 )
 
-RECORDS = [
+RECORDS: list[tuple[Any, ...]] = [
     (b"k1", b"v1"),
     (None, b"value without key"),
     (b"k3", None, [("h", b"hv"), ("null", None)]),
