@@ -237,6 +237,17 @@ class Monitor:
                 "offsets": [[frame.partition, frame.offset]],
             },
         )
+        # Rules that can explain an undecodable frame (the KIP-482 header-version check defines
+        # ``on_undecodable``) see it too, keyed by its connection: nothing else about it is known.
+        for rule in self.rules:
+            hook = getattr(rule, "on_undecodable", None)
+            if hook is None:
+                continue
+            skey = (rule.name, frame.conn)
+            state = self.states.setdefault(skey, {})
+            self.last_seen[skey] = frame.ts_ns
+            self.ctx._rule, self.ctx._key = skey
+            hook(state, frame.conn, frame, self.ctx)
 
     def _sweep(self, now_ns: int) -> None:
         self._next_sweep = now_ns + _SWEEP_EVERY_NS

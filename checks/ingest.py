@@ -65,6 +65,7 @@ def frame_from_record(
         # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.
         return frame
     data = value or b""
+    frame.raw = data
     try:
         if direction == "req":
             frame.message = codec.decode_request(data, fields=fields)

@@ -46,6 +46,8 @@ class Frame:
     message: Request | Response | None = None
     error: DecodeError | None = None
     capture: str = "full"
+    #: The frame bytes as mirrored (None when not kept): the KIP-482 header check re-decodes them.
+    raw: bytes | None = None
 
     @property
     def request(self) -> Request | None:

@@ -58,7 +58,13 @@ class Conversation:
         raw = codec.encode_request(api_key, version, self.corr, self.client_id, body)
         message = codec.decode_request(raw)
         return self._frame(
-            "req", ts_ns, api_key=api_key, api_version=version, correlation_id=self.corr, message=message
+            "req",
+            ts_ns,
+            api_key=api_key,
+            api_version=version,
+            correlation_id=self.corr,
+            message=message,
+            raw=raw,
         )
 
     def response(self, request: Frame, body: dict[str, Any], ts_ns: int) -> Frame:
@@ -76,6 +82,7 @@ class Conversation:
             api_version=request.api_version,
             correlation_id=request.correlation_id,
             message=message,
+            raw=raw,
         )
 
     def garbage(self, direction: str, data: bytes, ts_ns: int) -> Frame:
@@ -84,7 +91,28 @@ class Conversation:
             error = None
         except codec.DecodeError as exc:
             message, error = None, exc
-        return self._frame(direction, ts_ns, message=message, error=error)
+        return self._frame(direction, ts_ns, message=message, error=error, raw=data)
+
+    def raw_response(self, request: Frame, data: bytes, ts_ns: int) -> Frame:
+        """A response frame from raw bytes, decoded as ingest does (the error kept on the frame)."""
+        assert request.api_key is not None and request.api_version is not None
+        try:
+            message = codec.decode_response(
+                data, request.api_key, request.api_version, request=request.request
+            )
+            error = None
+        except codec.DecodeError as exc:
+            message, error = None, exc
+        return self._frame(
+            "resp",
+            ts_ns,
+            api_key=request.api_key,
+            api_version=request.api_version,
+            correlation_id=request.correlation_id,
+            message=message,
+            error=error,
+            raw=data,
+        )
 
     def exchange(
         self, api_key: int, version: int, req: dict[str, Any], resp: dict[str, Any], ts_ns: int
@@ -98,3 +126,14 @@ def shared_offsets(*conversations: Conversation) -> None:
     counter = conversations[0].offsets
     for conv in conversations[1:]:
         conv.offsets = counter
+
+
+def arrival_order(frames: list[Frame], jitters: list[int]) -> list[Frame]:
+    """Reorder frames as a tap could deliver them: each delayed by its jitter (ns, below the watermark).
+
+    A frame delayed by less than the watermark never arrives after the watermark passed it, so the
+    monitor must produce the same findings for any such order.
+    """
+    delays = jitters + [0] * (len(frames) - len(jitters))
+    order = sorted(range(len(frames)), key=lambda i: (frames[i].ts_ns + delays[i], i))
+    return [frames[i] for i in order]

@@ -1,0 +1,344 @@
+"""ApiVersions (KIP-35) and the Kafka 4.0 readiness of the fleet (KIP-896).
+
+Two rules share this module because they read the same exchanges at two scopes:
+
+``apiversions`` (key: connection)
+    ``apiversions.out_of_range`` (warning): a request whose (api, version) lies outside what the broker
+    advertised on *that* connection (KIP-35: advertised ranges are only good for the connection they
+    came on). Judged when the request is sent, against the newest successful ApiVersions answer before
+    it. After an UNSUPPORTED_VERSION (35) answer the broker only lists ApiVersions' own range (the v0
+    fallback, KIP-511), so until a full answer arrives only ApiVersions requests are judged: anything
+    else would be a guess. Reported once per connection, api and version.
+
+    ``apiversions.no_handshake`` (info): the connection sent some other request before any
+    ApiVersions. Only judged when the monitor saw the connection from its start (first request with
+    ``seq`` <= 1; the tap's ``open`` record may take seq 0), since a connection picked up mid-stream may
+    have handshaken before the monitor started. Once per connection.
+
+``apiversions.cluster`` (key: ``cluster``)
+    ``apiversions.removed_in_4_0`` (info): a client software (name/version from ApiVersions v3+, else
+    its client id) using an API version that Kafka 4.0 removed (KIP-896). Once per software, api and
+    version. The usage counts behind it are the fleet matrix (``fleet_matrix``/``coverage``), which the
+    report renders.
+
+    ``apiversions.cluster_skew`` (warning): brokers advertising different ranges for one API (rolling
+    upgrades aside, clients then see per-broker behaviour), and, for APIs a broker forwards to the
+    controller (KIP-590), a broker advertising versions its controller does not. Once per API and
+    distinct set of ranges.
+
+State is JSON-compatible: ranges are ``{"<api>": [min, max]}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from checks.model import Exchange, Severity
+from checks.rule import Context, Rule, State
+from codec.api import api_name
+from codec.schema import load_table
+
+API_VERSIONS = 18
+BROKER_REGISTRATION = 62
+UNSUPPORTED_VERSION = 35
+CLUSTER_KEY = "cluster"
+
+#: APIs a KRaft broker forwards to the controller (KIP-590's list): the broker may only advertise
+#: versions the controller handles too, or clients are promised versions that then fail.
+FORWARDABLE = frozenset({19, 20, 30, 31, 33, 37, 38, 39, 40, 44, 45, 49, 51, 57})
+
+
+@cache
+def removed_in_4_0(api_key: int, version: int) -> bool:
+    """Whether Kafka 4.0 removed this request version (KIP-896): it is defined only by a 3.x release."""
+    spec = load_table().requests.get(api_key)
+    if spec is None:
+        return False
+    seg = spec.segment(version)
+    return seg is not None and int(seg.release.split(".")[0]) < 4
+
+
+def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
+    return {
+        str(int(entry["ApiKey"])): [int(entry["MinVersion"]), int(entry["MaxVersion"])]
+        for entry in body.get("ApiKeys") or []
+    }
+
+
+def _in_range(ranges: dict[str, list[int]], api_key: int, version: int) -> bool:
+    rng = ranges.get(str(api_key))
+    return rng is not None and rng[0] <= version <= rng[1]
+
+
+def _fmt(rng: list[int] | None) -> str:
+    return "absent" if rng is None else f"v{rng[0]}-v{rng[1]}"
+
+
+class ApiVersionsRule(Rule):
+    name = "apiversions"
+    key_kind = "conn"
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [ex.conn]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        api, version = ex.api_key, ex.api_version
+        if "first_seq" not in state:
+            state["first_seq"] = ex.request.seq
+        if api == API_VERSIONS:
+            state["handshake"] = True
+        elif (
+            not state.get("handshake")
+            and not state.get("no_handshake_reported")
+            and int(state["first_seq"]) <= 1
+        ):
+            state["no_handshake_reported"] = True
+            ctx.emit(
+                "apiversions.no_handshake",
+                Severity.INFO,
+                f"conn:{ex.conn}",
+                f"{ex.req.api_name} v{version} sent before any ApiVersions on connection {ex.conn} "
+                f"(client {ex.request.client}, client id {ex.req.client_id!r})",
+                ex.ts_ns,
+                ex.evidence(),
+                conns=(ex.conn,),
+            )
+        ranges: dict[str, list[int]] | None = state.get("ranges")
+        if ranges is None:
+            return
+        if not state.get("complete") and api != API_VERSIONS:
+            return
+        if _in_range(ranges, api, version):
+            return
+        sig = f"{api}:{version}"
+        reported: list[str] = state.setdefault("oor_reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        rng = ranges.get(str(api))
+        ctx.emit(
+            "apiversions.out_of_range",
+            Severity.WARNING,
+            f"conn:{ex.conn}",
+            f"{ex.req.api_name} v{version} sent, but broker {ex.request.broker} advertised "
+            f"{_fmt(rng)} on this connection",
+            ex.ts_ns,
+            {**ex.evidence(), "advertised": rng, "advertised_at": state.get("advertised_at")},
+            conns=(ex.conn,),
+        )
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if ex.api_key != API_VERSIONS or resp is None:
+            return
+        error = resp.body.get("ErrorCode")
+        if error == 0:
+            state["ranges"] = _ranges(resp.body)
+            state["complete"] = True
+        elif error == UNSUPPORTED_VERSION:
+            # The v0 fallback: the broker names the ApiVersions versions it does support (KIP-511),
+            # or nothing at all (older brokers), in which case v0 is the one version always accepted.
+            ranges = _ranges(resp.body)
+            state["ranges"] = {str(API_VERSIONS): ranges.get(str(API_VERSIONS), [0, 0])}
+            state["complete"] = False
+        else:
+            return
+        assert ex.response is not None
+        state["advertised_at"] = [ex.response.partition, ex.response.offset]
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One cell of the fleet readiness matrix: a client software using one api version."""
+
+    software: str
+    api_key: int
+    api_name: str
+    version: int
+    count: int
+    removed_in_4_0: bool
+
+
+@dataclass(frozen=True)
+class CoverageCell:
+    """One (api, version) of the coverage heatmap: advertised by any broker, used by any client."""
+
+    api_key: int
+    api_name: str
+    version: int
+    advertised: bool
+    used: int
+    removed_in_4_0: bool
+
+
+def software_label(ex: Exchange) -> str | None:
+    """``name/version`` from an ApiVersions v3+ request, or None."""
+    if ex.api_key != API_VERSIONS or ex.api_version < 3:
+        return None
+    name = ex.req.body.get("ClientSoftwareName")
+    if not name:
+        return None
+    return f"{name}/{ex.req.body.get('ClientSoftwareVersion') or '?'}"
+
+
+def fleet_matrix(state: State) -> list[FleetRow]:
+    """The fleet readiness matrix from the ``apiversions.cluster`` state, sorted for display."""
+    rows: list[FleetRow] = []
+    for software, apis in sorted((state.get("used") or {}).items()):
+        for api_s, versions in sorted(apis.items(), key=lambda kv: int(kv[0])):
+            for ver_s, count in sorted(versions.items(), key=lambda kv: int(kv[0])):
+                api, ver = int(api_s), int(ver_s)
+                rows.append(FleetRow(software, api, api_name(api), ver, int(count), removed_in_4_0(api, ver)))
+    return rows
+
+
+def coverage(state: State) -> list[CoverageCell]:
+    """Every (api, version) that some broker advertised or some client used, sorted."""
+    advertised: set[tuple[int, int]] = set()
+    for broker in (state.get("brokers") or {}).values():
+        for api_s, (lo, hi) in broker.get("ranges", {}).items():
+            advertised.update((int(api_s), v) for v in range(int(lo), int(hi) + 1))
+    used: dict[tuple[int, int], int] = {}
+    for apis in (state.get("used") or {}).values():
+        for api_s, versions in apis.items():
+            for ver_s, count in versions.items():
+                cell = (int(api_s), int(ver_s))
+                used[cell] = used.get(cell, 0) + int(count)
+    return [
+        CoverageCell(
+            api,
+            api_name(api),
+            ver,
+            (api, ver) in advertised,
+            used.get((api, ver), 0),
+            removed_in_4_0(api, ver),
+        )
+        for api, ver in sorted(advertised | set(used))
+    ]
+
+
+class ApiVersionsClusterRule(Rule):
+    name = "apiversions.cluster"
+    key_kind = "cluster"
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [CLUSTER_KEY]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        conns: dict[str, str] = state.setdefault("conn_software", {})
+        label = software_label(ex)
+        if label is not None:
+            conns[ex.conn] = label
+            # Re-insert at the end so trim drops the connections idle longest.
+            conns[ex.conn] = conns.pop(ex.conn)
+            ctx.trim(conns)
+        software = conns.get(ex.conn) or f"client.id={ex.req.client_id or ''}"
+        api, version = ex.api_key, ex.api_version
+        used: dict[str, Any] = state.setdefault("used", {})
+        per_api = used.setdefault(software, {}).setdefault(str(api), {})
+        per_api[str(version)] = int(per_api.get(str(version), 0)) + 1
+        if not removed_in_4_0(api, version):
+            return
+        sig = f"{software}|{api}|{version}"
+        reported: list[str] = state.setdefault("removed_reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        ctx.emit(
+            "apiversions.removed_in_4_0",
+            Severity.INFO,
+            f"client:{software}",
+            f"{software} uses {ex.req.api_name} v{version}, which Kafka 4.0 removed (KIP-896)",
+            ex.ts_ns,
+            {**ex.evidence(), "software": software},
+            conns=(ex.conn,),
+        )
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if ex.api_key != API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
+            return
+        frame = ex.response
+        assert frame is not None
+        ranges = _ranges(resp.body)
+        listener = (frame.listener or "").upper()
+        # A KRaft controller serves BrokerRegistration; a broker does not, whatever its listener is named.
+        role = "controller" if str(BROKER_REGISTRATION) in ranges or listener == "CONTROLLER" else "broker"
+        ident = str(frame.broker_id) if frame.broker_id is not None else frame.broker
+        label = f"{role}:{ident}"
+        brokers: dict[str, Any] = state.setdefault("brokers", {})
+        brokers[label] = {"role": role, "ranges": ranges, "at": [frame.partition, frame.offset]}
+        brokers[label] = brokers.pop(label)
+        ctx.trim(brokers)
+        self._check_skew(state, brokers, ex, ctx)
+
+    def _check_skew(self, state: State, brokers: dict[str, Any], ex: Exchange, ctx: Context) -> None:
+        plain = {b: v for b, v in brokers.items() if v["role"] == "broker"}
+        controllers = {b: v for b, v in brokers.items() if v["role"] == "controller"}
+        reported: list[str] = state.setdefault("skew_reported", [])
+        apis = sorted({int(a) for v in plain.values() for a in v["ranges"]})
+        for api in apis:
+            per_broker = {b: v["ranges"].get(str(api)) for b, v in sorted(plain.items())}
+            distinct = {tuple(r) if r else None for r in per_broker.values()}
+            if len(plain) > 1 and len(distinct) > 1:
+                detail = ", ".join(f"{b} {_fmt(r)}" for b, r in per_broker.items())
+                self._report(
+                    state,
+                    reported,
+                    f"brokers|{api}|{detail}",
+                    api,
+                    f"brokers disagree on {api_name(api)}: {detail}",
+                    per_broker,
+                    ex,
+                    ctx,
+                )
+            if api not in FORWARDABLE:
+                continue
+            for ctrl, cv in sorted(controllers.items()):
+                crng = cv["ranges"].get(str(api))
+                for b, rng in per_broker.items():
+                    if rng is None or (crng is not None and crng[0] <= rng[0] and rng[1] <= crng[1]):
+                        continue
+                    detail = f"{b} {_fmt(rng)}, {ctrl} {_fmt(crng)}"
+                    self._report(
+                        state,
+                        reported,
+                        f"controller|{api}|{detail}",
+                        api,
+                        f"{api_name(api)} is forwarded to the controller (KIP-590), but {b} advertises "
+                        f"{_fmt(rng)} and controller {ctrl} handles {_fmt(crng)}",
+                        {b: rng, ctrl: crng},
+                        ex,
+                        ctx,
+                    )
+
+    def _report(
+        self,
+        state: State,
+        reported: list[str],
+        sig: str,
+        api: int,
+        summary: str,
+        ranges: dict[str, list[int] | None],
+        ex: Exchange,
+        ctx: Context,
+    ) -> None:
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        ctx.emit(
+            "apiversions.cluster_skew",
+            Severity.WARNING,
+            f"api:{api_name(api)}",
+            summary,
+            ex.ts_ns,
+            {**ex.evidence(), "ranges": ranges},
+        )
+
+
+RULES: list[type[Rule]] = [ApiVersionsRule, ApiVersionsClusterRule]
