@@ -38,6 +38,8 @@ TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 DELETE_HORIZON_BIT = 0x40
+#: Precomputed: the header parse runs on every Produce/Fetch partition.
+_CODEC_NAMES = tuple(codec_name(i) for i in range(8))
 
 
 class Record:
@@ -134,11 +136,11 @@ class RecordBatch:
         self.raw = raw
         self.attributes = attributes
         self.compression = attributes & 0x07
-        self.compression_name = codec_name(self.compression)
+        self.compression_name = _CODEC_NAMES[attributes & 0x07]
         self.timestamp_type = (attributes & TIMESTAMP_TYPE_BIT) >> 3
-        self.is_transactional = bool(attributes & TRANSACTIONAL_BIT)
-        self.is_control = bool(attributes & CONTROL_BIT)
-        self.has_delete_horizon = bool(attributes & DELETE_HORIZON_BIT)
+        self.is_transactional = attributes & TRANSACTIONAL_BIT != 0
+        self.is_control = attributes & CONTROL_BIT != 0
+        self.has_delete_horizon = attributes & DELETE_HORIZON_BIT != 0
         self.payload_stripped = self.batch_length == STRIPPED_LENGTH and self.record_count > 0
 
     @property
