@@ -8,6 +8,7 @@ reports so the event loop never does.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ class KafkaMirror:
             "message.timeout.ms": message_timeout_ms,
             "message.max.bytes": 1_000_000 + 100_000,
             "client.id": "kpmon-tap",
+            # librdkafka's own log lines go through Python logging (JSON), not raw to stderr.
+            "logger": logging.getLogger("kpmon.tap.producer"),
         }
         conf.update(properties or {})
         self.topic = topic

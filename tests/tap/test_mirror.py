@@ -1,0 +1,64 @@
+"""The Kafka mirror with its cluster down: traffic is unaffected, drops and delivery errors are counted."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+
+from tap.metrics import TapMetrics
+from tap.mirror import KafkaMirror, MirrorRecord
+from tap.proxy import ListenerSpec, Tap, TapSettings
+from tests.tap.helpers import FakeBroker, api_versions_request, frame
+
+
+def test_offer_never_blocks_and_drops_when_full() -> None:
+    errors: list[str] = []
+    mirror = KafkaMirror(
+        "127.0.0.1:1", "t", max_frames=5, max_bytes=1 << 20, on_error=errors.append, message_timeout_ms=500
+    )
+    try:
+        started = time.monotonic()
+        accepted = [mirror.offer(MirrorRecord(b"k", b"v" * 100, [("dir", b"req")])) for _ in range(50)]
+        assert time.monotonic() - started < 0.5
+        assert accepted.count(True) == 5
+        deadline = time.monotonic() + 10
+        while len(errors) < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(errors) == 5  # timed out in the queue: reported, never retried forever
+    finally:
+        mirror.close(0.1)
+
+
+def test_traffic_flows_with_the_tap_topic_cluster_down() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        metrics = TapMetrics()
+        sink = KafkaMirror(
+            "127.0.0.1:1",
+            "kpmon.tap",
+            max_frames=10,
+            max_bytes=1 << 20,
+            on_error=lambda e: metrics.delivery_errors.inc(),
+        )
+        tap = Tap(
+            [ListenerSpec("127.0.0.1", 0, "127.0.0.1", await broker.start())], sink, TapSettings(), metrics
+        )
+        ((_, port),) = await tap.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        for corr in range(500):
+            writer.write(frame(api_versions_request(corr)))
+            await writer.drain()
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            assert struct.unpack_from(">i", await reader.readexactly(size))[0] == corr
+        assert time.monotonic() - started < 10
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        sink.close(0.1)
+        assert metrics.registry.get_sample_value("kpmon_tap_mirror_drops_total") == 1002 - 10
+        assert metrics.registry.get_sample_value("kpmon_tap_mirror_queue_depth") is not None
+
+    asyncio.run(run())
