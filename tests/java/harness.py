@@ -1,0 +1,99 @@
+"""Build and run the Java side of the codec tests: ``KpmonDiff`` (decodes frames with Kafka's own
+generated message classes) and ``KpmonClient`` (a real Java client that connects to a socket).
+
+The harness is compiled with ``javac`` against one pinned kafka-clients jar at a time, into
+``tests/java/build/<kafka version>/`` (gitignored). Its runtime dependencies (Jackson for the generated
+``*JsonConverter`` classes, slf4j) come from ``tests/java/pom.xml`` via Maven, cached under
+``$KPMON_HOME/cache/java-deps``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from deploy.fetch import fetch_clients_jar
+from kpmon.paths import cache_dir
+
+HERE = Path(__file__).resolve().parent
+SOURCES = sorted((HERE / "src" / "main" / "java").rglob("*.java"))
+BUILD = HERE / "build"
+
+
+class JavaUnavailable(RuntimeError):
+    """No JDK or Maven on this machine, or the pinned jars could not be fetched."""
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise JavaUnavailable(f"{name} is not on PATH")
+    return path
+
+
+def dependency_jars() -> list[Path]:
+    """Jackson and slf4j jars, copied once from Maven Central into the cache."""
+    target = cache_dir() / "java-deps"
+    stamp = target / ".complete"
+    if not stamp.is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            _tool("mvn"),
+            "-q",
+            "-B",
+            "-f",
+            str(HERE / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={target}",
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise JavaUnavailable(
+                f"mvn could not fetch the harness dependencies:\n{done.stdout}{done.stderr}"
+            )
+        stamp.touch()
+    return sorted(target.glob("*.jar"))
+
+
+def classpath(kafka_version: str) -> str:
+    """Class path with the compiled harness for ``kafka_version`` (compiling it when out of date)."""
+    _tool("java")
+    javac = _tool("javac")
+    try:
+        clients = fetch_clients_jar(kafka_version)
+    except Exception as exc:  # FetchError, or Maven missing
+        raise JavaUnavailable(str(exc)) from exc
+    libs = [clients, *dependency_jars()]
+    out = BUILD / kafka_version
+    newest_source = max(p.stat().st_mtime for p in SOURCES)
+    stamp = out / ".built"
+    if not stamp.is_file() or stamp.stat().st_mtime < newest_source:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        cmd = [javac, "-nowarn", "-d", str(out), "-cp", os.pathsep.join(map(str, libs)), *map(str, SOURCES)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"javac failed for kafka-clients {kafka_version}:\n{done.stderr}")
+        stamp.touch()
+    return os.pathsep.join([str(out), *map(str, libs)])
+
+
+def run_diff(kafka_version: str, lines: Iterable[str], timeout: float = 120) -> list[str]:
+    """Feed ``kind api_key api_version hex`` lines to one KpmonDiff JVM; its output lines, in order."""
+    java = _tool("java")
+    cmd = [java, "-Xss4m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", classpath(kafka_version)]
+    data = "".join(line + "\n" for line in lines)
+    done = subprocess.run(
+        [*cmd, "kpmon.KpmonDiff"], input=data, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"KpmonDiff exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout.splitlines()
+
+
+def client_command(kafka_version: str, *args: str) -> list[str]:
+    """The command that runs KpmonClient (a Java admin client) with ``args``."""
+    return [_tool("java"), "-cp", classpath(kafka_version), "kpmon.KpmonClient", *args]
