@@ -1,0 +1,374 @@
+"""Classic consumer-group protocol consistency (KIP-559), keyed by group id.
+
+``group.protocol_type_mismatch`` (warning)
+    Members of one generation must agree on the protocol type and name, and KIP-559 put both into
+    JoinGroup responses (v7+) and SyncGroup requests and responses (v5+) so that a proxy can check them
+    without history. Reported when, within one generation:
+
+    - a JoinGroup v7+ answer names another type than the request, or picks a protocol the member did
+      not offer;
+    - successful JoinGroup answers disagree with each other on type or protocol name;
+    - a SyncGroup v5+ request or answer names another type or protocol than the generation's
+      JoinGroup answers (or than each other);
+    - a DescribeGroups answer shows a live (not Empty/Dead) group with another type than its newest
+      generation's;
+    - or the broker answered INCONSISTENT_GROUP_PROTOCOL (23) to a JoinGroup or SyncGroup.
+
+    Type and protocol may legitimately change between generations (a group that emptied and was
+    reused, a range -> cooperative-sticky migration), so only a newer generation replaces them.
+    Null values (the fields are ignorable) are not compared.
+
+``group.assignment_outside_subscription`` (warning)
+    A decoded consumer-protocol assignment (leader's SyncGroup request, SyncGroup answer, DescribeGroups
+    member) names topics the member did not subscribe to. Subscriptions come from the member's own
+    JoinGroup request (recorded under the member id its answer assigned) and from the leader's JoinGroup
+    answer, which lists every member's metadata. Regex subscriptions are resolved by the client, so the
+    wire subscription already lists concrete topics. Assignment bytes that the codec left raw (SyncGroup
+    before v5 carries no type) are decoded here once the group is known to be ``consumer``.
+    Once per member, generation and set of extra topics.
+
+State per group: ``gen``/``ptype``/``pname``/``src`` (the newest generation's agreed type and protocol
+and where they were first seen), ``subs`` (member id -> {gen, topics}), ``reported`` (signatures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.model import Exchange, Severity
+from checks.rule import Context, Rule, State
+from codec.nested import ConsumerAssignment, ConsumerSubscription
+
+JOIN_GROUP = 11
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+INCONSISTENT_GROUP_PROTOCOL = 23
+CONSUMER = "consumer"
+RULE_MISMATCH = "group.protocol_type_mismatch"
+RULE_OUTSIDE = "group.assignment_outside_subscription"
+
+
+def subscribed_topics(value: Any) -> list[str] | None:
+    """Topics of a decoded consumer subscription, None when it is not one (or did not decode)."""
+    if isinstance(value, ConsumerSubscription) and value.value is not None:
+        return sorted({str(t) for t in value.value.get("Topics") or []})
+    return None
+
+
+def assigned_topics(value: Any) -> list[str] | None:
+    """Topics of a consumer assignment; raw bytes are decoded here (SyncGroup before v5 has no type)."""
+    if isinstance(value, bytes | bytearray) and value:
+        value = ConsumerAssignment(bytes(value))
+    if isinstance(value, ConsumerAssignment) and value.value is not None:
+        return sorted({str(p.get("Topic")) for p in value.value.get("AssignedPartitions") or []})
+    return None
+
+
+class GroupRule(Rule):
+    name = "group"
+    key_kind = "group"
+    api_keys = frozenset({JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS})
+
+    def keys(self, ex: Exchange) -> list[str]:
+        if ex.api_key == DESCRIBE_GROUPS:
+            return [str(g) for g in dict.fromkeys(ex.req.body.get("Groups") or [])]
+        group = ex.req.body.get("GroupId")
+        return [str(group)] if group is not None else []
+
+    # -- events -------------------------------------------------------------------------------------
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        body = ex.req.body
+        if ex.api_key == JOIN_GROUP and body.get("MemberId"):
+            # A rejoin names its member id already: its subscription is known at send time.
+            self._subscribe_from_request(state, str(body["MemberId"]), ex, ctx)
+        elif ex.api_key == SYNC_GROUP:
+            gen = int(body.get("GenerationId", -1))
+            if ex.api_version >= 5:
+                self._agree(
+                    state,
+                    key,
+                    gen,
+                    body.get("ProtocolType"),
+                    body.get("ProtocolName"),
+                    "SyncGroup request",
+                    ex,
+                    ctx,
+                )
+            if state.get("ptype") == CONSUMER or body.get("ProtocolType") == CONSUMER:
+                for item in body.get("Assignments") or []:
+                    self._check_assignment(
+                        state,
+                        key,
+                        str(item.get("MemberId")),
+                        gen,
+                        item.get("Assignment"),
+                        "SyncGroup request",
+                        ex,
+                        ctx,
+                    )
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if resp is None:
+            return
+        if ex.api_key == JOIN_GROUP:
+            self._join_answered(state, key, ex, resp.body, ctx)
+        elif ex.api_key == SYNC_GROUP:
+            self._sync_answered(state, key, ex, resp.body, ctx)
+        elif ex.api_key == DESCRIBE_GROUPS:
+            for group in resp.body.get("Groups") or []:
+                if str(group.get("GroupId")) == key:
+                    self._described(state, key, ex, group, ctx)
+
+    # -- JoinGroup ----------------------------------------------------------------------------------
+
+    def _join_answered(
+        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: Context
+    ) -> None:
+        req = ex.req.body
+        error = body.get("ErrorCode")
+        if error == INCONSISTENT_GROUP_PROTOCOL:
+            self._mismatch(
+                state,
+                key,
+                f"broker answered INCONSISTENT_GROUP_PROTOCOL to a JoinGroup with type {req.get('ProtocolType')!r} "
+                f"and protocols {[p.get('Name') for p in req.get('Protocols') or []]}"
+                + (
+                    f" (the group is {state.get('ptype')!r}/{state.get('pname')!r})"
+                    if "ptype" in state
+                    else ""
+                ),
+                ex,
+                ctx,
+                f"join23|{ex.conn}|{ex.request.correlation_id}",
+            )
+            return
+        if error != 0:
+            return
+        gen = int(body.get("GenerationId", -1))
+        offered = [str(p.get("Name")) for p in req.get("Protocols") or []]
+        rtype, rname = body.get("ProtocolType"), body.get("ProtocolName")
+        if rtype is not None and rtype != req.get("ProtocolType"):
+            self._mismatch(
+                state,
+                key,
+                f"JoinGroup answer (generation {gen}) names type {rtype!r}, the request {req.get('ProtocolType')!r}",
+                ex,
+                ctx,
+                f"jointype|{gen}|{rtype}|{req.get('ProtocolType')}",
+            )
+        if rname is not None and offered and rname not in offered:
+            self._mismatch(
+                state,
+                key,
+                f"JoinGroup answer (generation {gen}) picks protocol {rname!r}, which the member did not offer ({offered})",
+                ex,
+                ctx,
+                f"joinname|{gen}|{rname}",
+            )
+        ptype = rtype if rtype is not None else req.get("ProtocolType")
+        self._agree(state, key, gen, ptype, rname, "JoinGroup answer", ex, ctx)
+        member = body.get("MemberId")
+        if member:
+            self._subscribe_from_request(state, str(member), ex, ctx, gen=gen, chosen=rname)
+        for m in body.get("Members") or []:
+            topics = subscribed_topics(m.get("Metadata"))
+            if topics is not None and m.get("MemberId"):
+                self._subscribe(state, str(m["MemberId"]), gen, topics, ctx)
+
+    def _subscribe_from_request(
+        self, state: State, member: str, ex: Exchange, ctx: Context, gen: int = -1, chosen: Any = None
+    ) -> None:
+        protocols = ex.req.body.get("Protocols") or []
+        picked = [p for p in protocols if p.get("Name") == chosen] or protocols
+        topics: set[str] = set()
+        known = False
+        for p in picked:
+            sub = subscribed_topics(p.get("Metadata"))
+            if sub is not None:
+                known = True
+                topics.update(sub)
+        if known:
+            self._subscribe(state, member, gen, sorted(topics), ctx)
+
+    def _subscribe(self, state: State, member: str, gen: int, topics: list[str], ctx: Context) -> None:
+        subs: dict[str, Any] = state.setdefault("subs", {})
+        old = subs.pop(member, None)
+        if gen < 0 and old is not None:
+            gen = int(old["gen"])
+        subs[member] = {"gen": gen, "topics": topics}
+        ctx.trim(subs)
+
+    # -- SyncGroup ----------------------------------------------------------------------------------
+
+    def _sync_answered(
+        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: Context
+    ) -> None:
+        req = ex.req.body
+        gen = int(req.get("GenerationId", -1))
+        error = body.get("ErrorCode")
+        if error == INCONSISTENT_GROUP_PROTOCOL:
+            self._mismatch(
+                state,
+                key,
+                f"broker answered INCONSISTENT_GROUP_PROTOCOL to a SyncGroup (generation {gen}) with type "
+                f"{req.get('ProtocolType')!r} and protocol {req.get('ProtocolName')!r}",
+                ex,
+                ctx,
+                f"sync23|{ex.conn}|{ex.request.correlation_id}",
+            )
+            return
+        if error != 0:
+            return
+        if ex.api_version >= 5:
+            for field in ("ProtocolType", "ProtocolName"):
+                asked, answered = req.get(field), body.get(field)
+                if asked is not None and answered is not None and asked != answered:
+                    self._mismatch(
+                        state,
+                        key,
+                        f"SyncGroup answer (generation {gen}) names {field} {answered!r}, the request {asked!r}",
+                        ex,
+                        ctx,
+                        f"sync{field}|{gen}|{asked}|{answered}",
+                    )
+            self._agree(
+                state,
+                key,
+                gen,
+                body.get("ProtocolType"),
+                body.get("ProtocolName"),
+                "SyncGroup answer",
+                ex,
+                ctx,
+            )
+        if state.get("ptype") == CONSUMER or body.get("ProtocolType") == CONSUMER:
+            member = req.get("MemberId")
+            if member:
+                self._check_assignment(
+                    state, key, str(member), gen, body.get("Assignment"), "SyncGroup answer", ex, ctx
+                )
+
+    # -- DescribeGroups -----------------------------------------------------------------------------
+
+    def _described(self, state: State, key: str, ex: Exchange, group: dict[str, Any], ctx: Context) -> None:
+        if group.get("ErrorCode") != 0 or group.get("GroupState") in ("Empty", "Dead", ""):
+            return
+        ptype = group.get("ProtocolType")
+        known = state.get("ptype")
+        if ptype and known is not None and ptype != known:
+            self._mismatch(
+                state,
+                key,
+                f"DescribeGroups shows type {ptype!r} ({group.get('GroupState')}), generation "
+                f"{state.get('gen')}'s members use {known!r}",
+                ex,
+                ctx,
+                f"describe|{state.get('gen')}|{ptype}",
+            )
+        if ptype != CONSUMER:
+            return
+        for m in group.get("Members") or []:
+            topics = subscribed_topics(m.get("MemberMetadata"))
+            member = str(m.get("MemberId"))
+            if topics is not None:
+                self._subscribe(state, member, -1, topics, ctx)
+            self._check_assignment(
+                state, key, member, -1, m.get("MemberAssignment"), "DescribeGroups answer", ex, ctx
+            )
+
+    # -- shared -------------------------------------------------------------------------------------
+
+    def _agree(
+        self, state: State, key: str, gen: int, ptype: Any, pname: Any, where: str, ex: Exchange, ctx: Context
+    ) -> None:
+        """Compare with the generation's type and protocol; a newer generation replaces them."""
+        known_gen = int(state.get("gen", -1))
+        if gen > known_gen or "gen" not in state:
+            state.update(gen=gen, ptype=ptype, pname=pname, src=f"{where} {ex.request.client}")
+            return
+        if gen < known_gen:
+            return
+        for field, value in (("ptype", ptype), ("pname", pname)):
+            known = state.get(field)
+            if value is None:
+                continue
+            if known is None:
+                state[field] = value
+                continue
+            if value != known:
+                label = "type" if field == "ptype" else "protocol"
+                self._mismatch(
+                    state,
+                    key,
+                    f"{where} (generation {gen}) names {label} {value!r}, but {state.get('src')} named {known!r}",
+                    ex,
+                    ctx,
+                    f"agree|{gen}|{field}|{value}",
+                )
+
+    def _check_assignment(
+        self,
+        state: State,
+        key: str,
+        member: str,
+        gen: int,
+        assignment: Any,
+        where: str,
+        ex: Exchange,
+        ctx: Context,
+    ) -> None:
+        assigned = assigned_topics(assignment)
+        sub = (state.get("subs") or {}).get(member)
+        if assigned is None or sub is None:
+            return
+        extra = sorted(set(assigned) - set(sub["topics"]))
+        if not extra:
+            return
+        sig = f"outside|{member}|{gen if gen >= 0 else sub['gen']}|{','.join(extra)}"
+        reported: list[str] = state.setdefault("reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        ctx.emit(
+            RULE_OUTSIDE,
+            Severity.WARNING,
+            f"group:{key}",
+            f"{where} assigns member {member} topics {extra} it did not subscribe to (subscribed: {sub['topics']})",
+            ex.ts_ns,
+            {
+                **ex.evidence(),
+                "group": key,
+                "member": member,
+                "assigned": assigned,
+                "subscribed": sub["topics"],
+            },
+            conns=(ex.conn,),
+        )
+
+    def _mismatch(self, state: State, key: str, summary: str, ex: Exchange, ctx: Context, sig: str) -> None:
+        reported: list[str] = state.setdefault("reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        ctx.emit(
+            RULE_MISMATCH,
+            Severity.WARNING,
+            f"group:{key}",
+            f"group {key}: {summary}",
+            ex.ts_ns,
+            {
+                **ex.evidence(),
+                "group": key,
+                "generation": state.get("gen"),
+                "group_protocol_type": state.get("ptype"),
+                "group_protocol_name": state.get("pname"),
+            },
+            conns=(ex.conn,),
+        )
+
+
+RULES: list[type[Rule]] = [GroupRule]

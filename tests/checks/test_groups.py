@@ -1,0 +1,347 @@
+"""group.* rules (KIP-559) on frames built through the real codec."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import codec
+from checks.engine import Monitor
+from checks.model import Finding, Frame
+from checks.rule import Context
+from checks.rules.groups import GroupRule
+from kpmon.config import ChecksConfig
+from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
+
+MS = 1_000_000
+JOIN, SYNC, DESCRIBE = 11, 14, 15
+GROUP = "g1"
+
+
+def run(frames: list[Frame]) -> tuple[list[Finding], Monitor]:
+    monitor = Monitor([GroupRule()], Context(ChecksConfig()))
+    out = monitor.feed_all(frames)
+    out.extend(monitor.flush())
+    return out, monitor
+
+
+def subscription(*topics: str) -> bytes:
+    body = {
+        "Topics": list(topics),
+        "UserData": None,
+        "OwnedPartitions": [],
+        "GenerationId": -1,
+        "RackId": None,
+    }
+    return struct.pack(">h", 3) + codec.encode_data("ConsumerProtocolSubscription", 3, body)
+
+
+def assignment(*topics: str) -> bytes:
+    body = {"AssignedPartitions": [{"Topic": t, "Partitions": [0]} for t in topics], "UserData": None}
+    return struct.pack(">h", 3) + codec.encode_data("ConsumerProtocolAssignment", 3, body)
+
+
+def join(
+    conv: Conversation,
+    ts: int,
+    member: str,
+    gen: int,
+    topics: tuple[str, ...] = ("orders",),
+    ptype: str = "consumer",
+    offered: tuple[str, ...] = ("range",),
+    chosen: str = "range",
+    resp_type: str | None = "consumer",
+    error: int = 0,
+    members: list[dict[str, Any]] | None = None,
+    version: int = 7,
+) -> list[Frame]:
+    req = {
+        "GroupId": GROUP,
+        "SessionTimeoutMs": 10000,
+        "RebalanceTimeoutMs": 10000,
+        "MemberId": "",
+        "GroupInstanceId": None,
+        "ProtocolType": ptype,
+        "Protocols": [{"Name": n, "Metadata": subscription(*topics)} for n in offered],
+    }
+    resp: dict[str, Any] = {
+        "ErrorCode": error,
+        "GenerationId": gen,
+        "ProtocolName": chosen,
+        "Leader": member,
+        "MemberId": member,
+        "Members": members or [],
+    }
+    if version >= 7:
+        resp["ProtocolType"] = resp_type
+    return conv.exchange(JOIN, version, req, resp, ts)
+
+
+def sync(
+    conv: Conversation,
+    ts: int,
+    member: str,
+    gen: int,
+    mine: tuple[str, ...],
+    assignments: dict[str, tuple[str, ...]] | None = None,
+    ptype: str | None = "consumer",
+    pname: str | None = "range",
+    resp_type: str | None = "consumer",
+    resp_name: str | None = "range",
+    error: int = 0,
+    version: int = 5,
+) -> list[Frame]:
+    req: dict[str, Any] = {
+        "GroupId": GROUP,
+        "GenerationId": gen,
+        "MemberId": member,
+        "GroupInstanceId": None,
+        "Assignments": [
+            {"MemberId": m, "Assignment": assignment(*t)} for m, t in (assignments or {}).items()
+        ],
+    }
+    resp: dict[str, Any] = {"ErrorCode": error, "Assignment": assignment(*mine)}
+    if version >= 5:
+        req.update(ProtocolType=ptype, ProtocolName=pname)
+        resp.update(ProtocolType=resp_type, ProtocolName=resp_name)
+    return conv.exchange(SYNC, version, req, resp, ts)
+
+
+def describe(
+    conv: Conversation, ts: int, ptype: str, state: str = "Stable", members: Any = ()
+) -> list[Frame]:
+    group = {
+        "ErrorCode": 0,
+        "GroupId": GROUP,
+        "GroupState": state,
+        "ProtocolType": ptype,
+        "ProtocolData": "range",
+        "Members": list(members),
+    }
+    return conv.exchange(DESCRIBE, 5, {"Groups": [GROUP]}, {"Groups": [group]}, ts)
+
+
+def rules_of(findings: list[Finding]) -> list[str]:
+    return [f.rule for f in findings]
+
+
+def healthy_rebalance(a: Conversation, b: Conversation, ts: int, gen: int = 1) -> list[Frame]:
+    members = [
+        {"MemberId": "m-a", "Metadata": subscription("orders")},
+        {"MemberId": "m-b", "Metadata": subscription("orders", "refunds")},
+    ]
+    return [
+        *join(a, ts, "m-a", gen, members=members),
+        *join(b, ts + 10 * MS, "m-b", gen, topics=("orders", "refunds")),
+        *sync(a, ts + 100 * MS, "m-a", gen, ("orders",), {"m-a": ("orders",), "m-b": ("orders", "refunds")}),
+        *sync(b, ts + 110 * MS, "m-b", gen, ("orders", "refunds")),
+    ]
+
+
+def two() -> tuple[Conversation, Conversation]:
+    a, b = Conversation(conn="ca"), Conversation(conn="cb", client="10.0.0.6:52000")
+    shared_offsets(a, b)
+    return a, b
+
+
+def test_healthy_group_is_silent() -> None:
+    a, b = two()
+    frames = healthy_rebalance(a, b, SECOND)
+    frames += describe(a, 2 * SECOND, "consumer")
+    findings, monitor = run(frames)
+    assert findings == []
+    state = monitor.states[("group", GROUP)]
+    assert state["ptype"] == "consumer" and state["pname"] == "range" and state["gen"] == 1
+
+
+def test_broker_inconsistent_group_protocol_answer() -> None:
+    a, b = two()
+    frames = healthy_rebalance(a, b, SECOND)
+    frames += join(b, 3 * SECOND, "", 0, ptype="connect", error=23, resp_type=None, chosen="")
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "INCONSISTENT_GROUP_PROTOCOL" in findings[0].summary and "'connect'" in findings[0].summary
+    assert findings[0].subject == f"group:{GROUP}" and findings[0].severity == "warning"
+
+
+def test_join_answer_type_differs_from_request() -> None:
+    a = Conversation()
+    findings, _ = run(join(a, SECOND, "m-a", 1, resp_type="connect"))
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "names type 'connect'" in findings[0].summary
+
+
+def test_join_answer_picks_protocol_not_offered() -> None:
+    a = Conversation()
+    findings, _ = run(join(a, SECOND, "m-a", 1, chosen="sticky"))
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "did not offer" in findings[0].summary
+
+
+def test_members_of_one_generation_disagree() -> None:
+    a, b = two()
+    frames = [
+        *join(a, SECOND, "m-a", 4, offered=("range", "sticky"), chosen="range"),
+        *join(b, SECOND + 5 * MS, "m-b", 4, offered=("range", "sticky"), chosen="sticky"),
+    ]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "generation 4" in findings[0].summary and "'sticky'" in findings[0].summary
+
+
+def test_protocol_may_change_between_generations() -> None:
+    a = Conversation()
+    frames = [
+        *join(a, SECOND, "m-a", 1, offered=("range", "cooperative-sticky"), chosen="range"),
+        *join(a, 2 * SECOND, "m-a", 2, offered=("range", "cooperative-sticky"), chosen="cooperative-sticky"),
+        *sync(
+            a,
+            2 * SECOND + 50 * MS,
+            "m-a",
+            2,
+            ("orders",),
+            pname="cooperative-sticky",
+            resp_name="cooperative-sticky",
+        ),
+    ]
+    findings, _ = run(frames)
+    assert findings == []
+
+
+def test_sync_request_and_answer_checked() -> None:
+    a = Conversation()
+    frames = [
+        *join(a, SECOND, "m-a", 1),
+        *sync(a, 2 * SECOND, "m-a", 1, ("orders",), pname="roundrobin", resp_name="range"),
+    ]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.protocol_type_mismatch", "group.protocol_type_mismatch"]
+    assert "SyncGroup request" in findings[0].summary and "SyncGroup answer" in findings[1].summary
+
+    a = Conversation()
+    frames = [*join(a, SECOND, "m-a", 1), *sync(a, 2 * SECOND, "m-a", 1, ("orders",), error=23)]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "SyncGroup" in findings[0].summary and "INCONSISTENT_GROUP_PROTOCOL" in findings[0].summary
+
+
+def test_sync_before_v5_and_null_fields_are_not_compared() -> None:
+    a = Conversation()
+    frames = [
+        *join(a, SECOND, "m-a", 1),
+        *sync(a, 2 * SECOND, "m-a", 1, ("orders",), ptype=None, pname=None, resp_type=None, resp_name=None),
+        *sync(a, 3 * SECOND, "m-a", 1, ("orders",), version=4),
+    ]
+    findings, _ = run(frames)
+    assert findings == []
+
+
+def test_describe_groups_shows_another_type() -> None:
+    a, b = two()
+    frames = [*healthy_rebalance(a, b, SECOND), *describe(a, 2 * SECOND, "connect")]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.protocol_type_mismatch"]
+    assert "DescribeGroups" in findings[0].summary
+    # An empty group may be reused with another type.
+    frames = [*healthy_rebalance(a, b, 3 * SECOND), *describe(a, 4 * SECOND, "connect", state="Empty")]
+    findings, _ = run(frames)
+    assert findings == []
+
+
+def test_assignment_outside_subscription_from_leader_sync() -> None:
+    a, b = two()
+    members = [
+        {"MemberId": "m-a", "Metadata": subscription("orders")},
+        {"MemberId": "m-b", "Metadata": subscription("orders")},
+    ]
+    frames = [
+        *join(a, SECOND, "m-a", 1, members=members),
+        *join(b, SECOND + 10 * MS, "m-b", 1),
+        *sync(
+            a, SECOND + 100 * MS, "m-a", 1, ("orders",), {"m-a": ("orders",), "m-b": ("orders", "payroll")}
+        ),
+        # m-b's own SyncGroup answer carries the same assignment: the same finding, not a second one.
+        *sync(b, SECOND + 110 * MS, "m-b", 1, ("orders", "payroll")),
+    ]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.assignment_outside_subscription"]
+    f = findings[0]
+    assert f.evidence["member"] == "m-b" and f.evidence["assigned"] == ["orders", "payroll"]
+    assert "payroll" in f.summary and f.severity == "warning"
+
+
+def test_assignment_outside_subscription_pre_v5_sync_answer() -> None:
+    # SyncGroup v3 carries no protocol type: the rule decodes the assignment once the group is "consumer".
+    a = Conversation()
+    frames = [*join(a, SECOND, "m-a", 1), *sync(a, 2 * SECOND, "m-a", 1, ("orders", "secrets"), version=3)]
+    findings, _ = run(frames)
+    assert rules_of(findings) == ["group.assignment_outside_subscription"]
+    assert findings[0].evidence["subscribed"] == ["orders"]
+
+
+def test_assignment_outside_subscription_in_describe_groups() -> None:
+    a = Conversation()
+    member = {
+        "MemberId": "m-x",
+        "GroupInstanceId": None,
+        "ClientId": "c",
+        "ClientHost": "/10.0.0.5",
+        "MemberMetadata": subscription("orders"),
+        "MemberAssignment": assignment("orders", "audit"),
+    }
+    findings, _ = run(describe(a, SECOND, "consumer", members=[member]))
+    assert rules_of(findings) == ["group.assignment_outside_subscription"]
+    ok = {**member, "MemberAssignment": assignment("orders")}
+    findings, _ = run(describe(a, 2 * SECOND, "consumer", members=[ok]))
+    assert findings == []
+
+
+def test_non_consumer_groups_are_not_decoded() -> None:
+    a = Conversation()
+    frames = [
+        *join(
+            a, SECOND, "m-a", 1, ptype="connect", resp_type="connect", offered=("default",), chosen="default"
+        ),
+        *sync(
+            a,
+            2 * SECOND,
+            "m-a",
+            1,
+            (),
+            ptype="connect",
+            pname="default",
+            resp_type="connect",
+            resp_name="default",
+        ),
+    ]
+    findings, _ = run(frames)
+    assert findings == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
+    a, b = two()
+    members = [
+        {"MemberId": "m-a", "Metadata": subscription("orders")},
+        {"MemberId": "m-b", "Metadata": subscription("orders")},
+    ]
+    frames = [
+        *join(a, SECOND, "m-a", 1, members=members),
+        *join(b, SECOND + 10 * MS, "m-b", 1),
+        *sync(a, 2 * SECOND, "m-a", 1, ("orders",), {"m-a": ("orders",), "m-b": ("payroll",)}),
+        *join(b, 12 * SECOND, "", 0, ptype="connect", error=23, resp_type=None, chosen=""),
+        *join(a, 20 * SECOND, "m-a", 2, offered=("range", "sticky"), chosen="range"),
+        *join(b, 20 * SECOND + 5 * MS, "m-b", 2, offered=("range", "sticky"), chosen="sticky"),
+        *describe(a, 30 * SECOND, "connect"),
+    ]
+    expected = [f.to_dict() for f in run(frames)[0]]
+    assert len(expected) == 4
+    watermark = int(ChecksConfig().watermark_seconds * SECOND)
+    jitters = data.draw(st.lists(st.integers(0, watermark - 1), min_size=len(frames), max_size=len(frames)))
+    findings, monitor = run(arrival_order(frames, jitters))
+    assert [f.to_dict() for f in findings] == expected
+    assert monitor.stats.late_frames == 0
