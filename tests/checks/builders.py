@@ -91,7 +91,17 @@ class Conversation:
             error = None
         except codec.DecodeError as exc:
             message, error = None, exc
-        return self._frame(direction, ts_ns, message=message, error=error, raw=data)
+        # As ingest does: a decodable request names its api, version and correlation id.
+        ids = (
+            {
+                "api_key": message.api_key,
+                "api_version": message.api_version,
+                "correlation_id": message.correlation_id,
+            }
+            if message is not None
+            else {}
+        )
+        return self._frame(direction, ts_ns, message=message, error=error, raw=data, **ids)
 
     def raw_response(self, request: Frame, data: bytes, ts_ns: int) -> Frame:
         """A response frame from raw bytes, decoded as ingest does (the error kept on the frame)."""

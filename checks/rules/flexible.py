@@ -1,0 +1,204 @@
+"""Flexible versions and tagged fields (KIP-482), keyed by connection.
+
+``flex.header_version`` (warning)
+    A frame whose header version does not match whether its API version is flexible: a flexible
+    request needs request header v2 (v1 plus a tagged-field section), a flexible response needs
+    response header v1 (ApiVersions answers always use v0). Such a frame is either undecodable, or
+    decodes with bytes left over, because every body field is read one byte off. The rule re-decodes
+    the raw frame with the other header version(s); if that decodes cleanly, with nothing left over, the
+    header version was the fault. Needs ``Frame.raw`` (the mirrored bytes); frames captured without
+    their body cannot be judged. Undecodable frames reach the rule through ``on_undecodable`` (the
+    engine still reports ``frame.decode_error`` for them: they are undecodable as sent).
+    Once per connection, direction, api and version.
+
+``flex.tagged_fields``
+    Walks the decoded header and body (nested structs, arrays and decoded consumer-protocol payloads)
+    for the codec's KIP-482 evidence. ``_tag_anomalies`` -- tags not ascending, repeated, or a known tag
+    whose value does not fill its declared size -- are ``warning``: a strict peer rejects such a frame.
+    ``_unknown_tags`` are ``info``: newer peers may legitimately send tags this codec does not know.
+    Once per connection, direction, api, version, tag (and problem).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import codec
+from checks.model import Exchange, Frame, Severity
+from checks.rule import Context, Rule, State
+from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
+
+RULE_HEADER = "flex.header_version"
+RULE_TAGS = "flex.tagged_fields"
+
+
+def walk_tags(value: Any, path: str = "") -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """("anomaly" | "unknown", path, detail) for every tagged-field finding in a decoded value.
+
+    Envelope payloads are skipped: the engine dispatches the inner request and response as exchanges
+    of their own, which this rule then walks (under ``envelope.inner_``).
+    """
+    if isinstance(value, dict):
+        for anomaly in value.get("_tag_anomalies") or []:
+            yield "anomaly", path, dict(anomaly)
+        for tag, data in (value.get("_unknown_tags") or {}).items():
+            yield "unknown", path, {"tag": int(tag), "size": len(data)}
+        for name, child in value.items():
+            if not name.startswith("_"):
+                yield from walk_tags(child, f"{path}.{name}" if path else name)
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from walk_tags(child, f"{path}[{i}]")
+    elif isinstance(value, VersionedData) and value.value is not None:
+        yield from walk_tags(value.value, path)
+    elif isinstance(value, EmbeddedRequest | EmbeddedResponse):
+        return
+
+
+def redecode(frame: Frame, request_api: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """(header version used, header version expected) when the frame decodes cleanly only with another.
+
+    ``request_api`` gives (api key, version) for responses, whose header does not name them.
+    """
+    raw = frame.raw
+    if not raw:
+        return None
+    try:
+        if frame.direction == "req":
+            if len(raw) < 4:
+                return None
+            api_key = int.from_bytes(raw[0:2], "big", signed=True)
+            version = int.from_bytes(raw[2:4], "big", signed=True)
+            expected = codec.request_header_version(api_key, version)
+            candidates = [hv for hv in (2, 1, 0) if hv != expected]
+        else:
+            if request_api is None:
+                return None
+            api_key, version = request_api
+            expected = codec.response_header_version(api_key, version)
+            candidates = [1 - expected]
+    except codec.DecodeError:
+        return None
+    for hv in candidates:
+        try:
+            if frame.direction == "req":
+                body = codec.decode_request(raw, header_version=hv).body
+            else:
+                body = codec.decode_response(raw, api_key, version, header_version=hv).body
+        except codec.DecodeError:
+            continue
+        if "_trailing" not in body:
+            return hv, expected
+    return None
+
+
+class FlexibleRule(Rule):
+    name = "flex"
+    key_kind = "conn"
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [ex.conn]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        req = ex.req
+        self._tags(state, ex, "req", req.header, req.body, ctx)
+        if "_trailing" in req.body and ex.envelope is None:
+            self._header(state, ex.request, ex, None, ctx)
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        resp = ex.resp
+        if resp is None:
+            return
+        self._tags(state, ex, "resp", resp.header, resp.body, ctx)
+        if "_trailing" in resp.body and ex.response is not None:
+            self._header(state, ex.response, ex, (ex.api_key, ex.api_version), ctx)
+
+    def on_undecodable(self, state: State, key: str, frame: Frame, ctx: Context) -> None:
+        """An undecodable frame (engine hook): was its header version the fault?"""
+        api = None
+        if frame.direction == "resp" and frame.api_key is not None and frame.api_version is not None:
+            api = (frame.api_key, frame.api_version)
+        self._header(state, frame, None, api, ctx)
+
+    def _header(
+        self, state: State, frame: Frame, ex: Exchange | None, api: tuple[int, int] | None, ctx: Context
+    ) -> None:
+        found = redecode(frame, api)
+        if found is None:
+            return
+        used, expected = found
+        if frame.direction == "req" and frame.raw is not None:
+            api_key = int.from_bytes(frame.raw[0:2], "big", signed=True)
+            version = int.from_bytes(frame.raw[2:4], "big", signed=True)
+        else:
+            assert api is not None
+            api_key, version = api
+        sig = f"hdr|{frame.direction}|{api_key}|{version}"
+        if not self._first(state, sig, ctx):
+            return
+        flexible = codec.is_flexible(api_key, version)
+        kind = "request" if frame.direction == "req" else "response"
+        evidence = (
+            ex.evidence()
+            if ex is not None
+            else {**frame.evidence(), "offsets": [[frame.partition, frame.offset]]}
+        )
+        ctx.emit(
+            RULE_HEADER,
+            Severity.WARNING,
+            f"conn:{frame.conn}",
+            f"{codec.api_name(api_key)} v{version} {kind} uses {kind} header v{used}; that version is "
+            f"{'flexible' if flexible else 'not flexible'}, so it needs header v{expected} (KIP-482)",
+            frame.ts_ns,
+            {
+                **evidence,
+                "direction": frame.direction,
+                "api_key": api_key,
+                "api_version": version,
+                "header_version": used,
+                "expected_header_version": expected,
+                "client": frame.client,
+                "broker": frame.broker,
+            },
+            conns=(frame.conn,),
+        )
+
+    def _tags(self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: Context) -> None:
+        frame = ex.request if direction == "req" else ex.response
+        assert frame is not None
+        for kind, path, detail in [
+            *((k, "header" + ("." + p if p else ""), d) for k, p, d in walk_tags(header)),
+            *((k, p, d) for k, p, d in walk_tags(body)),
+        ]:
+            anomaly = kind == "anomaly"
+            problem = str(detail.get("problem", "unknown tag"))
+            sig = (
+                f"tag|{direction}|{ex.api_key}|{ex.api_version}|{detail['tag']}|{problem if anomaly else ''}"
+            )
+            if not self._first(state, sig, ctx):
+                continue
+            where = path or "body"
+            what = f"{problem} (tag {detail['tag']})" if anomaly else f"unknown tag {detail['tag']}"
+            ctx.emit(
+                RULE_TAGS,
+                Severity.WARNING if anomaly else Severity.INFO,
+                f"conn:{ex.conn}",
+                f"{codec.api_name(ex.api_key)} v{ex.api_version} {'request' if direction == 'req' else 'response'}: "
+                f"{what} in {where}",
+                frame.ts_ns,
+                {**ex.evidence(), "direction": direction, "path": where, **detail},
+                conns=(ex.conn,),
+            )
+
+    @staticmethod
+    def _first(state: State, sig: str, ctx: Context) -> bool:
+        seen: list[str] = state.setdefault("reported", [])
+        if sig in seen:
+            return False
+        seen.append(sig)
+        ctx.trim(seen)
+        return True
+
+
+RULES: list[type[Rule]] = [FlexibleRule]
