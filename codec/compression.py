@@ -60,7 +60,7 @@ def default_max_size(compressed_len: int) -> int:
 
 def decompress(codec_id: int, data: bytes, max_size: int | None = None, what: str = "compression") -> bytes:
     """``data`` decompressed with ``codec_id``; ``DecodeError`` when corrupt or larger than ``max_size``."""
-    cap = default_max_size(len(data)) if max_size is None else max_size
+    cap = default_max_size(len(data)) if max_size is None else max(max_size, 0)
     if codec_id == Codec.NONE:
         if len(data) > cap:
             raise DecodeError(f"payload of {len(data)} bytes exceeds the cap of {cap}", 0, what=what)
@@ -173,3 +173,47 @@ def _into_buffer(codec_id: int, data: bytes, cap: int, what: str) -> bytes:
         raise _too_big(cap, what)
     del buf[n:]
     return bytes(buf)
+
+
+# --- magic-0 lz4 (KAFKA-3160) ----------------------------------------------------------------------
+
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _xxh32_short(data: bytes) -> int:
+    """xxHash32 (seed 0) of fewer than 16 bytes: all an lz4 frame descriptor needs."""
+    h = (_P5 + len(data)) & _M32
+    p = 0
+    while p + 4 <= len(data):
+        h = (_rotl((h + int.from_bytes(data[p : p + 4], "little") * _P3) & _M32, 17) * _P4) & _M32
+        p += 4
+    for byte in data[p:]:
+        h = (_rotl((h + byte * _P5) & _M32, 11) * _P1) & _M32
+    h ^= h >> 15
+    h = (h * _P2) & _M32
+    h ^= h >> 13
+    h = (h * _P3) & _M32
+    return h ^ (h >> 16)
+
+
+def legacy_lz4_header(data: bytes, broken: bool = False) -> bytes:
+    """An lz4 frame with its header checksum byte rewritten.
+
+    Magic-0 messages were written by clients whose lz4 header checksum also covered the 4 magic bytes
+    (KAFKA-3160), which standard lz4 readers reject. ``broken=False`` repairs such a frame (and leaves a
+    correct one unchanged); ``broken=True`` produces the old clients' variant, for tests. Input that is
+    not an lz4 frame is returned unchanged so the decompressor reports it.
+    """
+    if len(data) < 7 or data[:4] != _LZ4_MAGIC:
+        return data
+    end = 6 + (8 if data[4] & 0x08 else 0) + (4 if data[4] & 0x01 else 0)
+    if len(data) <= end:
+        return data
+    covered = data[:end] if broken else data[4:end]
+    return data[:end] + bytes([(_xxh32_short(covered) >> 8) & 0xFF]) + data[end + 1 :]

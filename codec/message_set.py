@@ -11,6 +11,9 @@ Only the fixed header is read eagerly; key, value and inner messages are decoded
 Stripped format (the tap's ``headers`` capture policy): offset, crc, magic, attributes and (v1)
 timestamp are kept, key and value are dropped, and the message size is rewritten to 6 (v0) or 14 (v1);
 the crc is left unchanged and so no longer validates.
+
+Magic-0 lz4 wrappers carry the old clients' wrong lz4 header checksum (KAFKA-3160); it is repaired
+before decompressing, and ``build_message_set`` writes it the same wrong way.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from codec.compression import codec_name, compress, decompress
+from codec.compression import Codec, codec_name, compress, decompress, legacy_lz4_header
 from codec.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -113,6 +116,8 @@ class LegacyMessage:
         wrapped = self.value
         if wrapped is None:
             raise DecodeError("compressed wrapper message has a null value", 0, what="message set")
+        if self.magic == 0 and self.compression == Codec.LZ4:
+            wrapped = legacy_lz4_header(wrapped)
         inner = decompress(self.compression, wrapped, max_size, what="message set")
         out = parse_message_set(inner)
         if any(m.compression for m in out):
@@ -237,4 +242,7 @@ def build_message_set(
     )
     wrapper_ts = max((s[2] if len(s) > 2 else timestamp for s in specs), default=timestamp)
     last = base_offset + max(len(specs) - 1, 0)
-    return encode_message(last, magic, compression | ts_bit, wrapper_ts, None, compress(compression, inner))
+    payload = compress(compression, inner)
+    if magic == 0 and compression == Codec.LZ4:
+        payload = legacy_lz4_header(payload, broken=True)  # as magic-0 era clients wrote it
+    return encode_message(last, magic, compression | ts_bit, wrapper_ts, None, payload)

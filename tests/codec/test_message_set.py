@@ -195,3 +195,16 @@ def test_kafka_python_reads_what_we_write(magic: int, codec: Codec) -> None:
         got += [(r.offset, r.key, r.value) for r in batch]
         p += 12 + size
     assert got == [(30 + i, k, v) for i, (k, v, _) in enumerate(MESSAGES)]
+
+
+def test_magic0_lz4_with_the_old_clients_header_checksum() -> None:
+    from codec.compression import compress, decompress, legacy_lz4_header
+
+    raw = build_message_set(MESSAGES, magic=0, compression=Codec.LZ4)
+    (wrapper,) = legacy(raw)
+    with pytest.raises(DecodeError, match=r"(?i)checksum"):
+        decompress(Codec.LZ4, wrapper.value or b"")
+    assert [r.value for r in wrapper.records()] == [v for _, v, _ in MESSAGES]
+    good = compress(Codec.LZ4, b"x" * 100)
+    assert legacy_lz4_header(good) == good
+    assert legacy_lz4_header(b"not lz4") == b"not lz4"
