@@ -1,0 +1,170 @@
+"""The monitor core: event-time ordering, pairing, acks=0, gaps, decode errors, TTL eviction, late frames."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from checks.engine import Monitor
+from checks.model import Exchange, Finding, Frame, Severity
+from checks.rule import Context, Rule, State
+from kpmon.config import ChecksConfig
+from tests.checks.builders import SECOND, Conversation, shared_offsets
+
+MS = 1_000_000
+METADATA, PRODUCE = 3, 0
+MD_REQ = {"Topics": [], "AllowAutoTopicCreation": False}
+MD_RESP = {"Brokers": [], "ControllerId": 1, "Topics": []}
+
+
+class Recorder(Rule):
+    """Records every event it sees and reports each completed exchange (so incompleteness shows)."""
+
+    name = "rec"
+    key_kind = "conn"
+    events: ClassVar[list[tuple[str, str, int | None, bool]]] = []
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [ex.conn]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        self.events.append(("req", ex.conn, ex.request.correlation_id, ex.response is not None))
+        state["n"] = int(state.get("n", 0)) + 1
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        self.events.append(("resp", ex.conn, ex.request.correlation_id, ex.response is not None))
+        ctx.emit(
+            "rec.seen", Severity.WARNING, f"conn:{ex.conn}", "seen", ex.ts_ns, ex.evidence(), conns=(ex.conn,)
+        )
+
+
+def monitor(**config: Any) -> Monitor:
+    Recorder.events = []
+    return Monitor([Recorder()], Context(ChecksConfig(**config)))
+
+
+def md(conv: Conversation, ts: int) -> list[Frame]:
+    return conv.exchange(METADATA, 9, MD_REQ, MD_RESP, ts)
+
+
+def test_frames_are_released_in_event_time_order() -> None:
+    a, b = Conversation(conn="ca"), Conversation(conn="cb")
+    shared_offsets(a, b)
+    frames = [*md(a, 1 * SECOND), *md(b, 2 * SECOND), *md(a, 3 * SECOND)]
+    m = monitor()
+    m.feed_all(reversed(frames))
+    assert Recorder.events == []  # all within the watermark: still buffered
+    m.flush()
+    assert [(e[0], e[1]) for e in Recorder.events] == [
+        ("req", "ca"),
+        ("resp", "ca"),
+        ("req", "cb"),
+        ("resp", "cb"),
+        ("req", "ca"),
+        ("resp", "ca"),
+    ]
+    assert m.stats.late_frames == 0 and m.stats.exchanges == 3
+
+
+def test_watermark_releases_frames_as_event_time_advances() -> None:
+    conv = Conversation()
+    m = monitor(watermark_seconds=5)
+    m.feed_all(md(conv, 1 * SECOND))
+    assert Recorder.events == []
+    m.advance(7 * SECOND)
+    assert [e[0] for e in Recorder.events] == ["req", "resp"]
+
+
+def test_pairing_by_correlation_id_and_unpaired_responses() -> None:
+    conv = Conversation()
+    r1 = conv.request(METADATA, 9, MD_REQ, 1 * SECOND)
+    r2 = conv.request(METADATA, 9, MD_REQ, 1 * SECOND + MS)
+    a2 = conv.response(r2, MD_RESP, 1 * SECOND + 2 * MS)
+    a1 = conv.response(r1, MD_RESP, 1 * SECOND + 3 * MS)
+    stray = conv.response(r1, MD_RESP, 1 * SECOND + 4 * MS)  # r1 is already answered
+    m = monitor()
+    m.feed_all([r1, r2, a2, a1, stray])
+    m.flush()
+    assert Recorder.events == [
+        ("req", conv.conn, r1.correlation_id, False),
+        ("req", conv.conn, r2.correlation_id, False),
+        ("resp", conv.conn, r2.correlation_id, True),
+        ("resp", conv.conn, r1.correlation_id, True),
+    ]
+    assert m.stats.unpaired_responses == 1 and m.stats.exchanges == 2
+
+
+def test_acks_zero_produce_completes_without_response() -> None:
+    conv = Conversation()
+    req = conv.request(
+        PRODUCE, 9, {"TransactionalId": None, "Acks": 0, "TimeoutMs": 1, "TopicData": []}, SECOND
+    )
+    m = monitor()
+    m.feed(req)
+    m.flush()
+    assert Recorder.events == [
+        ("req", conv.conn, req.correlation_id, False),
+        ("resp", conv.conn, req.correlation_id, False),
+    ]
+    assert m.conns[conv.conn].pending == {}
+
+
+def test_gap_marks_the_connection_incomplete_until_it_closes() -> None:
+    conv = Conversation()
+    frames = md(conv, 1 * SECOND)
+    conv.seq += 3  # the tap dropped three frames
+    frames += md(conv, 2 * SECOND)
+    frames.append(conv.close(3 * SECOND))
+    other = Conversation(conn="c-other")
+    shared_offsets(conv, other)
+    frames += md(other, 4 * SECOND)
+    m = monitor()
+    findings = m.feed_all(frames) + m.flush()
+    assert [(f.rule, f.incomplete) for f in findings] == [
+        ("rec.seen", False),
+        ("tap.gap", False),
+        ("rec.seen", True),
+        ("rec.seen", False),
+    ]
+    assert findings[1].evidence["missing"] == 3 and "incomplete" in findings[2].summary
+    assert m.stats.gaps == 1
+    assert conv.conn not in m.ctx.incomplete_conns and ("rec", conv.conn) not in m.states
+
+
+def test_decode_errors_are_reported_and_counted() -> None:
+    conv = Conversation()
+    m = monitor()
+    findings = m.feed_all([conv.garbage("req", b"\x00\x03\x00\x09\xff", SECOND)]) + m.flush()
+    assert [f.rule for f in findings] == ["frame.decode_error"]
+    assert m.stats.decode_errors == 1 and Recorder.events == []
+
+
+def test_idle_keys_are_evicted_by_ttl_and_counted() -> None:
+    idle, busy = Conversation(conn="c-idle"), Conversation(conn="c-busy")
+    shared_offsets(idle, busy)
+    m = monitor(connection_ttl_seconds=30, watermark_seconds=1)
+    m.feed_all(md(idle, 1 * SECOND))
+    m.feed_all(md(busy, 20 * SECOND))
+    m.feed_all(md(busy, 25 * SECOND))
+    assert ("rec", "c-idle") in m.states
+    # Sweeps run every 10 s of event time: at 45 s the idle key is past its 30 s TTL, the busy one is not.
+    m.feed_all(md(busy, 45 * SECOND))
+    m.feed_all(md(busy, 70 * SECOND))
+    m.flush()
+    assert ("rec", "c-idle") not in m.states and ("rec", "c-busy") in m.states
+    assert m.stats.evicted_keys == 1
+
+
+def test_late_frames_are_processed_and_counted() -> None:
+    a, b = Conversation(conn="ca"), Conversation(conn="cb")
+    shared_offsets(a, b)
+    m = monitor(watermark_seconds=5)
+    m.feed_all(md(a, 1 * SECOND))
+    m.feed_all(md(a, 30 * SECOND))
+    m.feed_all(md(a, 60 * SECOND))  # the watermark (55 s) releases the 30 s frames
+    late = md(b, 2 * SECOND)
+    findings: list[Finding] = []
+    for frame in late:
+        findings += m.feed(frame)
+    assert m.stats.late_frames == 2
+    assert [(e[0], e[1]) for e in Recorder.events][-2:] == [("req", "cb"), ("resp", "cb")]
+    assert [f.subject for f in findings] == ["conn:cb"]
