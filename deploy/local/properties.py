@@ -1,0 +1,141 @@
+"""Rendering of KRaft ``server.properties`` for the local stack (pure: no I/O, unit-testable).
+
+Every node has up to three listeners on loopback:
+
+* the client listener (``PLAINTEXT`` or ``SASL_PLAINTEXT``), the one clients, the tap and tests use; it
+  may advertise another address (the tap's) than the one it binds;
+* ``BROKER``, plaintext inter-broker traffic, always advertised as itself so replication and readiness
+  checks never depend on the tap being up;
+* ``CONTROLLER``, the KRaft quorum (static ``controller.quorum.voters`` works on 3.9 and 4.x alike).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class SaslUsers:
+    """Credentials configured on the SASL listener; deliberately recognisable for redaction tests."""
+
+    plain: tuple[str, str] = ("kpmon-plain", "plain-secret-Pw1")
+    scram_sha_256: tuple[str, str] = ("kpmon-scram256", "scram256-secret-Pw2")
+    scram_sha_512: tuple[str, str] = ("kpmon-scram512", "scram512-secret-Pw3")
+
+    def by_mechanism(self) -> dict[str, tuple[str, str]]:
+        return {
+            "PLAIN": self.plain,
+            "SCRAM-SHA-256": self.scram_sha_256,
+            "SCRAM-SHA-512": self.scram_sha_512,
+        }
+
+    def add_scram_args(self) -> list[str]:
+        """``--add-scram`` arguments for the StorageTool: SCRAM users exist from the first start."""
+        args: list[str] = []
+        for mechanism, (user, password) in self.by_mechanism().items():
+            if mechanism.startswith("SCRAM"):
+                args += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+        return args
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One KRaft process: a combined broker+controller, a broker, or a controller."""
+
+    node_id: int
+    roles: tuple[str, ...]
+    data_dir: str
+    client_port: int | None = None
+    broker_port: int | None = None
+    controller_port: int | None = None
+    advertised: tuple[str, int] | None = None
+
+    @property
+    def is_broker(self) -> bool:
+        return "broker" in self.roles
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    controller_voters: tuple[tuple[int, int], ...]  # (node_id, port)
+    brokers: int
+    sasl: bool = False
+    users: SaslUsers = field(default_factory=SaslUsers)
+
+    @property
+    def client_listener(self) -> str:
+        return "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
+
+
+def _jaas(spec: ClusterSpec) -> dict[str, str]:
+    listener = spec.client_listener.lower()
+    plain_user, plain_password = spec.users.plain
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    return {
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        f"listener.name.{listener}.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        f"listener.name.{listener}.plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{plain_user}" password="{plain_password}" user_{plain_user}="{plain_password}";'
+        ),
+        f"listener.name.{listener}.scram-sha-256.sasl.jaas.config": scram,
+        f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": scram,
+    }
+
+
+def node_properties(node: NodeSpec, spec: ClusterSpec) -> dict[str, str]:
+    voters = ",".join(f"{nid}@{HOST}:{port}" for nid, port in spec.controller_voters)
+    listeners: list[str] = []
+    advertised: list[str] = []
+    protocols = ["CONTROLLER:PLAINTEXT", "BROKER:PLAINTEXT"]
+    if node.is_broker:
+        assert node.client_port is not None and node.broker_port is not None
+        client = spec.client_listener
+        adv_host, adv_port = node.advertised or (HOST, node.client_port)
+        listeners += [f"{client}://{HOST}:{node.client_port}", f"BROKER://{HOST}:{node.broker_port}"]
+        advertised += [f"{client}://{adv_host}:{adv_port}", f"BROKER://{HOST}:{node.broker_port}"]
+        protocols.append(f"{client}:{client}")
+    if "controller" in node.roles:
+        assert node.controller_port is not None
+        listeners.append(f"CONTROLLER://{HOST}:{node.controller_port}")
+    replication = str(min(3, spec.brokers))
+    props = {
+        "process.roles": ",".join(node.roles),
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": voters,
+        "controller.listener.names": "CONTROLLER",
+        "listeners": ",".join(listeners),
+        "listener.security.protocol.map": ",".join(protocols),
+        "log.dirs": node.data_dir,
+        # Two cores are shared with Spark: few threads, few internal partitions, no rebalance delay.
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "background.threads": "2",
+        "num.recovery.threads.per.data.dir": "1",
+        "num.partitions": "1",
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.num.partitions": "8",
+        "offsets.topic.replication.factor": replication,
+        "transaction.state.log.replication.factor": replication,
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replication,
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "true",
+        "delete.topic.enable": "true",
+    }
+    if node.is_broker:
+        props["advertised.listeners"] = ",".join(advertised)
+        props["inter.broker.listener.name"] = "BROKER"
+        if spec.sasl:
+            props.update(_jaas(spec))
+    return props
+
+
+def render(props: dict[str, str]) -> str:
+    """Java properties text. Values never contain newlines; backslashes are escaped for Java's parser."""
+    lines = ["# Written by kpmon stack; regenerated on every `up`."]
+    lines += [f"{key}={value.replace(chr(92), chr(92) * 2)}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
