@@ -1,0 +1,257 @@
+"""Real clients through the tap against a real broker; the tap topic is then read back and checked.
+
+Marked ``integration``: they need a broker (see conftest.py) and skip without one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import codec
+from tests.tap.conftest import TappedCluster
+from tests.tap.harness import TapRecord, TapThread, by_connection, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        try:
+            fut.result(30)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def check_tap_topic(records: list[TapRecord], capture: str = "full") -> dict[str, int]:
+    """Contract checks: contiguous seq per connection from open to close, every frame decodes."""
+    assert records, "nothing mirrored"
+    counts = {"req": 0, "resp": 0, "conns": 0}
+    for conn, recs in by_connection(records):
+        counts["conns"] += 1
+        assert len({r.partition for r in recs}) == 1, "one connection, one partition"
+        seqs = [int(r.headers["seq"]) for r in recs]
+        assert seqs == list(range(1, len(recs) + 1)), f"gap or reorder on {conn!r}"
+        assert recs[0].headers["dir"] == b"open"
+        assert recs[-1].headers["dir"] == b"close", f"{conn!r} not closed"
+        for r in recs:
+            assert r.headers["conn"] == conn
+            assert r.headers["schema"] == b"1"
+            assert r.headers["capture"] == capture.encode()
+            direction = r.headers["dir"]
+            if direction in (b"open", b"close"):
+                continue
+            counts[direction.decode()] += 1
+            if r.headers.get("redacted") == b"sasl_token" or r.headers.get("truncated"):
+                continue
+            api_key = int(r.headers["api_key"])
+            version = int(r.headers["api_version"])
+            if direction == b"req":
+                if capture == "meta":
+                    codec.decode_request_header(r.value)
+                else:
+                    req = codec.decode_request(r.value)
+                    assert (req.api_key, req.api_version) == (api_key, version)
+                    assert str(req.correlation_id).encode() == r.headers["corr_id"]
+            elif capture != "meta":
+                resp = codec.decode_response(r.value, api_key, version)
+                assert str(resp.correlation_id).encode() == r.headers["corr_id"]
+    return counts
+
+
+@pytest.fixture
+def tap(tapped_cluster: TappedCluster) -> Iterator[tuple[TapThread, str]]:
+    t, topic = tapped_cluster.start_tap(capture="full")
+    yield t, topic
+    t.stop()
+
+
+def _drain_tap(t: TapThread, cluster: TappedCluster, topic: str) -> list[TapRecord]:
+    t.wait_idle()
+    t.tap.sink.close(10)
+    return read_topic(cluster.mirror_bootstrap, topic)
+
+
+def test_idempotent_producer_and_consumer(tapped_cluster: TappedCluster, tap: tuple[TapThread, str]) -> None:
+    t, tap_topic = tap
+    topic = f"t-{uuid.uuid4().hex[:6]}"
+    _create_topic(tapped_cluster.bootstrap, topic)
+    producer = Producer(
+        {"bootstrap.servers": tapped_cluster.bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
+    for i in range(500):
+        producer.produce(topic, f"value-{i}".encode() * 10, f"k{i % 7}".encode())
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": tapped_cluster.bootstrap,
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 500 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value())
+    consumer.close()
+    del producer
+    assert got == [f"value-{i}".encode() * 10 for i in range(500)]
+    counts = check_tap_topic(_drain_tap(t, tapped_cluster, tap_topic))
+    assert counts["req"] >= counts["resp"] > 0
+    assert t.metric("kpmon_tap_mirror_drops_total") == 0
+    assert t.metric("kpmon_tap_active_connections") == 0
+
+
+def test_transactional_commit_and_abort(tapped_cluster: TappedCluster, tap: tuple[TapThread, str]) -> None:
+    t, tap_topic = tap
+    topic = f"tx-{uuid.uuid4().hex[:6]}"
+    _create_topic(tapped_cluster.bootstrap, topic)
+    producer = Producer({"bootstrap.servers": tapped_cluster.bootstrap, "transactional.id": f"txn-{topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted")
+    producer.abort_transaction(30)
+    del producer
+    consumer = Consumer(
+        {
+            "bootstrap.servers": tapped_cluster.bootstrap,
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not got:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value())
+    consumer.close()
+    assert got == [b"committed"]
+    records = _drain_tap(t, tapped_cluster, tap_topic)
+    check_tap_topic(records)
+    apis = {int(r.headers["api_key"]) for r in records if r.headers["dir"] == b"req"}
+    assert {22, 24, 26} <= apis  # InitProducerId, AddPartitionsToTxn, EndTxn
+
+
+def test_consumer_group_of_two(tapped_cluster: TappedCluster, tap: tuple[TapThread, str]) -> None:
+    t, tap_topic = tap
+    topic = f"grp-{uuid.uuid4().hex[:6]}"
+    _create_topic(tapped_cluster.bootstrap, topic, partitions=2)
+    producer = Producer({"bootstrap.servers": tapped_cluster.bootstrap})
+    for i in range(200):
+        producer.produce(topic, str(i).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    del producer
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def member() -> None:
+        c = Consumer(
+            {
+                "bootstrap.servers": tapped_cluster.bootstrap,
+                "group.id": f"g-{topic}",
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 10_000,
+            }
+        )
+        c.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = c.poll(0.3)
+            if msg is not None and not msg.error():
+                with lock:
+                    seen.append(msg.value())
+            with lock:
+                if len(seen) >= 200:
+                    break
+        c.close()
+
+    threads = [threading.Thread(target=member) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(seen, key=int) == [str(i).encode() for i in range(200)]
+    check_tap_topic(_drain_tap(t, tapped_cluster, tap_topic))
+
+
+def test_kafka_python_producer_and_consumer(
+    tapped_cluster: TappedCluster, tap: tuple[TapThread, str]
+) -> None:
+    kafka = pytest.importorskip("kafka")
+    t, tap_topic = tap
+    topic = f"kp-{uuid.uuid4().hex[:6]}"
+    _create_topic(tapped_cluster.bootstrap, topic)
+    producer = kafka.KafkaProducer(bootstrap_servers=tapped_cluster.bootstrap)
+    for i in range(100):
+        producer.send(topic, f"kp-{i}".encode())
+    producer.flush(30)
+    producer.close()
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=tapped_cluster.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=10_000,
+    )
+    got = [m.value for m in consumer]
+    consumer.close()
+    assert got == [f"kp-{i}".encode() for i in range(100)]
+    check_tap_topic(_drain_tap(t, tapped_cluster, tap_topic))
+
+
+@pytest.mark.parametrize("capture", ["headers", "meta"])
+def test_payloads_do_not_leave_in_headers_and_meta(tapped_cluster: TappedCluster, capture: str) -> None:
+    t, tap_topic = tapped_cluster.start_tap(capture=capture)
+    try:
+        topic = f"cap-{uuid.uuid4().hex[:6]}"
+        _create_topic(tapped_cluster.bootstrap, topic)
+        marker = b"PAYLOAD-MARKER-" + uuid.uuid4().hex.encode()
+        producer = Producer({"bootstrap.servers": tapped_cluster.bootstrap, "compression.type": "none"})
+        for _ in range(20):
+            producer.produce(topic, marker)
+        assert producer.flush(30) == 0
+        del producer
+        consumer = Consumer(
+            {
+                "bootstrap.servers": tapped_cluster.bootstrap,
+                "group.id": f"g-{topic}",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 20 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                assert msg.value() == marker
+                got += 1
+        consumer.close()
+        assert got == 20
+        records = _drain_tap(t, tapped_cluster, tap_topic)
+    finally:
+        t.stop()
+    check_tap_topic(records, capture)
+    assert all(marker not in r.value for r in records)
+    if capture == "headers":
+        produce = [r for r in records if r.headers["dir"] == b"req" and r.headers["api_key"] == b"0"]
+        assert produce and all("capture_fallback" not in r.headers for r in produce)
+        body = codec.decode_request(produce[0].value).body
+        batch = body["TopicData"][0]["PartitionData"][0]["Records"]
+        assert batch is not None
