@@ -23,8 +23,10 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
   none was seen). It closes with a successful EndTxn or a new InitProducerId (which aborts an ongoing
-  transaction); the alert is then resolved. While an EndTxn is in flight at the deadline the check
-  waits rather than fire.
+  transaction), or with an EndTxn the coordinator answers PRODUCER_FENCED / INVALID_PRODUCER_EPOCH
+  (it already aborted the transaction on timeout); the alert is then resolved. While an EndTxn is in
+  flight at the deadline the check waits rather than fire. Requests from an older epoch than the
+  transactional id's current one (a zombie) neither open nor end the current transaction.
 
 ``txn_pid`` (key: producer id) reports ``txn.pid_hijack`` (warning): a producer id used under a second
 transactional id, or by a second client (client host + client id; not the port, which changes on
@@ -49,7 +51,9 @@ from typing import Any
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from checks.rules.producers import (
+    INVALID_PRODUCER_EPOCH,
     PRODUCE,
+    PRODUCER_FENCED,
     is_producing,
     produce_answers,
     produce_batches,
@@ -100,7 +104,7 @@ class TxnRule(Rule):
         return [i for i in dict.fromkeys(ids) if i is not None]
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
-        if ex.api_key == END_TXN:
+        if ex.api_key == END_TXN and not self._zombie(state, ex):
             state["ending"] = True
         elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
             state["explicit"] = True
@@ -121,12 +125,19 @@ class TxnRule(Rule):
                 state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
                 state["boundary"] = True
         elif api == END_TXN:
+            if self._zombie(state, ex):
+                return  # an older instance's EndTxn says nothing about the current transaction
             state["ending"] = False
-            if body.get("ErrorCode") == 0:
+            error = body.get("ErrorCode")
+            if error == 0:
                 self._close(state, key, ex, ctx)
                 state["boundary"] = True
                 if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
                     state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
+            elif error in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
+                # The coordinator already ended this transaction (it aborted it on timeout and bumped the
+                # epoch, or another instance took over): it is not open any more.
+                self._close(state, key, ex, ctx)
             elif state.get("open"):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
                 ctx.set_timer(int(state["deadline"]))
@@ -178,6 +189,11 @@ class TxnRule(Rule):
         )
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _zombie(state: State, ex: Exchange) -> bool:
+        """A request from an instance whose epoch is older than the transactional id's current one."""
+        return int(ex.req.body.get("ProducerEpoch", -1)) < int(state.get("epoch", -1))
 
     @staticmethod
     def _open(state: State, ex: Exchange, ctx: Context) -> None:

@@ -442,6 +442,27 @@ def test_a_new_init_producer_id_closes_the_open_transaction() -> None:
     assert run(frames, until=100 * SECOND)[0] == []
 
 
+def test_timed_out_transaction_resolves_when_the_coordinator_fences_its_end_txn() -> None:
+    p = Producer()
+    frames = [*p.init(0, epoch=0, timeout_ms=3000), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 0)]
+    frames += p.end(20 * SECOND, error=FENCED)
+    monitor = Monitor(rules(), Context(ChecksConfig()))
+    findings = monitor.feed_all(frames) + monitor.flush()
+    assert summary(findings) == [("txn.hanging", "warning")]
+    assert monitor.ctx.resolved == [("txn.hanging", f"txn:{TX}", 20 * SECOND + MS)]
+
+
+def test_a_zombie_end_txn_neither_ends_nor_defers_the_current_transaction() -> None:
+    zombie = Producer(name="zombie", host="10.0.0.7")
+    fencer = Producer(name="fencer", host="10.0.0.8")
+    frames = [*zombie.init(0, epoch=0), *fencer.init(SECOND, epoch=1, timeout_ms=5000)]
+    frames += fencer.add(2 * SECOND, [0])
+    frames += zombie.end(3 * SECOND, error=FENCED)
+    findings, _ = run(frames, until=100 * SECOND)
+    assert summary(findings) == [("txn.hanging", "warning")]
+    assert findings[0].ts_ns == 7 * SECOND
+
+
 # -- txn.pid_hijack ------------------------------------------------------------------------------
 
 
