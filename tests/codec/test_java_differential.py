@@ -227,8 +227,14 @@ def compare(frame: Frame, output: dict[str, Any]) -> list[str]:
     head = header_fields(frame.kind, message.header_version)
     found = differences(to_java(head, message.header_version, message.header), output["header"], "header")
     found += differences(to_java(fields, frame.version, message.body), output["body"], "body")
-    if output["reencoded"] != frame.raw.hex():
-        found.append(f"encoding: Kafka {output['reencoded']} != kpmon {frame.raw.hex()}")
+    trailing = bytes(message.body.get("_trailing", b""))
+    if output.get("trailing", "") != trailing.hex():
+        found.append(
+            f"bytes after the body: Kafka {output.get('trailing', '')!r} != kpmon {trailing.hex()!r}"
+        )
+    exact = frame.raw[: len(frame.raw) - len(trailing)].hex()
+    if output["reencoded"] != exact:
+        found.append(f"encoding: Kafka {output['reencoded']} != kpmon {exact}")
     if "from_json_error" in output:
         found.append(f"Kafka could not rebuild the message from its JSON: {output['from_json_error']}")
     else:

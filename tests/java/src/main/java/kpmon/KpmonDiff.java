@@ -32,7 +32,8 @@ import org.apache.kafka.common.protocol.ObjectSerializationCache;
  * header and body come from the generated {@code *JsonConverter.write}, {@code reencoded} is the frame
  * serialized again by the same message objects, and {@code from_json} is the frame serialized from
  * the message that {@code *JsonConverter.read} builds from that JSON (record sets come back empty:
- * the converters do not write their contents). A frame Kafka cannot read gives
+ * the converters do not write their contents), and {@code trailing} holds any bytes left after the
+ * body (Kafka's reader ignores them; the re-encodings leave them out). A frame Kafka cannot read gives
  * {@code {"error": "..."}}; a failing JSON read gives {@code "from_json_error"} next to the rest.
  */
 public final class KpmonDiff {
@@ -89,10 +90,13 @@ public final class KpmonDiff {
             body = type.newResponse();
         }
         body.read(accessor, version);
-        if (buf.hasRemaining()) {
-            throw new IllegalStateException(buf.remaining() + " bytes left after the body");
-        }
         ObjectNode result = MAPPER.createObjectNode();
+        if (buf.hasRemaining()) {
+            // Bytes after the body: Kafka's reader stops at the end of the message and leaves them.
+            byte[] rest = new byte[buf.remaining()];
+            buf.get(rest);
+            result.put("trailing", HEX.formatHex(rest));
+        }
         JsonNode headerJson = toJson(header, headerVersion, false);
         JsonNode bodyJson = toJson(body, version, false);
         result.set("header", headerJson);
