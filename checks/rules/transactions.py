@@ -18,7 +18,8 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   counts. Two more guards against false positives: the monitor must have seen the transaction start at
   a boundary (InitProducerId or a completed EndTxn) -- otherwise it may have missed the adds -- and a
   batch with an epoch older than the transactional id's current one is a zombie write, which
-  ``producer.stale_epoch_*`` already reports.
+  ``producer.stale_epoch_*`` already reports. Produce v13 names topics by id, which cannot be matched
+  with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
