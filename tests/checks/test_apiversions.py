@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import codec
 from checks.engine import Monitor
 from checks.model import Finding, Frame
 from checks.rule import Context
@@ -32,8 +33,8 @@ def run(frames: list[Frame]) -> tuple[list[Finding], Monitor]:
 
 
 def ranges(**apis: tuple[int, int]) -> dict[str, Any]:
-    table = {"Metadata": METADATA, "Fetch": FETCH, "Produce": PRODUCE, "ApiVersions": API_VERSIONS}
-    table.update(CreateTopics=CREATE_TOPICS, BrokerRegistration=62)
+    """An ApiVersions answer advertising the named APIs (codec names: Metadata, JoinGroup...)."""
+    table = {codec.api_name(key): key for key in codec.api_keys()}
     return {
         "ErrorCode": 0,
         "ApiKeys": [

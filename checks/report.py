@@ -1,0 +1,411 @@
+"""The offline report: what a capture tells about the fleet, as plain data, a heatmap PNG and HTML.
+
+Pure: records in, ``ReportData`` out (``build_report``), and ``ReportData`` to bytes/text
+(``render_coverage_png``, ``render_html``, ``summary_text``). Reading captures or the tap topic and
+writing files is ``kpmon report``'s job (kpmon/commands/report.py).
+
+Capture format (JSON Lines, one tap record per line)::
+
+    {"headers": {"dir": "req", "conn": "...", "seq": "3", ...}, "value_hex": "0003000c...",
+     "partition": 0, "offset": 41}
+
+``headers`` are the tap record headers (ARCHITECTURE.md, "Tap record") as strings; ``value_hex`` is the
+record value in hex (null for lifecycle and header-only records).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.engine import Monitor
+from checks.ingest import frame_from_record
+from checks.model import Finding, Frame
+from checks.rule import Context, State, Stats
+from checks.rules import all_rules
+from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
+from codec.api import api_name
+from codec.schema import load_table
+from kpmon.config import ChecksConfig
+
+# -- capture records ----------------------------------------------------------------------------------
+
+
+def record_to_json(headers: Mapping[str, str], value: bytes | None, partition: int, offset: int) -> str:
+    """One capture line for a tap record."""
+    return json.dumps(
+        {
+            "headers": dict(headers),
+            "value_hex": value.hex() if value is not None else None,
+            "partition": partition,
+            "offset": offset,
+        },
+        sort_keys=True,
+    )
+
+
+def frame_from_json(line: str) -> Frame:
+    """Decode one capture line (the inverse of ``record_to_json``) to a Frame."""
+    record = json.loads(line)
+    headers = {str(k): str(v) for k, v in (record.get("headers") or {}).items() if v is not None}
+    value_hex = record.get("value_hex")
+    value = bytes.fromhex(value_hex) if value_hex else None
+    return frame_from_record(headers, value, int(record.get("partition", -1)), int(record.get("offset", -1)))
+
+
+# -- report data ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group: str
+    protocol_type: str | None
+    protocol_name: str | None
+    generation: int
+    members: int
+
+
+@dataclass(frozen=True)
+class ProducerRow:
+    producer_id: int
+    epoch: int
+    epoch_source: str
+    transactional_ids: tuple[str, ...]
+    open_transaction: bool
+
+
+@dataclass
+class ReportData:
+    source: str
+    stats: dict[str, Any]
+    findings: list[dict[str, Any]]
+    coverage: list[CoverageCell]
+    fleet: list[FleetRow]
+    groups: list[GroupRow]
+    producers: list[ProducerRow]
+    brokers: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def finding_counts(self) -> list[tuple[str, str, int]]:
+        counts = Counter((f["rule"], f["severity"]) for f in self.findings)
+        return sorted(((r, s, n) for (r, s), n in counts.items()), key=lambda t: (-_SEV[t[1]], t[0]))
+
+
+_SEV = {"info": 0, "warning": 1, "critical": 2}
+
+
+def run_checks(frames: Iterable[Frame], config: ChecksConfig | None = None) -> tuple[Monitor, list[Finding]]:
+    """Every rule over the frames, flushed at the end (a capture is finite)."""
+    monitor = Monitor(all_rules(), Context(config or ChecksConfig()))
+    findings = monitor.feed_all(frames)
+    findings.extend(monitor.flush())
+    return monitor, findings
+
+
+def build_report(
+    states: Mapping[tuple[str, str], State], findings: Iterable[Finding], stats: Stats, source: str = ""
+) -> ReportData:
+    """The report's content from a monitor's rule states, its findings and its counters."""
+    cluster = states.get(("apiversions.cluster", CLUSTER_KEY), {})
+    groups = [
+        GroupRow(
+            group=key,
+            protocol_type=state.get("ptype"),
+            protocol_name=state.get("pname"),
+            generation=int(state.get("gen", -1)),
+            members=len(state.get("subs") or {}),
+        )
+        for (rule, key), state in sorted(states.items())
+        if rule == "group"
+    ]
+    txn_by_pid: dict[int, list[tuple[str, bool]]] = {}
+    for (rule, key), state in states.items():
+        if rule == "txn" and state.get("pid") is not None:
+            txn_by_pid.setdefault(int(state["pid"]), []).append((key, bool(state.get("open"))))
+    producers: list[ProducerRow] = []
+    for (rule, key), state in states.items():
+        if rule != "producer":
+            continue
+        pid = int(key)
+        txns = sorted(txn_by_pid.get(pid, []))
+        producers.append(
+            ProducerRow(
+                producer_id=pid,
+                epoch=int(state.get("epoch", -1)),
+                epoch_source=str(state.get("epoch_src", "")),
+                transactional_ids=tuple(t for t, _ in txns),
+                open_transaction=any(o for _, o in txns),
+            )
+        )
+    producers.sort(key=lambda p: p.producer_id)
+    brokers = sorted((label, str(b.get("role", ""))) for label, b in (cluster.get("brokers") or {}).items())
+    ordered = sorted(findings, key=lambda f: (-f.severity.rank, f.ts_ns, f.rule, f.subject))
+    return ReportData(
+        source=source,
+        stats={k: v for k, v in vars(stats).items()},
+        findings=[f.to_dict() for f in ordered],
+        coverage=coverage(cluster),
+        fleet=fleet_matrix(cluster),
+        groups=groups,
+        producers=producers,
+        brokers=brokers,
+    )
+
+
+# -- heatmap ----------------------------------------------------------------------------------------------
+
+#: Cell categories of the coverage heatmap, in colour-map order.
+CATEGORIES = (
+    ("not defined", "#ffffff"),
+    ("defined, unused, not advertised", "#eeeeee"),
+    ("advertised, unused", "#b9d4ec"),
+    ("advertised and used", "#2e8b57"),
+    ("used, NOT advertised", "#d62728"),
+)
+
+
+def coverage_grid(cells: list[CoverageCell]) -> tuple[list[int], int, list[list[int]]]:
+    """(api keys as rows, number of version columns, category index per cell) for the heatmap.
+
+    Rows are the APIs something advertised or used; columns run from v0 to the highest version any of
+    them defines, advertises or uses. A version the codec defines (in 4.x or 3.9) but nobody advertised
+    or used is shown as "defined", so removed versions stay visible.
+    """
+    table = load_table()
+    apis = sorted({c.api_key for c in cells})
+    by_cell = {(c.api_key, c.version): c for c in cells}
+    top = 0
+    for api in apis:
+        spec = table.requests.get(api)
+        top = max([top, *(v for (a, v) in by_cell if a == api)] + ([spec.max_version] if spec else []))
+    grid: list[list[int]] = []
+    for api in apis:
+        spec = table.requests.get(api)
+        defined = set(spec.versions()) if spec else set()
+        row: list[int] = []
+        for version in range(top + 1):
+            cell = by_cell.get((api, version))
+            if cell is None:
+                row.append(1 if version in defined else 0)
+            elif cell.used and not cell.advertised:
+                row.append(4)
+            elif cell.used:
+                row.append(3)
+            else:
+                row.append(2)
+        grid.append(row)
+    return apis, top + 1, grid
+
+
+def render_coverage_png(cells: list[CoverageCell]) -> bytes:
+    """The ApiVersions coverage heatmap (API x version), removed-in-4.0 versions hatched, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch, Rectangle
+
+    from checks.rules.apiversions import removed_in_4_0
+
+    apis, columns, grid = coverage_grid(cells)
+    used = {(c.api_key, c.version): c.used for c in cells if c.used}
+    rows = max(len(apis), 1)
+    width = max(7.0, 2.6 + 0.42 * columns)
+    height = 1.9 + 0.3 * rows
+    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    try:
+        if not apis:
+            ax.text(0.5, 0.5, "no ApiVersions or requests in this capture", ha="center", va="center")
+            ax.set_axis_off()
+        else:
+            cmap = ListedColormap([c for _, c in CATEGORIES])
+            norm = BoundaryNorm([i - 0.5 for i in range(len(CATEGORIES) + 1)], cmap.N)
+            ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+            for y, api in enumerate(apis):
+                for x in range(columns):
+                    if grid[y][x] and removed_in_4_0(api, x):
+                        ax.add_patch(
+                            Rectangle(
+                                (x - 0.5, y - 0.5), 1, 1, fill=False, hatch="////", edgecolor="#555555", lw=0
+                            )
+                        )
+                    count = used.get((api, x))
+                    if count:
+                        ax.text(
+                            x,
+                            y,
+                            _short(count),
+                            ha="center",
+                            va="center",
+                            fontsize=7,
+                            color="white",
+                            fontweight="bold",
+                        )
+            ax.set_xticks(range(columns), [f"v{v}" for v in range(columns)], fontsize=8)
+            ax.set_yticks(range(len(apis)), [f"{api_name(a)} ({a})" for a in apis], fontsize=8)
+            ax.set_xticks([x - 0.5 for x in range(1, columns)], minor=True)
+            ax.set_yticks([y - 0.5 for y in range(1, len(apis))], minor=True)
+            ax.grid(which="minor", color="#cccccc", linewidth=0.5)
+            ax.tick_params(which="minor", length=0)
+            ax.xaxis.tick_top()
+            ax.set_title(
+                "ApiVersions coverage: advertised by brokers vs used by clients", fontsize=10, pad=24
+            )
+            handles = [Patch(facecolor=c, edgecolor="#999999", label=name) for name, c in CATEGORIES[1:]]
+            handles.append(
+                Patch(facecolor="white", edgecolor="#555555", hatch="////", label="removed in Kafka 4.0")
+            )
+            ax.legend(
+                handles=handles,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.02),
+                ncol=3,
+                fontsize=8,
+                frameon=False,
+            )
+            fig.text(0.01, 0.005, "numbers: requests seen", fontsize=7, color="#555555")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def _short(n: int) -> str:
+    return str(n) if n < 1000 else f"{n / 1000:.0f}k" if n < 1_000_000 else f"{n / 1_000_000:.0f}M"
+
+
+# -- text and HTML ----------------------------------------------------------------------------------------
+
+
+def summary_text(report: ReportData) -> str:
+    s = report.stats
+    lines = [
+        f"kpmon report: {report.source}" if report.source else "kpmon report",
+        f"frames {s.get('frames', 0)}, exchanges {s.get('exchanges', 0)}, decode errors "
+        f"{s.get('decode_errors', 0)}, gaps {s.get('gaps', 0)}, late {s.get('late_frames', 0)}",
+        f"brokers {len(report.brokers)}, groups {len(report.groups)}, producers {len(report.producers)}, "
+        f"client software {len({r.software for r in report.fleet})}",
+        f"findings: {len(report.findings)}",
+    ]
+    lines += [f"  {sev:<8} {rule:<42} {n}" for rule, sev, n in report.finding_counts]
+    removed = sorted({(r.software, r.api_name, r.version) for r in report.fleet if r.removed_in_4_0})
+    if removed:
+        lines.append("not ready for Kafka 4.0 (KIP-896):")
+        lines += [f"  {sw}: {api} v{v}" for sw, api, v in removed]
+    return "\n".join(lines)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.critical { color: #fff; background: #b00020; } td.warning { background: #ffd666; } td.info { background: #e6f0fa; }
+td.removed { background: #f8d7da; }
+.muted { color: #777; }
+"""
+
+
+def _table(headers: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
+    if not rows:
+        return '<p class="muted">none</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        cls = classes[i] if classes else [""] * len(row)
+        cells = "".join(
+            f'<td class="{c}">{html.escape(v)}</td>' if c else f"<td>{html.escape(v)}</td>"
+            for v, c in zip(row, cls, strict=True)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def render_html(report: ReportData, coverage_png: bytes | None, png_name: str | None = None) -> str:
+    """A self-contained HTML page (the PNG embedded; ``png_name`` links the file written next to it)."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>kpmon report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>kafka-protocol-monitor report</h1>",
+        f"<p class='muted'>{html.escape(report.source)}</p>",
+        "<h2>Summary</h2>",
+        f"<pre>{html.escape(summary_text(report))}</pre>",
+        "<h2>ApiVersions coverage</h2>",
+    ]
+    if coverage_png:
+        data = base64.b64encode(coverage_png).decode()
+        img = f"<img alt='ApiVersions coverage heatmap' src='data:image/png;base64,{data}'>"
+        parts.append(f"<a href='{html.escape(png_name)}'>{img}</a>" if png_name else img)
+    parts.append("<h3>Brokers</h3>")
+    parts.append(_table(["broker", "role"], [[label, role] for label, role in report.brokers]))
+    parts.append("<h3>Fleet readiness (client software x API x version)</h3>")
+    parts.append(
+        _table(
+            ["client software", "API", "version", "requests", "removed in 4.0"],
+            [
+                [
+                    r.software,
+                    f"{r.api_name} ({r.api_key})",
+                    str(r.version),
+                    str(r.count),
+                    "yes" if r.removed_in_4_0 else "",
+                ]
+                for r in report.fleet
+            ],
+            [["", "", "", "", "removed" if r.removed_in_4_0 else ""] for r in report.fleet],
+        )
+    )
+    parts.append("<h2>Consumer groups</h2>")
+    parts.append(
+        _table(
+            ["group", "protocol type", "protocol", "generation", "members with known subscription"],
+            [
+                [g.group, str(g.protocol_type), str(g.protocol_name), str(g.generation), str(g.members)]
+                for g in report.groups
+            ],
+        )
+    )
+    parts.append("<h2>Producers</h2>")
+    parts.append(
+        _table(
+            ["producer id", "newest epoch", "epoch learnt from", "transactional ids", "open transaction"],
+            [
+                [
+                    str(p.producer_id),
+                    str(p.epoch),
+                    p.epoch_source,
+                    ", ".join(p.transactional_ids),
+                    "yes" if p.open_transaction else "",
+                ]
+                for p in report.producers
+            ],
+        )
+    )
+    parts.append("<h2>Findings</h2>")
+    parts.append(
+        _table(
+            ["severity", "rule", "subject", "summary", "evidence"],
+            [
+                [
+                    f["severity"] + (" (incomplete)" if f["incomplete"] else ""),
+                    f["rule"],
+                    f["subject"],
+                    f["summary"],
+                    json.dumps(f["evidence"], default=str, sort_keys=True)[:400],
+                ]
+                for f in report.findings
+            ],
+            [[f["severity"], "", "", "", ""] for f in report.findings],
+        )
+    )
+    parts.append("</body></html>")
+    return "\n".join(parts)

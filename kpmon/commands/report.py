@@ -1,0 +1,155 @@
+"""``kpmon report``: run every check over a saved capture or a tap topic; print a summary, write HTML.
+
+The I/O half of the report: reading records and writing files. What goes in the report, and how it
+looks, is ``checks.report`` (pure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from checks.model import Frame
+from checks.report import (
+    build_report,
+    frame_from_json,
+    record_to_json,
+    render_coverage_png,
+    render_html,
+    run_checks,
+    summary_text,
+)
+from kpmon.config import ConfigError, load_config
+
+
+class InputError(ValueError):
+    """A capture or tap topic that cannot be read."""
+
+
+def frames_from_capture(path: Path) -> Iterator[Frame]:
+    try:
+        handle = sys.stdin if str(path) == "-" else path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield frame_from_json(line)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise InputError(f"{path}:{number}: not a capture record ({exc})") from None
+
+
+def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[Frame]:
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from checks.ingest import frame_from_record, headers_dict
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap_servers,
+            # A throwaway group: the report never commits, and must not disturb the streaming job.
+            "group.id": f"kpmon-report-{id(args)}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(args.topic, timeout=10)
+        topic = metadata.topics.get(args.topic)
+        if topic is None or topic.error is not None:
+            raise InputError(f"tap topic {args.topic!r} not found on {args.bootstrap_servers}")
+        consumer.assign([TopicPartition(args.topic, p, -2) for p in topic.partitions])
+        seen = 0
+        idle = 0.0
+        while args.max is None or seen < args.max:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 0.5
+                if idle >= args.idle_timeout:
+                    return
+                continue
+            idle = 0.0
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise InputError(f"consumer error: {error}")
+            seen += 1
+            headers = headers_dict(msg.headers() or [])
+            value = msg.value()
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            if save is not None:
+                save.write(record_to_json(headers, value, partition, offset) + "\n")
+            yield frame_from_record(headers, value, partition, offset)
+    finally:
+        consumer.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    png_path = out.with_suffix(".png")
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.capture:
+                source = f"capture {args.capture}"
+                monitor, findings = run_checks(frames_from_capture(Path(args.capture)), config.checks)
+            else:
+                args.topic = args.topic or config.tap.topic
+                args.bootstrap_servers = args.bootstrap_servers or config.tap_cluster.bootstrap_servers
+                source = f"tap topic {args.topic} on {args.bootstrap_servers}"
+                save = (
+                    stack.enter_context(Path(args.save_capture).open("w", encoding="utf-8"))
+                    if args.save_capture
+                    else None
+                )
+                monitor, findings = run_checks(frames_from_topic(args, save), config.checks)
+    except (InputError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    report = build_report(monitor.states, findings, monitor.stats, source)
+    png = render_coverage_png(report.coverage)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png_path.write_bytes(png)
+    out.write_text(render_html(report, png, png_path.name), encoding="utf-8")
+    print(summary_text(report))
+    print(f"wrote {out} and {png_path}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "report",
+        help="check a capture or tap topic and write an HTML report",
+        description=(
+            "Run every invariant check over a saved capture (JSON lines: headers, value_hex, partition, "
+            "offset) or a tap topic, print a summary and write an HTML report with the ApiVersions "
+            "coverage heatmap (PNG next to it), groups, producers and findings."
+        ),
+        epilog="examples:\n  kpmon report --capture tap.jsonl --out report.html\n"
+        "  kpmon report --topic kpmon.tap --bootstrap-servers 127.0.0.1:9092 --save-capture tap.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
+    source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
+    parser.add_argument("--bootstrap-servers", help="tap topic cluster (default: from the config)")
+    parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"
+    )
+    parser.add_argument(
+        "--save-capture", help="also save the records read from the topic to this capture file"
+    )
+    parser.add_argument("--out", default="kpmon-report.html", help="HTML file to write (default %(default)s)")
+    parser.set_defaults(func=run)
