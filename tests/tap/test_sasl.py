@@ -1,0 +1,131 @@
+"""Secrets never leave: real SASL (PLAIN, SCRAM) and SCRAM credential changes through the tap.
+
+The whole tap topic is read back and searched, in keys, values and headers, for the passwords
+and salts that crossed the tap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    NewTopic,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from tap.mirror import KafkaMirror
+from tap.proxy import ListenerSpec, TapSettings
+from tests.tap.conftest import free_port, start_stack
+from tests.tap.harness import TapThread, read_topic
+from tests.tap.test_real_clients import check_tap_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@dataclass
+class SaslCluster:
+    tap_bootstrap: str
+    broker: tuple[str, int]
+    mirror_bootstrap: str
+    users: dict[str, tuple[str, str]]
+
+    def client(self, mechanism: str) -> dict[str, Any]:
+        user, password = self.users[mechanism]
+        return {
+            "bootstrap.servers": self.tap_bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+
+
+@pytest.fixture(scope="module")
+def sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslCluster]:
+    try:
+        from deploy.local.stack import LocalStack  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        pytest.skip("deploy.local.stack is missing")
+    port = free_port()
+    home: Path = tmp_path_factory.mktemp("tapped-sasl-stack")
+    stack = LocalStack(home, sasl=True, advertised={1: ("127.0.0.1", port)})
+    try:
+        start_stack(stack)
+        b = stack.listen_endpoints[0]
+        yield SaslCluster(
+            f"127.0.0.1:{port}", (b.host, b.port), stack.internal_bootstrap_servers, stack.sasl_users
+        )
+    finally:
+        stack.down()
+
+
+def test_passwords_and_salts_never_reach_the_tap_topic(sasl_cluster: SaslCluster) -> None:
+    topic = f"kpmon.tap.sasl.{uuid.uuid4().hex[:6]}"
+    sink = KafkaMirror(sasl_cluster.mirror_bootstrap, topic, 100_000, 64 << 20, {"linger.ms": "5"})
+    tap_port = int(sasl_cluster.tap_bootstrap.rsplit(":", 1)[1])
+    t = TapThread(
+        [ListenerSpec("127.0.0.1", tap_port, *sasl_cluster.broker, 1, "SASL_PLAINTEXT")],
+        sink,
+        TapSettings(capture="full"),
+    ).start()
+    data_topic = f"sasl-{uuid.uuid4().hex[:6]}"
+    new_password = "n3w-Scram-Passw0rd-" + uuid.uuid4().hex
+    salt = b"kpmon-salt-" + uuid.uuid4().hex.encode()
+    try:
+        admin = AdminClient(sasl_cluster.client("PLAIN"))
+        for fut in admin.create_topics([NewTopic(data_topic, 1, 1)]).values():
+            fut.result(30)
+        for mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            producer = Producer(sasl_cluster.client(mechanism))
+            producer.produce(data_topic, mechanism.encode())
+            assert producer.flush(30) == 0, mechanism
+            del producer
+        consumer = Consumer(
+            {**sasl_cluster.client("SCRAM-SHA-512"), "group.id": "g-sasl", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe([data_topic])
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 3 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+        consumer.close()
+        assert sorted(got) == [b"PLAIN", b"SCRAM-SHA-256", b"SCRAM-SHA-512"]
+        # A credential change carries Salt and SaltedPassword in AlterUserScramCredentials.
+        upsert = UserScramCredentialUpsertion(
+            "kpmon-new-user",
+            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096),
+            new_password.encode(),
+            salt,
+        )
+        for fut in admin.alter_user_scram_credentials([upsert]).values():
+            fut.result(30)
+        del admin
+        t.wait_idle()
+        sink.close(10)
+        records = read_topic(sasl_cluster.mirror_bootstrap, topic)
+    finally:
+        t.stop()
+    salted = hashlib.pbkdf2_hmac("sha256", new_password.encode(), salt, 4096)
+    secrets = [new_password.encode(), salt, salted] + [pw.encode() for _, pw in sasl_cluster.users.values()]
+    for record in records:
+        for secret in secrets:
+            assert secret not in record.key
+            assert secret not in record.value
+            assert all(secret not in v for v in record.headers.values())
+    check_tap_topic(records)
+    redacted = {r.headers.get("redacted") for r in records}
+    assert b"AuthBytes" in redacted
+    assert b"Upsertions[].Salt,Upsertions[].SaltedPassword" in redacted
