@@ -317,4 +317,5 @@ def _unwrap_envelope(exchange: Exchange) -> Exchange | None:
                 message=wrapped.response,
                 capture=r.capture,
             )
-    return Exchange(inner_request, inner_response)
+    # ``envelope`` marks the exchange as unwrapped, so rules can tell it from the connection's own traffic.
+    return Exchange(inner_request, inner_response, envelope=exchange.request)

@@ -228,6 +228,9 @@ class ApiVersionsClusterRule(Rule):
         return [CLUSTER_KEY]
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        if ex.envelope is not None:
+            # A forwarded request: the client's own request to the broker was already counted.
+            return
         conns: dict[str, str] = state.setdefault("conn_software", {})
         label = software_label(ex)
         if label is not None:

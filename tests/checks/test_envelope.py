@@ -110,3 +110,22 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected
     assert monitor.stats.late_frames == 0
+
+
+def test_inner_request_is_checked_by_every_rule_but_counted_once_in_the_fleet() -> None:
+    from checks.rules.apiversions import ApiVersionsClusterRule
+    from checks.rules.flexible import FlexibleRule
+
+    conv = Conversation(listener="CONTROLLER")
+    inner = codec.encode_request(
+        CREATE_TOPICS, 7, 99, "admin-cli", INNER_BODY, header={"_unknown_tags": {5: b"x"}}
+    )
+    inner_resp = codec.encode_response(CREATE_TOPICS, 7, 99, {"ThrottleTimeMs": 0, "Topics": []})
+    req = {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": bytes([10, 0, 0, 5])}
+    frames = conv.exchange(ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, SECOND)
+    monitor = Monitor([EnvelopeRule(), FlexibleRule(), ApiVersionsClusterRule()], Context(ChecksConfig()))
+    findings = monitor.feed_all(frames) + monitor.flush()
+    assert [f.rule for f in findings] == ["envelope.inner_flex.tagged_fields"]
+    assert findings[0].evidence["tag"] == 5 and "envelope" in findings[0].evidence
+    used = monitor.states[("apiversions.cluster", "cluster")]["used"]
+    assert used == {"client.id=app": {str(ENVELOPE): {"0": 1}}}
