@@ -59,6 +59,7 @@ def read_tagged_section(
     unknown: dict[int, bytes] = {}
     anomalies: list[dict[str, Any]] = []
     last = -1
+    seen: set[int] = set()
     for _ in range(count):
         at = p
         tag, p = read_uvarint(b, p)
@@ -66,10 +67,11 @@ def read_tagged_section(
         end = p + size
         if end > limit:
             raise DecodeError(f"tagged field {tag} size {size} exceeds the {limit - p} bytes left", at)
-        if tag == last or tag in unknown:
+        if tag in seen:
             anomalies.append({"tag": tag, "offset": at, "problem": "duplicate"})
         elif tag < last:
             anomalies.append({"tag": tag, "offset": at, "problem": "not ascending"})
+        seen.add(tag)
         last = max(last, tag)
         entry = known.get(tag)
         if entry is not None:
