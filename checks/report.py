@@ -254,7 +254,8 @@ def render_coverage_png(cells: list[CoverageCell]) -> bytes:
             ax.set_yticks([y - 0.5 for y in range(1, len(apis))], minor=True)
             ax.grid(which="minor", color="#cccccc", linewidth=0.5)
             ax.tick_params(which="minor", length=0)
-            ax.xaxis.tick_top()
+            # Version labels on both edges: a broker advertising every API makes a tall chart.
+            ax.tick_params(axis="x", which="major", top=True, labeltop=True, bottom=True, labelbottom=True)
             ax.set_title(
                 "ApiVersions coverage: advertised by brokers vs used by clients", fontsize=10, pad=24
             )
@@ -265,7 +266,7 @@ def render_coverage_png(cells: list[CoverageCell]) -> bytes:
             ax.legend(
                 handles=handles,
                 loc="upper center",
-                bbox_to_anchor=(0.5, -0.02),
+                bbox_to_anchor=(0.5, -0.3 / height - 0.01),
                 ncol=3,
                 fontsize=8,
                 frameon=False,
