@@ -2,7 +2,8 @@
 same values, re-encode to the same bytes, and rebuild (from their JSON form) into bytes we decode back.
 
 Frames cover every API x version x request/response the schema table defines (four seeds each,
-``codec.samples`` bodies without unknown tags, real record batches in ``records`` fields). Each version
+``codec.samples`` bodies without unknown tags, real record batches in ``records`` fields; plus a fifth
+with unknown tags, checked for values and byte-identical re-encoding). Each version
 goes to the kafka-clients jar its definition came from (4.4.0, or 3.9.2 for the versions 4.0 removed),
 one JVM per jar (tests/java/harness.py).
 """
@@ -42,10 +43,13 @@ class Frame:
     seed: int
     raw: bytes
     message: codec.Request | codec.Response
+    unknown_tags: bool = False
 
     @property
     def label(self) -> str:
-        return f"{codec.api_name(self.api_key)} {self.kind} v{self.version} (key {self.api_key}, seed {self.seed})"
+        extra = ", unknown tags" if self.unknown_tags else ""
+        name = codec.api_name(self.api_key)
+        return f"{name} {self.kind} v{self.version} (key {self.api_key}, seed {self.seed}{extra})"
 
 
 def release_of(kind: str, api_key: int, version: int) -> str:
@@ -55,9 +59,9 @@ def release_of(kind: str, api_key: int, version: int) -> str:
     return seg.release
 
 
-def build(kind: str, api_key: int, version: int, seed: int) -> Frame:
-    rng = random.Random(f"java-diff/{kind}/{api_key}/{version}/{seed}")
-    builder = BodyBuilder(rng, unknown_tags=False, records=records_value)
+def build(kind: str, api_key: int, version: int, seed: int, unknown_tags: bool = False) -> Frame:
+    rng = random.Random(f"java-diff/{kind}/{api_key}/{version}/{seed}/{unknown_tags}")
+    builder = BodyBuilder(rng, unknown_tags=unknown_tags, records=records_value)
     if kind == "request":
         body = builder.body(request_spec(api_key), version)
         raw = codec.encode_request(api_key, version, rng.randint(-(2**31), 2**31 - 1), "kpmon-diff", body)
@@ -69,15 +73,18 @@ def build(kind: str, api_key: int, version: int, seed: int) -> Frame:
             body["ErrorCode"] = 0
         raw = codec.encode_response(api_key, version, rng.randint(0, 2**31 - 1), body)
         message = codec.decode_response(raw, api_key, version)
-    return Frame(kind, api_key, version, seed, raw, message)
+    return Frame(kind, api_key, version, seed, raw, message, unknown_tags)
 
 
 def frames_for(jar: str) -> list[Frame]:
+    """``SEEDS`` frames per (kind, api, version) of this jar, plus one whose flexible structs may carry
+    unknown tagged fields: the converters do not show those, but Kafka keeps them and must re-encode
+    them to the same bytes."""
     return [
-        build(kind, key, version, seed)
+        build(kind, key, version, seed, unknown_tags=seed == SEEDS)
         for kind, key, version in ALL_MESSAGES
         if release_of(kind, key, version) == jar
-        for seed in range(SEEDS)
+        for seed in range(SEEDS + 1)
     ]
 
 
