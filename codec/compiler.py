@@ -41,10 +41,18 @@ Encoder = Callable[[Mapping[str, Any], bytearray], None]
 _ids = count()
 
 
-def _records_factory(raw: bytes) -> Any:
-    from codec.records import RecordBatches
+_from_bytes: Callable[[bytes], Any] | None = None
 
-    return RecordBatches.from_bytes(raw)
+
+def _records_factory(raw: bytes) -> Any:
+    # Imported on first use (records.py pulls in compression), then kept: an import statement run per
+    # records field cost ~2 us, more than parsing the batch headers (benchmarks/codec_bench.py).
+    global _from_bytes
+    if _from_bytes is None:
+        from codec.records import RecordBatches
+
+        _from_bytes = RecordBatches.from_bytes
+    return _from_bytes(raw)
 
 
 class _Namespace(dict[str, Any]):
