@@ -31,13 +31,14 @@ import codec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LIMIT = 4
+OLD_BROKER_API_VERSIONS = 2
 API_VERSIONS = 18
 METADATA = 3
 
 
-def api_versions_body() -> dict[str, Any]:
+def api_versions_body(api_versions_max: int) -> dict[str, Any]:
     keys = [
-        {"ApiKey": key, "MinVersion": lo, "MaxVersion": hi}
+        {"ApiKey": key, "MinVersion": lo, "MaxVersion": api_versions_max if key == API_VERSIONS else hi}
         for key in codec.api_keys()
         for lo, hi in [codec.supported_versions(key)]
     ]
@@ -58,10 +59,13 @@ def metadata_body(port: int) -> dict[str, Any]:
 class Listener:
     """Accepts connections on loopback and records request frames (without their size prefix)."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_versions_max: int | None = None) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.sock.getsockname()[1]
-        self.frames: list[bytes] = []
+        #: Pretend to be an older broker: ApiVersions above this version get the v0 error-35 answer.
+        self.api_versions_max = api_versions_max or codec.supported_versions(API_VERSIONS)[1]
+        #: ("request" | "response", frame) in the order they crossed the socket.
+        self.frames: list[tuple[str, bytes]] = []
         self.done = threading.Event()
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -82,11 +86,13 @@ class Listener:
                     if frame is None:
                         return
                     with self.lock:
-                        if len(self.frames) >= LIMIT:
+                        if sum(kind == "request" for kind, _ in self.frames) >= LIMIT:
                             self.done.set()
                             return
-                        self.frames.append(frame)
-                    reply = self._answer(frame)
+                        self.frames.append(("request", frame))
+                        reply = self._answer(frame)
+                        if reply is not None:
+                            self.frames.append(("response", reply))
                     if reply is not None:
                         conn.sendall(struct.pack(">i", len(reply)) + reply)
             except OSError:
@@ -111,15 +117,15 @@ class Listener:
     def _answer(self, frame: bytes) -> bytes | None:
         api_key, version, correlation_id = struct.unpack_from(">hhi", frame)
         if api_key == API_VERSIONS:
-            top = codec.supported_versions(API_VERSIONS)[1]
+            top = self.api_versions_max
+            body = api_versions_body(top)
             if version > top:
+                # KIP-511: a v0 body (whatever was asked), error 35, and the ApiVersions range supported.
+                versions = [k for k in body["ApiKeys"] if k["ApiKey"] == API_VERSIONS]
                 return codec.encode_response(
-                    API_VERSIONS,
-                    0,
-                    correlation_id,
-                    {"ErrorCode": 35, "ApiKeys": api_versions_body()["ApiKeys"]},
+                    API_VERSIONS, 0, correlation_id, {"ErrorCode": 35, "ApiKeys": versions}
                 )
-            return codec.encode_response(API_VERSIONS, version, correlation_id, api_versions_body())
+            return codec.encode_response(API_VERSIONS, version, correlation_id, body)
         if api_key == METADATA:
             return codec.encode_response(METADATA, version, correlation_id, metadata_body(self.port))
         return None
@@ -129,9 +135,11 @@ class Listener:
         self.sock.close()
 
 
-def run_client(name: str, argv: list[str], seconds: float = 15) -> tuple[list[bytes], str]:
-    """Run one client process against a fresh listener; its frames and its stdout."""
-    listener = Listener()
+def run_client(
+    name: str, argv: list[str], api_versions_max: int | None = None, seconds: float = 15
+) -> tuple[list[tuple[str, bytes]], str]:
+    """Run one client process against a fresh listener; the frames both ways and its stdout."""
+    listener = Listener(api_versions_max)
     cmd = [arg.replace("{port}", str(listener.port)) for arg in argv]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + seconds
@@ -169,13 +177,22 @@ except Exception:
 """
 
 
-def lines_for(client: str, client_version: str, expect: dict[str, Any], frames: list[bytes]) -> list[str]:
+def lines_for(
+    client: str, client_version: str, expect: dict[str, Any], frames: list[tuple[str, bytes]]
+) -> list[str]:
     out = []
-    for frame in frames:
-        api_key, version, correlation_id = struct.unpack_from(">hhi", frame)
+    request: tuple[int, int] = (-1, -1)
+    for direction, frame in frames:
+        if direction == "request":
+            api_key, version, correlation_id = struct.unpack_from(">hhi", frame)
+            request = (api_key, version)
+        else:
+            # Our answer to the request just before it: its api key and the version that was asked.
+            (api_key, version), (correlation_id,) = request, struct.unpack_from(">i", frame)
         record = {
             "client": client,
             "client_version": client_version,
+            "direction": direction,
             "api_key": api_key,
             "api_version": version,
             "correlation_id": correlation_id,
@@ -193,33 +210,44 @@ def main() -> None:
     from tests.java import harness
 
     py = sys.executable
-    version = confluent_kafka.__version__
     lib = confluent_kafka.libversion()[0]
-    frames, _ = run_client("librdkafka", [py, "-c", LIBRDKAFKA])
-    # confluent-kafka-python reports itself, with the librdkafka version, as the client software.
-    expect = {
-        "client_id": "kpmon-golden-librdkafka",
-        "software_name": "confluent-kafka-python",
-        "software_version": f"{version}-rdkafka-{lib}",
-    }
-    write("librdkafka.jsonl", lines_for("librdkafka", lib, expect, frames))
-
-    frames, _ = run_client("kafka-python", [py, "-c", KAFKA_PYTHON])
-    expect = {
-        "client_id": "kpmon-golden-kafka-python",
-        "software_name": "kafka-python",
-        "software_version": kafka.__version__,
-    }
-    write("kafka-python.jsonl", lines_for("kafka-python", kafka.__version__, expect, frames))
-
+    runs: list[tuple[str, str, str, list[str], dict[str, Any]]] = [
+        (
+            "librdkafka",
+            "librdkafka",
+            lib,
+            [py, "-c", LIBRDKAFKA],
+            # confluent-kafka-python reports itself, with the librdkafka version, as the client software.
+            {
+                "client_id": "kpmon-golden-librdkafka",
+                "software_name": "confluent-kafka-python",
+                "software_version": f"{confluent_kafka.__version__}-rdkafka-{lib}",
+            },
+        ),
+        (
+            "kafka-python",
+            "kafka-python",
+            kafka.__version__,
+            [py, "-c", KAFKA_PYTHON],
+            {
+                "client_id": "kpmon-golden-kafka-python",
+                "software_name": "kafka-python",
+                "software_version": kafka.__version__,
+            },
+        ),
+    ]
     for release in ("4.4.0", "3.9.2"):
         client_id = f"kpmon-golden-java-{release}"
-        frames, out = run_client(
-            f"java {release}", harness.client_command(release, "127.0.0.1:{port}", client_id)
-        )
-        reported = out.split()[0] if out.split() else release
-        expect = {"client_id": client_id, "software_name": "apache-kafka-java", "software_version": reported}
-        write(f"java-{release}.jsonl", lines_for("java", release, expect, frames))
+        argv = harness.client_command(release, "127.0.0.1:{port}", client_id)
+        expect = {"client_id": client_id, "software_name": "apache-kafka-java", "software_version": release}
+        runs.append((f"java-{release}", "java", release, argv, expect))
+    for stem, client, client_version, argv, expect in runs:
+        frames, _ = run_client(stem, argv)
+        write(f"{stem}.jsonl", lines_for(client, client_version, expect, frames))
+        # The same client against a broker that only knows ApiVersions v0-v2: the first ApiVersions
+        # gets the v0 error-35 answer, and the client retries at a version that broker advertised.
+        frames, _ = run_client(f"{stem} (old broker)", argv, api_versions_max=OLD_BROKER_API_VERSIONS)
+        write(f"{stem}-old-broker.jsonl", lines_for(client, client_version, expect, frames))
 
 
 def write(name: str, lines: list[str]) -> None:
