@@ -233,12 +233,15 @@ class ApiVersionsClusterRule(Rule):
             return
         conns: dict[str, str] = state.setdefault("conn_software", {})
         label = software_label(ex)
+        if label is None:
+            label = conns.pop(ex.conn, None)
+        else:
+            conns.pop(ex.conn, None)
         if label is not None:
+            # (Re-)inserted at the end on every request, so trimming drops the connections idle longest.
             conns[ex.conn] = label
-            # Re-insert at the end so trim drops the connections idle longest.
-            conns[ex.conn] = conns.pop(ex.conn)
             ctx.trim(conns)
-        software = conns.get(ex.conn) or f"client.id={ex.req.client_id or ''}"
+        software = label or f"client.id={ex.req.client_id or ''}"
         api, version = ex.api_key, ex.api_version
         used: dict[str, Any] = state.setdefault("used", {})
         per_api = used.setdefault(software, {}).setdefault(str(api), {})
