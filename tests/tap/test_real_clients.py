@@ -255,3 +255,62 @@ def test_payloads_do_not_leave_in_headers_and_meta(tapped_cluster: TappedCluster
         body = codec.decode_request(produce[0].value).body
         batch = body["TopicData"][0]["PartitionData"][0]["Records"]
         assert batch is not None
+
+
+def _produce_and_consume(bootstrap: str, n: int) -> None:
+    topic = f"deg-{uuid.uuid4().hex[:6]}"
+    _create_topic(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(n):
+        producer.produce(topic, str(i).encode())
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    del producer
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + 30
+    while got < n and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got += 1
+    consumer.close()
+    assert got == n
+
+
+def test_mirror_that_cannot_keep_up_drops_and_leaves_gaps(tapped_cluster: TappedCluster) -> None:
+    t, tap_topic = tapped_cluster.start_tap(capture="full", max_frames=3)
+    try:
+        _produce_and_consume(tapped_cluster.bootstrap, 2000)
+        t.wait_idle()
+        t.tap.sink.close(10)
+        drops = t.metric("kpmon_tap_mirror_drops_total")
+        records = read_topic(tapped_cluster.mirror_bootstrap, tap_topic)
+    finally:
+        t.stop()
+    assert drops > 0
+    for _, recs in by_connection(records):
+        seqs = [int(r.headers["seq"]) for r in recs]
+        assert seqs == sorted(set(seqs)), "order kept; drops only leave gaps"
+    assert len(records) + drops >= sum(1 for _ in records)
+
+
+def test_traffic_continues_with_the_tap_topic_cluster_down(tapped_cluster: TappedCluster) -> None:
+    down = TappedCluster(
+        tapped_cluster.bootstrap,
+        tapped_cluster.broker,
+        tapped_cluster.broker_id,
+        tapped_cluster.tap_addr,
+        "127.0.0.1:1",  # nothing listens: the mirror producer can never connect
+    )
+    t, _ = down.start_tap(capture="full", max_frames=10)
+    try:
+        started = time.monotonic()
+        _produce_and_consume(tapped_cluster.bootstrap, 500)
+        assert time.monotonic() - started < 30
+        assert t.metric("kpmon_tap_mirror_drops_total") > 0
+    finally:
+        t.tap.sink.close(0.1)
+        t.stop()
