@@ -167,6 +167,11 @@ class FlexibleRule(Rule):
     def _tags(self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: Context) -> None:
         frame = ex.request if direction == "req" else ex.response
         assert frame is not None
+        try:
+            if not codec.is_flexible(ex.api_key, ex.api_version):
+                return  # no tagged sections anywhere: skip walking big non-flexible bodies
+        except codec.DecodeError:
+            return
         for kind, path, detail in [
             *((k, "header" + ("." + p if p else ""), d) for k, p, d in walk_tags(header)),
             *((k, p, d) for k, p, d in walk_tags(body)),
