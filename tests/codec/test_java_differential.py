@@ -16,6 +16,7 @@ import random
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import pytest
@@ -76,6 +77,7 @@ def build(kind: str, api_key: int, version: int, seed: int, unknown_tags: bool =
     return Frame(kind, api_key, version, seed, raw, message, unknown_tags)
 
 
+@cache
 def frames_for(jar: str) -> list[Frame]:
     """``SEEDS`` frames per (kind, api, version) of this jar, plus one whose flexible structs may carry
     unknown tagged fields: the converters do not show those, but Kafka keeps them and must re-encode
@@ -324,3 +326,44 @@ def test_comparison_reports_a_changed_field_with_its_path() -> None:
     assert any("body.topics" in d for d in found)
     assert any("encoding: Kafka" in d for d in found)
     assert all(d.startswith("Metadata request v12 (key 3, seed 0): ") for d in found)
+
+
+#: (kind, api key, version) whose 3.9.2 definition differs on the wire from the 4.4.0 one the codec uses.
+#: ReadShareGroupStateSummary v0 (KIP-932, inter-broker) was unstable in 3.9 (``latestVersionUnstable``)
+#: and 4.x added ``LeaderEpoch`` to its results, so 3.9.2's classes read 4.4.0's v0 responses short.
+RELEASE_DIVERGENCES = {("response", 87, 0)}
+
+
+def test_kafka_3_9_reads_the_versions_it_shares_with_4_4_identically() -> None:
+    # The codec takes a version both releases define from 4.4.0; a 3.9 broker or client uses its own
+    # definition. They must agree on the wire: 3.9.2's classes read every such frame completely and
+    # write back the same bytes (field names may differ between releases; bytes may not).
+    frames = frames_for("4.4.0")
+    try:
+        lines = harness.run_diff("3.9.2", (f"{f.kind} {f.api_key} {f.version} {f.raw.hex()}" for f in frames))
+    except harness.JavaUnavailable as exc:
+        pytest.skip(str(exc))
+    shared = 0
+    diverged: set[tuple[str, int, int]] = set()
+    mismatches: list[str] = []
+    for frame, line in zip(frames, lines, strict=True):
+        output = json.loads(line)
+        if output.get("unsupported"):
+            continue
+        shared += 1
+        if "error" in output:
+            problem = f"3.9.2 cannot read it: {output['error']}"
+        elif output.get("trailing"):
+            problem = f"3.9.2 leaves {output['trailing']} after the body"
+        elif output["reencoded"] != frame.raw.hex():
+            problem = f"3.9.2 re-encodes it as {output['reencoded']}"
+        else:
+            continue
+        key = (frame.kind, frame.api_key, frame.version)
+        diverged.add(key)
+        if key not in RELEASE_DIVERGENCES:
+            mismatches.append(f"{frame.label}: {problem} (hex {frame.raw.hex()})")
+    print(f"\n{shared} frames of versions that 4.4.0 and 3.9.2 both define; divergent: {sorted(diverged)}")
+    assert shared > 2000
+    assert not mismatches, "\n".join(mismatches[:40])
+    assert diverged == RELEASE_DIVERGENCES, "a listed divergence no longer shows: update RELEASE_DIVERGENCES"

@@ -34,7 +34,8 @@ import org.apache.kafka.common.protocol.ObjectSerializationCache;
  * the message that {@code *JsonConverter.read} builds from that JSON (record sets come back empty:
  * the converters do not write their contents), and {@code trailing} holds any bytes left after the
  * body (Kafka's reader ignores them; the re-encodings leave them out). A frame Kafka cannot read gives
- * {@code {"error": "..."}}; a failing JSON read gives {@code "from_json_error"} next to the rest.
+ * {@code {"error": "..."}}, an API or version the jar does not define {@code {"unsupported": true}};
+ * a failing JSON read gives {@code "from_json_error"} next to the rest.
  */
 public final class KpmonDiff {
     private static final ObjectMapper MAPPER = new ObjectMapper();
@@ -72,7 +73,15 @@ public final class KpmonDiff {
     }
 
     private static ObjectNode decode(String kind, short apiKey, short version, byte[] frame) throws Exception {
-        ApiMessageType type = ApiMessageType.fromApiKey(apiKey);
+        ApiMessageType type;
+        try {
+            type = ApiMessageType.fromApiKey(apiKey);
+        } catch (RuntimeException unknown) {
+            return unsupported();
+        }
+        if (version < type.lowestSupportedVersion() || version > type.highestSupportedVersion(true)) {
+            return unsupported();
+        }
         ByteBuffer buf = ByteBuffer.wrap(frame);
         ByteBufferAccessor accessor = new ByteBufferAccessor(buf);
         boolean request = kind.equals("request");
@@ -109,6 +118,13 @@ public final class KpmonDiff {
         } catch (Throwable t) {
             result.put("from_json_error", describe(t));
         }
+        return result;
+    }
+
+    /** This jar does not define the API or version: {@code {"unsupported": true}}. */
+    private static ObjectNode unsupported() {
+        ObjectNode result = MAPPER.createObjectNode();
+        result.put("unsupported", true);
         return result;
     }
 
