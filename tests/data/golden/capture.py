@@ -239,10 +239,13 @@ def main() -> None:
     for release in ("4.4.0", "3.9.2"):
         client_id = f"kpmon-golden-java-{release}"
         argv = harness.client_command(release, "127.0.0.1:{port}", client_id)
-        expect = {"client_id": client_id, "software_name": "apache-kafka-java", "software_version": release}
+        # software_version: what the jar says it is (KpmonClient prints it), filled in after the run.
+        expect = {"client_id": client_id, "software_name": "apache-kafka-java", "software_version": None}
         runs.append((f"java-{release}", "java", release, argv, expect))
     for stem, client, client_version, argv, expect in runs:
-        frames, _ = run_client(stem, argv)
+        frames, out = run_client(stem, argv)
+        if expect["software_version"] is None:
+            expect["software_version"] = out.split()[0]
         write(f"{stem}.jsonl", lines_for(client, client_version, expect, frames))
         # The same client against a broker that only knows ApiVersions v0-v2: the first ApiVersions
         # gets the v0 error-35 answer, and the client retries at a version that broker advertised.
