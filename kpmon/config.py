@@ -41,7 +41,11 @@ class StackConfig(_Section):
     kafka_version: str = "4.4.0"
     brokers: int = 1
     sasl: bool = False
+    #: Client listeners on base_port.., then inter-broker listeners, then the controller (docs/stack.md).
     base_port: int = 19092
+    #: Stack directory (state, logs, pid files); default ``$KPMON_HOME/stack``.
+    home: str | None = None
+    startup_timeout: float = 90.0
 
     @field_validator("brokers")
     @classmethod

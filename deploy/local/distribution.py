@@ -33,8 +33,14 @@ _RELOAD4J = _Binding("org.slf4j", "slf4j-reload4j", "1.7.36")
 _LOG4J2 = _Binding("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3")
 
 #: kafka-tools is not published on Maven Central for every broker release (4.4.0 is missing as of
-#: 2026-11); the newest published one runs against the newer client jars, which win the resolution.
+#: 2026-11). Its 4.3.1 jar does not run against 4.4.0's clients (classes moved), so such a release's
+#: tools run from the whole fallback distribution; the tools speak the wire protocol to any broker.
 _TOOLS_VERSION = {"4.4.0": "4.3.1"}
+
+
+def tools_version(version: str) -> str:
+    """The release whose ``libs/`` runs the command-line tools for a ``version`` broker."""
+    return _TOOLS_VERSION.get(version, version)
 
 
 def major(version: str) -> int:
@@ -69,7 +75,10 @@ def fetch_distribution(version: str) -> Path:
     place when Maven succeeded, so an interrupted fetch is retried rather than half-used.
     """
     target = distribution_dir(version)
+    if is_fetched(version) and is_fetched(tools_version(version)):
+        return target
     if is_fetched(version):
+        fetch_distribution(tools_version(version))
         return target
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -87,7 +96,9 @@ def fetch_distribution(version: str) -> Path:
             str(POM),
             "dependency:copy-dependencies",
             f"-Dkafka.version={version}",
-            f"-Dkafka.tools.version={_TOOLS_VERSION.get(version, version)}",
+            f"-Dkafka.tools.version={tools_version(version)}",
+            # A fallback kafka-tools jar would shadow nothing but crash with the newer clients: leave it out.
+            *(["-DexcludeArtifactIds=kafka-tools"] if tools_version(version) != version else []),
             f"-Dlogging.groupId={binding.group}",
             f"-Dlogging.artifactId={binding.artifact}",
             f"-Dlogging.version={binding.version}",
@@ -108,4 +119,6 @@ def fetch_distribution(version: str) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     print(f"kpmon: Kafka {version} cached in {target}", file=sys.stderr)
+    if tools_version(version) != version:
+        fetch_distribution(tools_version(version))
     return target

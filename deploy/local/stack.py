@@ -252,7 +252,9 @@ class LocalStack:
     def _alive(self, node_id: int) -> bool:
         proc = self._procs.get(node_id)
         if proc is not None:
-            proc.poll()  # reaps our own child, so a dead broker is not mistaken for a live zombie
+            # Our own child: poll() is exact, and reaps it so a dead broker is not taken for a live
+            # zombie. The marker check below would also misfire between fork and exec.
+            return proc.poll() is None
         pid = self._pid(node_id)
         return pid is not None and process.is_alive(pid, self._marker(node_id))
 
