@@ -192,9 +192,12 @@ class LocalStack:
         """Mechanism -> (username, password) on the SASL listener; empty without ``sasl``."""
         return self.users.by_mechanism() if self.sasl else {}
 
-    def client_config(self, mechanism: str = "PLAIN") -> dict[str, str]:
-        """librdkafka settings to reach the client listener (with ``mechanism``'s user under SASL)."""
-        config = {"bootstrap.servers": self.bootstrap_servers}
+    def client_config(self, mechanism: str = "PLAIN") -> dict[str, Any]:
+        """librdkafka settings to reach the client listener (with ``mechanism``'s user under SASL).
+
+        Typed ``Any`` so callers can add callbacks (``error_cb``) and numbers without casts.
+        """
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
         if self.sasl:
             user, password = self.sasl_users[mechanism]
             config |= {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -18,7 +19,7 @@ from deploy.versions import KAFKA_LATEST, KAFKA_LEGACY
 pytestmark = pytest.mark.integration
 
 
-def _roundtrip(config: dict[str, str]) -> None:
+def _roundtrip(config: dict[str, Any]) -> None:
     """Produce one message to a fresh topic and consume it back."""
     topic = f"kpmon-test-{uuid.uuid4().hex[:8]}"
     value = uuid.uuid4().bytes
