@@ -129,3 +129,70 @@ def test_passwords_and_salts_never_reach_the_tap_topic(sasl_cluster: SaslCluster
     redacted = {r.headers.get("redacted") for r in records}
     assert b"AuthBytes" in redacted
     assert b"Upsertions[].Salt,Upsertions[].SaltedPassword" in redacted
+
+
+def test_legacy_handshake_v0_raw_tokens_against_a_3_9_broker(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """SaslHandshake v0 (removed in 4.0) with a real 3.9 broker: raw tokens are tracked, never mirrored."""
+    import socket
+    import struct
+
+    import codec
+    from deploy.versions import KAFKA_LEGACY
+    from tap.mirror import MemoryMirror
+
+    try:
+        from deploy.local.stack import LocalStack  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        pytest.skip("deploy.local.stack is missing")
+    port = free_port()
+    stack = LocalStack(
+        tmp_path_factory.mktemp("legacy-sasl"),
+        version=KAFKA_LEGACY,
+        sasl=True,
+        advertised={1: ("127.0.0.1", port)},
+    )
+    sink = MemoryMirror()
+    try:
+        start_stack(stack)
+        b = stack.listen_endpoints[0]
+        t = TapThread(
+            [ListenerSpec("127.0.0.1", port, b.host, b.port, 1)], sink, TapSettings(capture="full")
+        ).start()
+        user, password = stack.sasl_users["PLAIN"]
+
+        def send(sock: socket.socket, payload: bytes) -> bytes:
+            sock.sendall(struct.pack(">i", len(payload)) + payload)
+            size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+            return sock.recv(size, socket.MSG_WAITALL) if size else b""
+
+        try:
+            with socket.create_connection(("127.0.0.1", port), 10) as sock:
+                hs = send(sock, codec.encode_request(17, 0, 1, "legacy", {"Mechanism": "PLAIN"}))
+                assert codec.decode_response(hs, 17, 0).body["ErrorCode"] == 0
+                assert send(sock, f"\0{user}\0{password}".encode()) == b""  # PLAIN success: empty token
+                req = codec.encode_request(
+                    18, 3, 2, "legacy", {"ClientSoftwareName": "x", "ClientSoftwareVersion": "1"}
+                )
+                resp = codec.decode_response(send(sock, req), 18, 3)
+                assert resp.body["ErrorCode"] == 0 and resp.correlation_id == 2
+            t.wait_idle()
+        finally:
+            t.stop()
+    finally:
+        stack.down()
+    heads = [r.headers for r in sink.records]
+    for record in sink.records:
+        assert password.encode() not in record.value
+    dirs = [(dict(h)["dir"], dict(h).get("api_key"), dict(h)["redacted"]) for h in heads]
+    assert dirs == [
+        (b"open", None, b""),
+        (b"req", b"17", b""),
+        (b"resp", b"17", b""),
+        (b"req", b"", b"sasl_token"),
+        (b"resp", b"", b"sasl_token"),
+        (b"req", b"18", b""),
+        (b"resp", b"18", b""),
+        (b"close", None, b""),
+    ]
