@@ -248,3 +248,45 @@ def test_sasl_v0_tokens_are_never_mirrored() -> None:
         assert _headers(last_req)["api_key"] == b"18"
 
     asyncio.run(run())
+
+
+def test_backpressure_bounds_tap_buffers_when_the_client_is_slow() -> None:
+    total = 64 * 1024 * 1024
+
+    async def run() -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            req = await _read_frame(reader)
+            corr = struct.pack(">i", struct.unpack_from(">i", req, 4)[0])
+            writer.write(struct.pack(">i", total) + corr)
+            chunk = b"r" * (1 << 20)
+            sent = 4
+            while sent < total:
+                n = min(len(chunk), total - sent)
+                writer.write(chunk[:n])
+                sent += n
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        sink = MemoryMirror()
+        tap, port = await _start(sink, server.sockets[0].getsockname()[1], max_mirrored_frame_bytes=1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+        writer.write(frame(api_versions_request(5)))
+        await writer.drain()
+        await asyncio.sleep(1.0)  # the client reads nothing: the tap must stop reading the broker
+        (conn,) = tap.connections
+        assert conn.client_t is not None
+        buffered = conn.client_t.get_write_buffer_size()
+        assert buffered <= tap.settings.write_buffer_high + (4 << 20)
+        received = 0
+        while received < total + 4:
+            data = await reader.read(1 << 20)
+            assert data
+            received += len(data)
+        assert received == total + 4
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        server.close()
+
+    asyncio.run(run())
