@@ -290,6 +290,13 @@ class LocalStack:
             _log(f"already running in {self.home}")
             self._wait_ready(timeout)
             return
+        if state is not None and len(state["ports"]["client"]) != self.broker_count:
+            recorded = LocalStack.open(self.home)
+            if any(recorded._alive(n) for n in recorded._all_node_ids()):
+                raise StackError(
+                    f"a {recorded.broker_count}-broker stack is running in {self.home}; "
+                    "run `kpmon stack down` first"
+                )
         self._stop_nodes(self._all_node_ids())  # leftovers of a half-dead stack
         fetch_distribution(self.version)
         self._check_ports()

@@ -132,6 +132,8 @@ def test_three_brokers_and_a_dying_one(stack_home: Path) -> None:
         stack.kill_broker(2)
         assert not is_alive(pid)
         assert stack.status()["state"] == "degraded"
+        stack.start_broker(2)
+        assert stack.status()["state"] == "running"
     finally:
         stack.down()
     assert _stack_processes(stack) == []
