@@ -118,3 +118,13 @@ def test_tool_classes_exist_in_the_jars(version: str) -> None:
     # The broker libs carry no mismatched kafka-tools jar that could shadow the fallback's classes.
     tools_jars = list(distribution.libs_dir(version).glob("kafka-tools-[0-9]*.jar"))
     assert all(jar.name == f"kafka-tools-{version}.jar" for jar in tools_jars)
+
+
+def test_fetch_without_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deploy.fetch import FetchError
+
+    monkeypatch.setenv("KPMON_HOME", str(tmp_path))  # an empty cache, so a download is needed
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(FetchError, match="mvn"):
+        distribution.fetch_distribution(KAFKA_LATEST)
+    assert not distribution.distribution_dir(KAFKA_LATEST).exists()
