@@ -80,6 +80,8 @@ def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
         mirror=mirror,
         max_mirrored_frame_bytes=tap_cfg.max_mirrored_frame_bytes,
         instance_id=instance,
+        rewrite_broker_addresses=tap_cfg.rewrite_broker_addresses,
+        clamp_api_versions=tap_cfg.clamp_api_versions,
     )
     return Tap(listener_specs(tap_cfg), sink, settings, metrics)
 

@@ -131,6 +131,10 @@ class Correlations:
         if len(self._pending) > self._cap:
             self._pending.popitem(last=False)
 
+    def peek(self, corr: int) -> Pending | None:
+        entry = self._pending.get(corr)
+        return None if entry is None else entry[1]
+
     def match(self, corr: int) -> Pending | None:
         entry = self._pending.pop(corr, None)
         if entry is None:

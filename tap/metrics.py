@@ -61,6 +61,9 @@ class TapMetrics:
         self.delivery_errors = Counter(
             "kpmon_tap_mirror_delivery_errors", "Tap records the producer failed to deliver", registry=r
         )
+        self.rewritten = Counter(
+            "kpmon_tap_rewritten", "Responses rewritten (addresses, clamped versions)", registry=r
+        )
         self.truncated = Counter(
             "kpmon_tap_mirror_truncated", "Frames mirrored truncated to their header", registry=r
         )

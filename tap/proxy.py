@@ -36,12 +36,16 @@ from tap.framing import (
 )
 from tap.metrics import TapMetrics
 from tap.mirror import Headers, MirrorRecord, MirrorSink, NullMirror
+from tap.rewrite import held_apis, rewrite_response
 
 log = logging.getLogger("kpmon.tap")
 
 SCHEMA_VERSION = b"1"
 ENVELOPE = 58
 _INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+#: Rewritten responses are held whole; anything bigger than this is forwarded untouched.
+_MAX_HELD = 16 * 1024 * 1024
 
 #: APIs whose response error code sits at a fixed offset after the response header, from a version
 #: on: (first version, offset into the body). Cheap to read on the hot path; others are skipped.
@@ -83,6 +87,10 @@ class TapSettings:
     instance_id: str = field(default_factory=lambda: f"tap-{uuid.uuid4().hex[:8]}")
     write_buffer_high: int = 4 * 1024 * 1024
     connect_timeout: float = 10.0
+    #: Rewrite broker addresses in Metadata/FindCoordinator/DescribeCluster to the tap's listeners.
+    rewrite_broker_addresses: bool = False
+    #: Clamp ApiVersions responses to the versions the codec knows.
+    clamp_api_versions: bool = False
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -151,6 +159,11 @@ class TapConnection:
         self.client_addr = "?"
         self.client_name: bytes = b""
         self._static: Headers = []
+        # Response rewriting (opt-in): frames of these APIs are held whole, rewritten, re-framed.
+        self.hold_apis = held_apis(settings.rewrite_broker_addresses, settings.clamp_api_versions)
+        self._rbuf = bytearray()
+        self._rleft = 0
+        self._rhold = -1
 
     # --- lifecycle -------------------------------------------------------------------------
     def client_made(self, transport: asyncio.Transport) -> None:
@@ -302,11 +315,69 @@ class TapConnection:
             self._abort(f"broker sent garbage: {exc}", "bad_response_frame")
             return
         assert self.client_t is not None
-        self.client_t.write(data)
+        if self.hold_apis:
+            self._forward_responses(data)
+        else:
+            self.client_t.write(data)
         if frames:
             inside = (time.perf_counter_ns() - t0) / 1e9
             for frame in frames:
                 self._on_response(frame, inside)
+
+    def _forward_responses(self, data: bytes) -> None:
+        """Stream responses through, except frames of ``hold_apis``: those are held and rewritten."""
+        out = self.client_t
+        assert out is not None
+        view = memoryview(data)
+        pos, end = 0, len(view)
+        while pos < end:
+            if self._rleft:
+                n = min(self._rleft, end - pos)
+                out.write(view[pos : pos + n])
+                pos += n
+                self._rleft -= n
+                continue
+            if self._rhold >= 0:
+                take = view[pos : pos + self._rhold - len(self._rbuf)]
+                self._rbuf += take
+                pos += len(take)
+                if len(self._rbuf) == self._rhold:
+                    out.write(self._rewrite(bytes(self._rbuf)))
+                    self._rbuf.clear()
+                    self._rhold = -1
+                continue
+            # At a frame start: the size, then (if the frame has one) the correlation id.
+            need = (4 if len(self._rbuf) < 4 else 8) - len(self._rbuf)
+            take = view[pos : pos + need]
+            self._rbuf += take
+            pos += len(take)
+            if len(self._rbuf) < 4:
+                break
+            size = _INT32.unpack_from(self._rbuf, 0)[0]
+            if size < 4 or len(self._rbuf) == 8:
+                pending = self.correlations.peek(_INT32.unpack_from(self._rbuf, 4)[0]) if size >= 4 else None
+                if pending is not None and pending.api_key in self.hold_apis and size <= _MAX_HELD:
+                    self._rhold = 4 + size
+                else:
+                    out.write(bytes(self._rbuf))
+                    self._rleft = 4 + size - len(self._rbuf)
+                    self._rbuf.clear()
+
+    def _rewrite(self, framed: bytes) -> bytes:
+        pending = self.correlations.peek(_INT32.unpack_from(framed, 4)[0])
+        if pending is None:
+            return framed
+        new = rewrite_response(
+            framed[4:],
+            pending.api_key,
+            pending.api_version,
+            self.tap.addresses,
+            self.tap.settings.clamp_api_versions,
+        )
+        if new is None:
+            return framed
+        self.tap.metrics.rewritten.inc()
+        return _INT32.pack(len(new)) + new
 
     def _on_request(self, frame: Frame, inside: float) -> None:
         metrics = self.tap.metrics
@@ -443,6 +514,8 @@ class Tap:
         self.metrics = metrics or TapMetrics()
         self.metrics.set_depth_source(self.sink.depth)
         self.connections: set[TapConnection] = set()
+        #: Broker id -> the tap's address for it (for address rewriting).
+        self.addresses: dict[int, tuple[str, int]] = {}
         self.servers: list[asyncio.Server] = []
         self.bound: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
@@ -473,6 +546,8 @@ class Tap:
             self.servers.append(server)
             addr = server.sockets[0].getsockname()
             self.bound.append((addr[0], addr[1]))
+            if spec.broker_id is not None:
+                self.addresses[spec.broker_id] = (spec.listen_host, addr[1])
             self.log_event("listen", listen=f"{addr[0]}:{addr[1]}", broker=spec.broker)
         return self.bound
 

@@ -35,6 +35,10 @@ def configure(args: argparse.Namespace) -> KpmonConfig:
             tap[name] = value
     if args.tap_bootstrap_servers:
         tap["cluster"] = KafkaClusterConfig(bootstrap_servers=args.tap_bootstrap_servers)
+    if args.rewrite_broker_addresses:
+        tap["rewrite_broker_addresses"] = True
+    if args.clamp_api_versions:
+        tap["clamp_api_versions"] = True
     if args.no_metrics:
         tap["metrics_port"] = None
     if not tap:
@@ -99,6 +103,17 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--metrics-port", type=int, help="Prometheus port")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus metrics")
+    parser.add_argument(
+        "--rewrite-broker-addresses",
+        action="store_true",
+        help="rewrite broker addresses in Metadata/FindCoordinator/DescribeCluster to the tap's listeners "
+        "(needs --listen ...@ID; otherwise make brokers advertise the tap)",
+    )
+    parser.add_argument(
+        "--clamp-api-versions",
+        action="store_true",
+        help="clamp ApiVersions responses to the versions the codec knows",
+    )
     parser.add_argument(
         "--no-mirror", action="store_true", help="forward only; count frames but mirror nothing"
     )

@@ -33,6 +33,8 @@ def test_listen_args_override_config(tmp_path: Path) -> None:
             "full",
             "--tap-bootstrap-servers",
             "mon:9092",
+            "--rewrite-broker-addresses",
+            "--clamp-api-versions",
         ]
     )
     config = configure(args)
@@ -40,6 +42,7 @@ def test_listen_args_override_config(tmp_path: Path) -> None:
     assert config.tap.capture == "full"
     assert config.tap.listeners[0].broker_id == 3
     assert config.tap_cluster.bootstrap_servers == "mon:9092"
+    assert config.tap.rewrite_broker_addresses and config.tap.clamp_api_versions
 
 
 def _free_port() -> int:

@@ -1,0 +1,98 @@
+"""Opt-in response rewriting (pure): broker addresses to the tap's, and ApiVersions clamped to the codec.
+
+Only small control-plane responses are rewritten, so the tap can hold them whole. Brokers that have
+no tap listener keep their own address (clients would then bypass the tap for them, which the
+static advertised-listener setup avoids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import codec
+
+METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 3, 10, 18, 60
+ADDRESS_APIS = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+
+Addresses = Mapping[int, tuple[str, int]]
+
+
+def _swap(node: dict[str, Any], id_field: str, addresses: Addresses) -> bool:
+    target = addresses.get(node.get(id_field, -1))
+    if target is None or (node.get("Host"), node.get("Port")) == target:
+        return False
+    node["Host"], node["Port"] = target
+    return True
+
+
+def _rewrite_addresses(api_key: int, body: dict[str, Any], addresses: Addresses) -> bool:
+    changed = False
+    if api_key == METADATA:
+        for broker in body.get("Brokers") or ():
+            changed = _swap(broker, "NodeId", addresses) or changed
+    elif api_key == DESCRIBE_CLUSTER:
+        for broker in body.get("Brokers") or ():
+            changed = _swap(broker, "BrokerId", addresses) or changed
+    elif api_key == FIND_COORDINATOR:
+        if "Coordinators" in body:  # v4+: one entry per key
+            for coordinator in body.get("Coordinators") or ():
+                changed = _swap(coordinator, "NodeId", addresses) or changed
+        elif body.get("ErrorCode", 0) == 0:
+            changed = _swap(body, "NodeId", addresses)
+    return changed
+
+
+def _clamp(body: dict[str, Any]) -> bool:
+    """Advertise only versions the codec (and so the monitor) understands; drop unknown APIs."""
+    known = set(codec.api_keys())
+    kept = []
+    changed = False
+    for entry in body.get("ApiKeys") or ():
+        key = entry["ApiKey"]
+        if key not in known:
+            changed = True
+            continue
+        low, high = codec.supported_versions(key)
+        new_min, new_max = max(entry["MinVersion"], low), min(entry["MaxVersion"], high)
+        if new_min > new_max:
+            changed = True
+            continue
+        if (new_min, new_max) != (entry["MinVersion"], entry["MaxVersion"]):
+            entry["MinVersion"], entry["MaxVersion"] = new_min, new_max
+            changed = True
+        kept.append(entry)
+    body["ApiKeys"] = kept
+    return changed
+
+
+def held_apis(rewrite_addresses: bool, clamp_api_versions: bool) -> frozenset[int]:
+    apis: set[int] = set()
+    if rewrite_addresses:
+        apis |= ADDRESS_APIS
+    if clamp_api_versions:
+        apis.add(API_VERSIONS)
+    return frozenset(apis)
+
+
+def rewrite_response(
+    frame: bytes, api_key: int, api_version: int, addresses: Addresses, clamp: bool = False
+) -> bytes | None:
+    """The rewritten frame (no size prefix), or None to forward the original unchanged.
+
+    A frame that does not decode is forwarded unchanged: the client must see what the broker said.
+    """
+    try:
+        message = codec.decode_response(frame, api_key, api_version)
+    except codec.DecodeError:
+        return None
+    if api_key == API_VERSIONS:
+        changed = clamp and _clamp(message.body)
+    else:
+        changed = _rewrite_addresses(api_key, message.body, addresses)
+    if not changed:
+        return None
+    try:
+        return codec.encode(message)
+    except Exception:
+        return None
