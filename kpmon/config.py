@@ -62,6 +62,12 @@ class TapListenerConfig(_Section):
     broker: str
     broker_id: int | None = None
     listener_name: str = "PLAINTEXT"
+    #: TLS towards clients: the tap terminates it with this certificate and key (PEM files).
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    #: TLS towards the broker, verified against ``broker_cafile`` (system CAs when unset).
+    broker_tls: bool = False
+    broker_cafile: str | None = None
 
 
 class TapConfig(_Section):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
 import sys
 import time
 import uuid
@@ -56,7 +57,16 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
     for entry in tap.listeners:
         lhost, lport = parse_hostport(entry.listen)
         bhost, bport = parse_hostport(entry.broker)
-        specs.append(ListenerSpec(lhost, lport, bhost, bport, entry.broker_id, entry.listener_name))
+        server_ssl = None
+        if entry.tls_certfile:
+            server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server_ssl.load_cert_chain(entry.tls_certfile, entry.tls_keyfile)
+        broker_ssl = ssl.create_default_context(cafile=entry.broker_cafile) if entry.broker_tls else None
+        specs.append(
+            ListenerSpec(
+                lhost, lport, bhost, bport, entry.broker_id, entry.listener_name, server_ssl, broker_ssl
+            )
+        )
     return specs
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import struct
 import time
 import uuid
@@ -71,6 +72,9 @@ class ListenerSpec:
     broker_port: int
     broker_id: int | None = None
     listener_name: str = "PLAINTEXT"
+    #: TLS towards clients (the tap terminates it) and towards the broker; None = plaintext.
+    server_ssl: ssl.SSLContext | None = None
+    broker_ssl: ssl.SSLContext | None = None
 
     @property
     def broker(self) -> str:
@@ -91,6 +95,17 @@ class TapSettings:
     rewrite_broker_addresses: bool = False
     #: Clamp ApiVersions responses to the versions the codec knows.
     clamp_api_versions: bool = False
+
+
+def _tls_info(transport: asyncio.BaseTransport) -> dict[str, object] | None:
+    """Protocol, cipher and peer certificate subject of a TLS transport (None for plaintext)."""
+    obj = transport.get_extra_info("ssl_object")
+    if obj is None:
+        return None
+    cipher = obj.cipher()
+    peer = obj.getpeercert() or {}
+    subject = ",".join("=".join(part) for rdn in peer.get("subject", ()) for part in rdn)
+    return {"version": obj.version(), "cipher": cipher[0] if cipher else None, "peer": subject or None}
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -193,7 +208,7 @@ class TapConnection:
         self.tap.connections.add(self)
         # The open record goes first, so it gets seq 1 even if requests arrive before the broker
         # connection exists (uvloop may deliver data in the same tick as connection_made).
-        self._mirror_lifecycle("open", {"tls": None})
+        self._mirror_lifecycle("open", {"tls": _tls_info(transport)})
         # Hold the client until the broker side exists; what arrives meanwhile is kept in order.
         transport.pause_reading()
         self.tap.spawn(self._connect())
@@ -203,11 +218,15 @@ class TapConnection:
         try:
             transport, _ = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Side(self, client=False), self.spec.broker_host, self.spec.broker_port
+                    lambda: _Side(self, client=False),
+                    self.spec.broker_host,
+                    self.spec.broker_port,
+                    ssl=self.spec.broker_ssl,
+                    server_hostname=self.spec.broker_host if self.spec.broker_ssl else None,
                 ),
                 self.tap.settings.connect_timeout,
             )
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
             self.close_reason = f"broker connect failed: {exc}"
             self.close_error = True
             self.tap.metrics.bad_connections.labels("broker_unreachable").inc()
@@ -217,6 +236,8 @@ class TapConnection:
             transport.close()
             return
         self.broker_t = transport
+        if self.spec.broker_ssl is not None:
+            self.tap.log_event("broker_tls", conn=self.conn_id, tls=_tls_info(transport))
         transport.set_write_buffer_limits(high=self.tap.settings.write_buffer_high)
         for chunk in self.pending:
             transport.write(chunk)
@@ -542,7 +563,9 @@ class Tap:
                 conn = TapConnection(self, spec, f"{self.settings.instance_id}-{next(self._ids)}")
                 return _Side(conn, client=True)
 
-            server = await loop.create_server(factory, spec.listen_host, spec.listen_port, reuse_address=True)
+            server = await loop.create_server(
+                factory, spec.listen_host, spec.listen_port, reuse_address=True, ssl=spec.server_ssl
+            )
             self.servers.append(server)
             addr = server.sockets[0].getsockname()
             self.bound.append((addr[0], addr[1]))
