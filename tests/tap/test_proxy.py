@@ -252,17 +252,23 @@ def test_sasl_v0_tokens_are_never_mirrored() -> None:
 
 def test_backpressure_bounds_tap_buffers_when_the_client_is_slow() -> None:
     total = 64 * 1024 * 1024
+    expected = hashlib.sha256()
 
     async def run() -> None:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             req = await _read_frame(reader)
             corr = struct.pack(">i", struct.unpack_from(">i", req, 4)[0])
-            writer.write(struct.pack(">i", total) + corr)
-            chunk = b"r" * (1 << 20)
+            head = struct.pack(">i", total) + corr
+            writer.write(head)
+            expected.update(head)
             sent = 4
+            block = 0
             while sent < total:
-                n = min(len(chunk), total - sent)
-                writer.write(chunk[:n])
+                n = min(1 << 20, total - sent)
+                chunk = bytes([block % 251]) * n  # varies per block, so reordering would show
+                writer.write(chunk)
+                expected.update(chunk)
+                block += 1
                 sent += n
                 await writer.drain()
             writer.close()
@@ -279,11 +285,14 @@ def test_backpressure_bounds_tap_buffers_when_the_client_is_slow() -> None:
         buffered = conn.client_t.get_write_buffer_size()
         assert buffered <= tap.settings.write_buffer_high + (4 << 20)
         received = 0
+        digest = hashlib.sha256()
         while received < total + 4:
             data = await reader.read(1 << 20)
             assert data
+            digest.update(data)
             received += len(data)
         assert received == total + 4
+        assert digest.digest() == expected.digest()  # broker-sent == client-received, byte for byte
         writer.close()
         await asyncio.sleep(0.05)
         await tap.stop()
