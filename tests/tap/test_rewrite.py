@@ -76,7 +76,18 @@ def test_undecodable_response_is_forwarded_unchanged() -> None:
     assert rewrite_response(b"\x00\x00\x00\x01\xff", 3, 12, TAP) is None
 
 
-def test_proxy_reframes_held_responses_and_streams_the_rest() -> None:
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_proxy_reframes_held_responses_and_streams_the_rest(loop_kind: str) -> None:
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        _reframe_case()
+    finally:
+        asyncio.set_event_loop_policy(None)
+
+
+def _reframe_case() -> None:
     metadata = random_response_body(3, 12, random.Random(1))
     metadata["Brokers"] = [_broker(1)]
 
