@@ -37,7 +37,7 @@ from tap.framing import (
 )
 from tap.metrics import TapMetrics
 from tap.mirror import Headers, MirrorRecord, MirrorSink, NullMirror
-from tap.rewrite import held_apis, rewrite_response
+from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_response
 
 log = logging.getLogger("kpmon.tap")
 
@@ -377,7 +377,12 @@ class TapConnection:
             size = _INT32.unpack_from(self._rbuf, 0)[0]
             if size < 4 or len(self._rbuf) == 8:
                 pending = self.correlations.peek(_INT32.unpack_from(self._rbuf, 4)[0]) if size >= 4 else None
-                if pending is not None and pending.api_key in self.hold_apis and size <= _MAX_HELD:
+                limit = (
+                    ENDPOINT_MAX_HELD
+                    if pending is not None and pending.api_key in ENDPOINT_APIS
+                    else _MAX_HELD
+                )
+                if pending is not None and pending.api_key in self.hold_apis and size <= limit:
                     self._rhold = 4 + size
                 else:
                     out.write(bytes(self._rbuf))

@@ -12,8 +12,14 @@ from typing import Any
 
 import codec
 
-METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 3, 10, 18, 60
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 0, 1, 3, 10, 18, 60
+SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
 ADDRESS_APIS = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+#: Data-path responses that may carry ``NodeEndpoints`` (KIP-951 leader hints, share groups). They are
+#: held only up to this size: the hints come with NOT_LEADER-style errors, in small responses, and a
+#: large fetch response must keep streaming.
+ENDPOINT_APIS = frozenset({PRODUCE, FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE})
+ENDPOINT_MAX_HELD = 1 << 20
 
 Addresses = Mapping[int, tuple[str, int]]
 
@@ -34,6 +40,9 @@ def _rewrite_addresses(api_key: int, body: dict[str, Any], addresses: Addresses)
     elif api_key == DESCRIBE_CLUSTER:
         for broker in body.get("Brokers") or ():
             changed = _swap(broker, "BrokerId", addresses) or changed
+    elif api_key in ENDPOINT_APIS:
+        for endpoint in body.get("NodeEndpoints") or ():
+            changed = _swap(endpoint, "NodeId", addresses) or changed
     elif api_key == FIND_COORDINATOR:
         if "Coordinators" in body:  # v4+: one entry per key
             for coordinator in body.get("Coordinators") or ():
@@ -69,7 +78,7 @@ def _clamp(body: dict[str, Any]) -> bool:
 def held_apis(rewrite_addresses: bool, clamp_api_versions: bool) -> frozenset[int]:
     apis: set[int] = set()
     if rewrite_addresses:
-        apis |= ADDRESS_APIS
+        apis |= ADDRESS_APIS | ENDPOINT_APIS
     if clamp_api_versions:
         apis.add(API_VERSIONS)
     return frozenset(apis)

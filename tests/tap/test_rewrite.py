@@ -170,3 +170,13 @@ def test_real_client_stays_on_the_tap_without_advertised_listeners(tapped_cluste
     apis = {dict(r.headers).get("api_key") for r in sink.records if dict(r.headers)["dir"] == b"req"}
     assert b"0" in apis, "produce requests went through the tap"
     assert t.metric("kpmon_tap_rewritten_total") > 0
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(0, 10), (0, 13), (1, 16), (1, 18), (78, 2), (79, 2)])
+def test_node_endpoints_point_at_the_tap(api_key: int, version: int) -> None:
+    body = random_response_body(api_key, version, random.Random(api_key))
+    body["NodeEndpoints"] = [{"NodeId": 2, "Host": "broker2", "Port": 9092, "Rack": None}]
+    out = rewrite_response(codec.encode_response(api_key, version, 3, body), api_key, version, TAP)
+    assert out is not None
+    endpoint = codec.decode_response(out, api_key, version).body["NodeEndpoints"][0]
+    assert (endpoint["Host"], endpoint["Port"]) == TAP[2]
