@@ -68,6 +68,8 @@ class TapListenerConfig(_Section):
     #: TLS towards the broker, verified against ``broker_cafile`` (system CAs when unset).
     broker_tls: bool = False
     broker_cafile: str | None = None
+    #: host:port clients should use for this broker when the tap rewrites addresses (default: ``listen``).
+    advertise: str | None = None
 
 
 class TapConfig(_Section):

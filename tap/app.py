@@ -62,9 +62,18 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
             server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             server_ssl.load_cert_chain(entry.tls_certfile, entry.tls_keyfile)
         broker_ssl = ssl.create_default_context(cafile=entry.broker_cafile) if entry.broker_tls else None
+        advertise = parse_hostport(entry.advertise) if entry.advertise else None
         specs.append(
             ListenerSpec(
-                lhost, lport, bhost, bport, entry.broker_id, entry.listener_name, server_ssl, broker_ssl
+                lhost,
+                lport,
+                bhost,
+                bport,
+                entry.broker_id,
+                entry.listener_name,
+                server_ssl,
+                broker_ssl,
+                advertise,
             )
         )
     return specs

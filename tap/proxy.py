@@ -75,6 +75,8 @@ class ListenerSpec:
     #: TLS towards clients (the tap terminates it) and towards the broker; None = plaintext.
     server_ssl: ssl.SSLContext | None = None
     broker_ssl: ssl.SSLContext | None = None
+    #: The address clients should use for this broker (address rewriting); default: the bound one.
+    advertise: tuple[str, int] | None = None
 
     @property
     def broker(self) -> str:
@@ -575,7 +577,10 @@ class Tap:
             addr = server.sockets[0].getsockname()
             self.bound.append((addr[0], addr[1]))
             if spec.broker_id is not None:
-                self.addresses[spec.broker_id] = (spec.listen_host, addr[1])
+                host = spec.listen_host
+                if host in ("", "0.0.0.0", "::"):
+                    host = socket.getfqdn()  # a wildcard bind is no address a client can dial
+                self.addresses[spec.broker_id] = spec.advertise or (host, addr[1])
             self.log_event("listen", listen=f"{addr[0]}:{addr[1]}", broker=spec.broker)
         return self.bound
 

@@ -180,3 +180,24 @@ def test_node_endpoints_point_at_the_tap(api_key: int, version: int) -> None:
     assert out is not None
     endpoint = codec.decode_response(out, api_key, version).body["NodeEndpoints"][0]
     assert (endpoint["Host"], endpoint["Port"]) == TAP[2]
+
+
+def test_advertised_address_from_config_wins() -> None:
+    from kpmon.config import TapConfig, TapListenerConfig
+    from tap.app import listener_specs
+
+    cfg = TapConfig(
+        listeners=[
+            TapListenerConfig(
+                listen="0.0.0.0:0", broker="127.0.0.1:9", broker_id=4, advertise="tap.example:29094"
+            )
+        ]
+    )
+
+    async def run() -> dict[int, tuple[str, int]]:
+        tap = Tap(listener_specs(cfg), MemoryMirror(), TapSettings(rewrite_broker_addresses=True))
+        await tap.start()
+        await tap.stop()
+        return tap.addresses
+
+    assert asyncio.run(run()) == {4: ("tap.example", 29094)}
