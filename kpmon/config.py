@@ -109,6 +109,25 @@ class ChecksConfig(_Section):
     broker_listeners: list[str] = Field(default_factory=lambda: ["CONTROLLER", "BROKER", "REPLICATION"])
 
 
+class QualityConfig(_Section):
+    """Great Expectations suites over each micro-batch's aggregates and findings (streaming/quality.py)."""
+
+    #: Batch fails ``quality.decode_error_rate`` above this share of undecodable frames.
+    max_decode_error_rate: float = Field(default=0.01, ge=0.0, le=1.0)
+    #: Batch fails ``quality.error_response_rate`` above this share of responses with a top-level error.
+    max_error_response_rate: float = Field(default=0.5, ge=0.0, le=1.0)
+    #: The two rates are only judged on batches with at least this many frames: tiny batches are noise.
+    min_frames_for_rates: int = Field(default=100, ge=1)
+    #: Keep validation results and render Data Docs (static HTML) under the state directory.
+    data_docs: bool = True
+    #: Data Docs are rebuilt at most once per this many validated batches (and on demand).
+    docs_every_batches: int = Field(default=100, ge=1)
+    #: A passing batch's results are kept for the docs once per this many batches; failing ones always.
+    docs_sample_every_batches: int = Field(default=10, ge=1)
+    #: Validation results kept on disk per suite (oldest pruned), which bounds the docs' build time.
+    docs_keep_results: int = Field(default=200, ge=1)
+
+
 class HookConfig(_Section):
     kind: Literal["kafka", "webhook", "slack", "pagerduty", "alertmanager", "log"]
     url: str | None = None
@@ -133,6 +152,7 @@ class KpmonConfig(_Section):
     tap: TapConfig = Field(default_factory=TapConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
     @property
