@@ -10,7 +10,7 @@ the watermark is processed at once and counted as late.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +29,33 @@ class _ConnState:
     pending: dict[int, Frame] = field(default_factory=dict)
 
 
-class Monitor:
-    """Feeds frames through every rule. Sans-I/O: no clocks, sockets or threads."""
+#: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules.
+ExchangeObserver = Callable[[str, Exchange], None]
 
-    def __init__(self, rules: Sequence[Rule], ctx: Context) -> None:
+
+class Monitor:
+    """Feeds frames through every rule. Sans-I/O: no clocks, sockets or threads.
+
+    ``only_key`` restricts every rule to that one state key: a shard of the catalogue that sees only
+    the frames routed to it (the streaming job keys its state stores this way); such a shard sees a
+    subset of each connection's frames, so it turns ``track_gaps`` off. ``observer`` sees each exchange
+    as it is dispatched, which is how a connection shard learns where to route frames.
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        ctx: Context,
+        *,
+        only_key: str | None = None,
+        observer: ExchangeObserver | None = None,
+        track_gaps: bool = True,
+    ) -> None:
         self.rules = list(rules)
         self.ctx = ctx
+        self.only_key = only_key
+        self.observer = observer
+        self.track_gaps = track_gaps
         self.states: dict[tuple[str, str], State] = {}
         self.last_seen: dict[tuple[str, str], int] = {}
         self.conns: dict[str, _ConnState] = {}
@@ -61,11 +82,15 @@ class Monitor:
             self.stats.late_frames += 1
             self._release(frame)
         else:
-            self._tiebreak += 1
-            heapq.heappush(self._heap, (frame.ts_ns, frame.conn, frame.seq, self._tiebreak, frame))
-            self.max_ts = max(self.max_ts, frame.ts_ns)
+            self.push(frame)
             self._drain(self.watermark_ns)
         return self.take_findings()
+
+    def push(self, frame: Frame) -> None:
+        """Buffer a frame until the watermark passes it (no draining: restoring saved state uses this)."""
+        self._tiebreak += 1
+        heapq.heappush(self._heap, (frame.ts_ns, frame.conn, frame.seq, self._tiebreak, frame))
+        self.max_ts = max(self.max_ts, frame.ts_ns)
 
     def feed_all(self, frames: Iterable[Frame]) -> list[Finding]:
         out: list[Finding] = []
@@ -102,7 +127,7 @@ class Monitor:
             if frame.ts_ns >= self._next_sweep:
                 self._sweep(frame.ts_ns)
         conn = self.conns.setdefault(frame.conn, _ConnState())
-        if conn.last_seq >= 0 and frame.seq > conn.last_seq + 1:
+        if self.track_gaps and conn.last_seq >= 0 and frame.seq > conn.last_seq + 1:
             self._gap(frame, conn.last_seq)
         conn.last_seq = max(conn.last_seq, frame.seq)
         if frame.direction == "close":
@@ -153,13 +178,16 @@ class Monitor:
 
     def _dispatch(self, hook: str, exchange: Exchange) -> None:
         api_key = exchange.api_key
+        if self.observer is not None and self.ctx._envelope is None:
+            self.observer(hook, exchange)
         for rule in self.rules:
             if rule.api_keys is not None and api_key not in rule.api_keys:
                 continue
             for key in rule.keys(exchange):
-                self._call(rule, key, hook, exchange)
+                if self.only_key is None or key == self.only_key:
+                    self._call(rule, key, hook, exchange)
         if api_key == ENVELOPE:
-            inner = _unwrap_envelope(exchange)
+            inner = unwrap_envelope(exchange)
             if inner is not None:
                 self.ctx._envelope = exchange
                 try:
@@ -272,7 +300,7 @@ class Monitor:
         return {f"{rule}|{key}": state for (rule, key), state in self.states.items()}
 
 
-def _unwrap_envelope(exchange: Exchange) -> Exchange | None:
+def unwrap_envelope(exchange: Exchange) -> Exchange | None:
     data = exchange.req.body.get("RequestData")
     if not isinstance(data, EmbeddedRequest) or data.request is None:
         return None

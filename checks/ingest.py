@@ -40,16 +40,13 @@ def frame_from_record(
     fields: Iterable[str] | None = None,
 ) -> Frame:
     """Decode one tap record. Never raises for bad frames: the error is kept on the Frame."""
-    direction = headers.get("dir", "")
-    api_key = _int(headers.get("api_key", ""))
-    api_version = _int(headers.get("api_version", ""))
     frame = Frame(
         conn=headers.get("conn", ""),
         seq=_int(headers.get("seq", "")) or 0,
         ts_ns=_int(headers.get("ts_ns", "")) or 0,
-        direction=direction,
-        api_key=api_key,
-        api_version=api_version,
+        direction=headers.get("dir", ""),
+        api_key=_int(headers.get("api_key", "")),
+        api_version=_int(headers.get("api_version", "")),
         correlation_id=_int(headers.get("corr_id", "")),
         client=headers.get("client", ""),
         broker=headers.get("broker", ""),
@@ -59,23 +56,30 @@ def frame_from_record(
         offset=offset,
         capture=headers.get("capture", "full"),
     )
-    if direction not in ("req", "resp"):
+    return decode_frame(frame, value, truncated=bool(headers.get("truncated")), fields=fields)
+
+
+def decode_frame(
+    frame: Frame, value: bytes | None, truncated: bool = False, fields: Iterable[str] | None = None
+) -> Frame:
+    """Attach the decoded message (or the DecodeError) of ``value`` to a frame built from tap metadata."""
+    if frame.direction not in ("req", "resp"):
         return frame
-    if frame.capture == "meta" or headers.get("truncated"):
+    if frame.capture == "meta" or truncated:
         # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.
         return frame
     data = value or b""
     frame.raw = data
     try:
-        if direction == "req":
+        if frame.direction == "req":
             frame.message = codec.decode_request(data, fields=fields)
             frame.api_key = frame.message.api_key
             frame.api_version = frame.message.api_version
             frame.correlation_id = frame.message.correlation_id
         else:
-            if api_key is None or api_version is None:
+            if frame.api_key is None or frame.api_version is None:
                 raise DecodeError("response record without api_key/api_version headers", 0)
-            frame.message = codec.decode_response(data, api_key, api_version, fields=fields)
+            frame.message = codec.decode_response(data, frame.api_key, frame.api_version, fields=fields)
     except DecodeError as exc:
         frame.error = exc
     return frame

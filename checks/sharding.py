@@ -1,0 +1,210 @@
+"""The catalogue split into shards that a distributed engine can key its state by.
+
+Two stages, both driving the same ``Monitor`` and rules as a single-process run:
+
+1. **Connection shard** (one per tap connection). Frames of one connection arrive in ``seq`` order
+   (one connection, one tap partition), so this stage needs no event-time buffering. It pairs requests
+   with responses, runs the connection-scoped rules (ApiVersions ranges, KIP-482, Envelope trust,
+   read-committed fetches), notices tap gaps and decode errors, and decides where each exchange goes
+   next: a *route* per (rule, state key) of every other rule, computed by that rule's own ``keys``.
+2. **Keyed shard** (one per route key ``"<rule name>|<state key>"``: a group, a producer id, a
+   transactional id, the cluster). It receives the routed frames of many connections, which a caller
+   must hand over in event-time order once the watermark has passed them, and runs that one rule for
+   that one key.
+
+A route carries the frame bytes, not a decoded message, so the two stages can run in different
+processes. Routes are only sent for the frames a rule needs: a request when it is sent, and its
+response when it comes (with the request again for keys that only the response revealed, such as the
+producer id an InitProducerId response assigns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from checks.engine import Monitor, unwrap_envelope
+from checks.model import Exchange, Finding, Frame
+from checks.rule import Context, Rule
+from checks.rules import all_rules
+from checks.serde import export_state, import_state
+from kpmon.config import ChecksConfig
+
+API_VERSIONS = 18
+#: Rules that see every request (the fleet matrix). Routing all traffic to their single key would
+#: funnel the whole stream through one task, so they get each connection's first use of each
+#: (api, version) only, plus ApiVersions exchanges in full: fleet counts become connection counts.
+FIRST_USE_ONLY = frozenset({"apiversions.cluster"})
+
+
+def is_connection_scoped(rule: Rule) -> bool:
+    return rule.key_kind == "conn"
+
+
+def route_key(rule: Rule, key: str) -> str:
+    return f"{rule.name}|{key}"
+
+
+def split_route_key(value: str) -> tuple[str, str]:
+    rule, _, key = value.partition("|")
+    return rule, key
+
+
+@dataclass
+class Route:
+    """One frame sent on to one keyed shard."""
+
+    key: str
+    frame: Frame
+    #: Event time of the frame that sent this route (a re-sent request travels with its response):
+    #: what a caller's watermark must pass before the keyed shard may see it.
+    at_ns: int
+    #: The connection had a tap gap: the keyed shard reports its findings as incomplete.
+    incomplete: bool = False
+    #: A request whose response this shard will never get (first-use routes of the fleet matrix).
+    request_only: bool = False
+
+
+def _stage_config(config: ChecksConfig) -> ChecksConfig:
+    # Both stages are fed in order (by seq, or by the caller's event-time release), so the monitor's
+    # own lateness buffer would only add delay.
+    return config.model_copy(update={"watermark_seconds": 0.0})
+
+
+class ConnectionShard:
+    """Stage one for one connection: its own rules, and the routes of its exchanges."""
+
+    def __init__(self, config: ChecksConfig, saved: dict[str, Any] | None = None) -> None:
+        rules = all_rules()
+        self.keyed_rules = [r for r in rules if not is_connection_scoped(r)]
+        self.ctx = Context(_stage_config(config))
+        self.monitor = Monitor(
+            [r for r in rules if is_connection_scoped(r)], self.ctx, observer=self._observe
+        )
+        self.routes: list[Route] = []
+        #: "conn|corr" -> route keys its request went to, until the response comes.
+        self.sent: dict[str, list[str]] = {}
+        #: "api|version" pairs this connection already reported to the first-use-only rules.
+        self.used: list[str] = []
+        if saved:
+            import_state(self.monitor, saved["monitor"])
+            self.sent = dict(saved.get("sent", {}))
+            self.used = list(saved.get("used", []))
+
+    def feed(self, frames: Iterable[Frame]) -> list[Finding]:
+        """Frames of this connection, in seq order."""
+        findings: list[Finding] = []
+        for frame in frames:
+            findings.extend(self.monitor.feed(frame))
+        return findings
+
+    def take_routes(self) -> list[Route]:
+        out, self.routes = self.routes, []
+        return out
+
+    def export(self) -> dict[str, Any]:
+        return {"monitor": export_state(self.monitor), "sent": self.sent, "used": self.used}
+
+    def _keys(self, ex: Exchange, first_use: bool) -> list[str]:
+        inner = unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == 58 else None
+        out: dict[str, None] = {}
+        for rule in self.keyed_rules:
+            if rule.name in FIRST_USE_ONLY and ex.api_key != API_VERSIONS and not first_use:
+                continue
+            for exchange in (ex, inner):
+                if exchange is None:
+                    continue
+                if rule.api_keys is not None and exchange.api_key not in rule.api_keys:
+                    continue
+                for key in rule.keys(exchange):
+                    out[route_key(rule, key)] = None
+        return list(out)
+
+    def _observe(self, hook: str, ex: Exchange) -> None:
+        incomplete = ex.conn in self.ctx.incomplete_conns
+        sent_key = f"{ex.conn}|{ex.request.correlation_id}"
+        if hook == "on_request":
+            use = f"{ex.api_key}|{ex.api_version}"
+            first_use = use not in self.used
+            if first_use:
+                self.used.append(use)
+            keys = self._keys(ex, first_use)
+            paired = [
+                k for k in keys if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == API_VERSIONS
+            ]
+            for key in keys:
+                self.routes.append(
+                    Route(key, ex.request, ex.ts_ns, incomplete, request_only=key not in paired)
+                )
+            if paired:
+                self.sent[sent_key] = paired
+                self.ctx.trim(self.sent)
+            return
+        before = self.sent.pop(sent_key, [])
+        if ex.response is None:
+            # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
+            return
+        keys = [
+            k
+            for k in self._keys(ex, first_use=False)
+            if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == API_VERSIONS
+        ]
+        at = ex.response.ts_ns
+        for key in dict.fromkeys(before + keys):
+            if key not in before:
+                self.routes.append(Route(key, ex.request, at, incomplete))
+            self.routes.append(Route(key, ex.response, at, incomplete))
+
+
+class KeyedShard:
+    """Stage two for one route key: one rule, one state key, frames from any connection."""
+
+    def __init__(self, config: ChecksConfig, key: str, saved: dict[str, Any] | None = None) -> None:
+        rule_name, state_key = split_route_key(key)
+        rules = [r for r in all_rules() if r.name == rule_name]
+        if not rules:
+            raise KeyError(f"no rule named {rule_name!r} (route key {key!r})")
+        self.ctx = Context(_stage_config(config))
+        # Only some of a connection's frames come here, so its seq numbers have holes by design: gaps
+        # are judged by the connection shard, which flags its routes ``incomplete``.
+        self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False)
+        if saved:
+            import_state(self.monitor, saved["monitor"])
+
+    def feed(self, routes: Iterable[Route]) -> list[Finding]:
+        """Routed frames in event-time order (the caller releases them past its watermark)."""
+        findings: list[Finding] = []
+        for route in routes:
+            frame = route.frame
+            if route.incomplete:
+                self.ctx.incomplete_conns.add(frame.conn)
+            else:
+                self.ctx.incomplete_conns.discard(frame.conn)
+            findings.extend(self.monitor.feed(frame))
+            conn = self.monitor.conns.get(frame.conn)
+            if conn is None:
+                continue
+            if route.request_only and frame.correlation_id is not None:
+                conn.pending.pop(frame.correlation_id, None)
+            if not conn.pending:
+                # Nothing to pair on this connection: keep the key's state from growing with every
+                # connection that ever touched it (close events are not routed here).
+                del self.monitor.conns[frame.conn]
+        return findings
+
+    def advance(self, now_ns: int) -> list[Finding]:
+        """Event time reached ``now_ns`` (timers due by then fire: hanging transactions)."""
+        return self.monitor.advance(now_ns)
+
+    def next_timer_ns(self) -> int | None:
+        return min(self.ctx.timers.values(), default=None)
+
+    def export(self) -> dict[str, Any]:
+        return {"monitor": export_state(self.monitor)}
+
+    @property
+    def empty(self) -> bool:
+        """Nothing left to remember: the caller may drop this key's stored state."""
+        m = self.monitor
+        return not m.states and not m.conns and not m._heap and not self.ctx.timers

@@ -1,0 +1,226 @@
+"""The two-stage sharded run (what the streaming job does) finds exactly what one monitor finds.
+
+The driver below plays the streaming job's part in-process: micro-batches of frames in arrival order;
+stage one per connection in seq order; routes buffered per key until the watermark (newest event time
+minus the lateness) passes them, then fed in event-time order; every shard's state saved as JSON and
+restored between micro-batches, as a state store would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import checks
+from checks.model import Finding, Frame
+from checks.serde import StateFormatError, export_state, frame_from_dict, frame_to_dict, import_state
+from checks.sharding import ConnectionShard, KeyedShard, Route
+from kpmon.config import ChecksConfig
+from tests.checks import test_apiversions as av
+from tests.checks import test_groups as gr
+from tests.checks import test_producers as pr
+from tests.checks import test_transactions as tx
+from tests.checks.builders import SECOND, Conversation, arrival_order
+from tests.checks.test_envelope import envelope
+
+CONFIG = ChecksConfig(watermark_seconds=2.0)
+LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
+
+
+def scenario() -> list[Frame]:
+    """Every rule family at once, on interleaved connections, in event-time order."""
+    frames: list[Frame] = []
+    zombie, fencer = pr.two_clients()
+    frames += [
+        *pr.init_pid(zombie, 0, epoch=0),
+        *pr.write(zombie, 1 * SECOND, epoch=0, seq=0),
+        *pr.init_pid(fencer, 2 * SECOND, epoch=1),
+        *pr.write(zombie, 3 * SECOND, epoch=0, seq=1, error=pr.FENCED),
+        *pr.write(fencer, 4 * SECOND, epoch=1, seq=0),
+        *pr.write(fencer, 5 * SECOND, epoch=1, seq=3),  # a sequence gap
+    ]
+    p = tx.Producer()
+    frames += [*p.init(0, epoch=0, timeout_ms=5000), *p.add(SECOND, [0]), *p.produce(SECOND + 10_000_000, 0)]
+    frames += p.end(30 * SECOND)  # hangs at 6 s, resolves at 30 s
+    a, b = gr.two()
+    frames += gr.healthy_rebalance(a, b, SECOND)
+    frames += gr.join(b, 3 * SECOND, "", 0, ptype="connect", error=23, resp_type=None, chosen="")
+    conv = Conversation(conn="tap1-av")
+    frames += [
+        conv.open(0),
+        *av.handshake(conv, 1 * SECOND, {**av.STANDARD, "Metadata": (0, 9)}),
+        *av.metadata(conv, 12, 2 * SECOND),
+        conv.garbage("req", b"\x00\x03\x00", 7 * SECOND),
+    ]
+    frames += envelope(Conversation(conn="tap1-env", listener="PLAINTEXT", client_id="evil"), 8 * SECOND)
+    gap = Conversation(conn="tap1-gap")
+    frames += [*pr.init_pid(gap, 9 * SECOND, epoch=0, pid=777, txn_id=None)]
+    gap.seq += 3  # the tap dropped three frames here
+    frames += pr.write(gap, 10 * SECOND, epoch=0, seq=5, count=1)
+    frames += pr.write(gap, 11 * SECOND, epoch=0, seq=9, count=1)
+    frames.sort(key=lambda f: (f.ts_ns, f.conn, f.seq))
+    return frames
+
+
+def single_run(frames: list[Frame]) -> list[Finding]:
+    monitor = checks.new_monitor(CONFIG)
+    return monitor.feed_all(frames) + monitor.flush()
+
+
+def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(json.dumps(state))
+    return loaded
+
+
+def sharded_run(frames: list[Frame], cuts: list[int]) -> list[Finding]:
+    conn_states: dict[str, dict[str, Any]] = {}
+    key_states: dict[str, dict[str, Any]] = {}
+    buffers: dict[str, list[Route]] = defaultdict(list)
+    findings: list[Finding] = []
+    max_ts = 0
+
+    def release(key: str, upto: int | None) -> None:
+        ready = [r for r in buffers[key] if upto is None or r.at_ns <= upto]
+        buffers[key] = [r for r in buffers[key] if upto is not None and r.at_ns > upto]
+        shard = KeyedShard(CONFIG, key, key_states.get(key))
+        ready.sort(key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
+        # Routes cross a process boundary as bytes plus metadata: decode them again, as the job does.
+        findings.extend(
+            shard.feed(
+                Route(r.key, frame_from_dict(frame_to_dict(r.frame)), r.at_ns, r.incomplete, r.request_only)
+                for r in ready
+            )
+        )
+        findings.extend(shard.advance(upto if upto is not None else max_ts))
+        key_states[key] = _roundtrip(shard.export())
+
+    bounds = [0, *sorted(set(cuts)), len(frames)]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        batch = frames[lo:hi]
+        if not batch:
+            continue
+        per_conn: dict[str, list[Frame]] = defaultdict(list)
+        for frame in batch:
+            per_conn[frame.conn].append(frame)
+            max_ts = max(max_ts, frame.ts_ns)
+        for conn, mine in per_conn.items():
+            shard = ConnectionShard(CONFIG, conn_states.get(conn))
+            findings.extend(shard.feed(sorted(mine, key=lambda f: f.seq)))
+            for route in shard.take_routes():
+                buffers[route.key].append(route)
+            conn_states[conn] = _roundtrip(shard.export())
+        watermark = max_ts - LATENESS_NS
+        for key in list(buffers.keys() | key_states.keys()):
+            release(key, watermark)
+    for key in list(buffers.keys() | key_states.keys()):
+        release(key, None)
+    return findings
+
+
+def summary(findings: list[Finding]) -> list[tuple[str, str, str, str, bool]]:
+    return sorted((f.id, f.rule, f.subject, f.severity.value, f.incomplete) for f in findings)
+
+
+def test_the_scenario_raises_every_family() -> None:
+    rules = {f.rule for f in single_run(scenario())}
+    assert {
+        "producer.stale_epoch_rejected",
+        "producer.sequence_gap",
+        "txn.hanging",
+        "group.protocol_type_mismatch",
+        "apiversions.out_of_range",
+        "frame.decode_error",
+        "envelope.untrusted_source",
+        "tap.gap",
+    } <= rules
+
+
+def test_one_batch_matches_the_single_monitor() -> None:
+    frames = scenario()
+    assert summary(sharded_run(frames, [])) == summary(single_run(frames))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> None:
+    frames = scenario()
+    # Jitter below the lateness keeps the single monitor's answer fixed (its own property test).
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(frames)))
+    arrived = arrival_order(frames, jitters)
+    # Within one connection the tap partition keeps seq order whatever the jitter.
+    by_conn: dict[str, list[Frame]] = defaultdict(list)
+    for frame in frames:
+        by_conn[frame.conn].append(frame)
+    cursor = {conn: iter(fs) for conn, fs in by_conn.items()}
+    arrived = [next(cursor[f.conn]) for f in arrived]
+    cuts = data.draw(st.lists(st.integers(0, len(frames)), max_size=12))
+    assert summary(sharded_run(arrived, cuts)) == summary(single_run(frames))
+
+
+def corpus_frames() -> list[Frame]:
+    """tests/data/tap_frames.jsonl (real clients through the tap): one connection per client."""
+    from checks.ingest import frame_from_record
+
+    frames: list[Frame] = []
+    seqs: dict[str, int] = defaultdict(int)
+    path = Path(__file__).resolve().parents[1] / "data" / "tap_frames.jsonl"
+    for offset, line in enumerate(path.read_text().splitlines()):
+        record = json.loads(line)
+        conn = f"corpus-{record['source']}"
+        headers = {
+            "dir": record["dir"],
+            "conn": conn,
+            "seq": str(seqs[conn]),
+            "ts_ns": str(SECOND + offset * 1_000_000),
+            "api_key": str(record["api_key"]),
+            "api_version": str(record["api_version"]),
+            "corr_id": str(record["corr_id"]),
+            "client": f"127.0.0.1:{40000 + len(seqs)}",
+            "broker": "127.0.0.1:9092",
+        }
+        seqs[conn] += 1
+        frames.append(frame_from_record(headers, bytes.fromhex(record["hex"]), 0, offset))
+    return frames
+
+
+def test_real_captured_traffic_matches() -> None:
+    frames = corpus_frames()
+    assert len(frames) == 100 and not any(f.error for f in frames)
+    assert summary(sharded_run(frames, list(range(0, len(frames), 7)))) == summary(single_run(frames))
+
+
+def test_state_survives_json_and_refuses_a_newer_format() -> None:
+    monitor = checks.new_monitor(CONFIG)
+    frames = scenario()
+    monitor.feed_all(frames[: len(frames) // 2])
+    saved = _roundtrip(export_state(monitor))
+    restored = import_state(checks.new_monitor(CONFIG), saved)
+    rest = frames[len(frames) // 2 :]
+    expected = monitor.feed_all(rest) + monitor.flush()
+    assert summary(restored.feed_all(rest) + restored.flush()) == summary(expected)
+    saved["format"] = 99
+    try:
+        import_state(checks.new_monitor(CONFIG), saved)
+    except StateFormatError as exc:
+        assert "newer" in str(exc)
+    else:
+        raise AssertionError("a newer state format must be refused")
+
+
+def test_keyed_state_is_dropped_when_nothing_is_left() -> None:
+    zombie, _ = pr.two_clients()
+    shard = ConnectionShard(CONFIG)
+    shard.feed(pr.init_pid(zombie, 0, epoch=0, txn_id=None))
+    routes = shard.take_routes()
+    keys = {r.key for r in routes}
+    assert f"producer|{pr.PID}" in keys
+    keyed = KeyedShard(CONFIG, f"producer|{pr.PID}")
+    keyed.feed([r for r in routes if r.key == f"producer|{pr.PID}"])
+    assert not keyed.monitor.conns  # the exchange completed: no pairing state kept
+    assert not keyed.empty  # but the producer's epoch is remembered
+    assert KeyedShard(CONFIG, f"producer|{pr.PID}").empty
