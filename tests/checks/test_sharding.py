@@ -8,6 +8,7 @@ restored between micro-batches, as a state store would.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -100,7 +101,7 @@ def sharded_run(frames: list[Frame], cuts: list[int]) -> list[Finding]:
         key_states[key] = _roundtrip(shard.export())
 
     bounds = [0, *sorted(set(cuts)), len(frames)]
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         batch = frames[lo:hi]
         if not batch:
             continue
