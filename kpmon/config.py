@@ -8,11 +8,12 @@ scalars, so ``KPMON__TAP__QUEUE_MAX_FRAMES=5000`` is an int.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "KPMON__"
 
@@ -128,19 +129,109 @@ class QualityConfig(_Section):
     docs_keep_results: int = Field(default=200, ge=1)
 
 
+HookKind = Literal["kafka", "webhook", "slack", "pagerduty", "alertmanager", "log"]
+
+
 class HookConfig(_Section):
-    kind: Literal["kafka", "webhook", "slack", "pagerduty", "alertmanager", "log"]
+    """One alert destination. Unset tuning knobs (``None``) take the kind's default (docs/alerting.md)."""
+
+    kind: HookKind
+    #: Unique among the hooks; names the spool file, the metrics label and the log lines. Default: the kind.
+    name: str | None = None
+    #: Receiver URL: webhook and slack (required); alertmanager (base URL, ``/api/v2/alerts`` is appended
+    #: unless present); pagerduty (default ``https://events.pagerduty.com/v2/enqueue``).
     url: str | None = None
-    topic: str | None = None
+    #: Extra HTTP headers (e.g. ``Authorization``); their values are never logged.
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: kafka: the alerts topic, on ``cluster`` (default: the tap topic's cluster).
+    topic: str = "kpmon.alerts"
+    cluster: KafkaClusterConfig | None = None
+    #: kafka: create the topic (broker defaults for partitions and replication) if it does not exist.
+    create_topic: bool = True
+    #: pagerduty: the Events API v2 integration key.
     routing_key: str | None = None
+    #: pagerduty ``payload.source``; Alertmanager gets it as the ``instance`` label.
+    source: str = "kpmon"
+    #: alertmanager: optional ``generatorURL`` (e.g. the job's dashboard) and static labels for every alert.
+    generator_url: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
     min_severity: Literal["info", "warning", "critical"] = "warning"
-    max_per_second: float = 1.0
-    timeout_seconds: float = 5.0
-    max_retries: int = 5
+    #: Requests per second to the receiver (token bucket of ``burst``); None: the kind's default.
+    max_per_second: float | None = Field(default=None, gt=0)
+    burst: int = Field(default=1, ge=1)
+    #: Alerts per request (Slack messages list several alerts); None: the kind's default.
+    max_batch: int | None = Field(default=None, ge=1)
+    #: Wait this long after the first pending alert before sending, so a burst goes out as one request.
+    group_wait_seconds: float = Field(default=0.0, ge=0)
+    #: Minimum time between two notifications for the same (rule, subject); later ones wait and coalesce.
+    group_interval_seconds: float = Field(default=0.0, ge=0)
+    #: Re-send firing alerts this often until resolved; None: the kind's default (alertmanager 60 s, others never).
+    resend_seconds: float | None = Field(default=None, gt=0)
+    timeout_seconds: float = Field(default=5.0, gt=0)
+    backoff_initial_seconds: float = Field(default=0.5, gt=0)
+    backoff_max_seconds: float = Field(default=60.0, gt=0)
+    backoff_multiplier: float = Field(default=2.0, ge=1, le=10)
+    #: Each backoff delay is reduced by a random fraction up to this, so many hooks do not retry in step.
+    jitter: float = Field(default=0.5, ge=0, le=1)
+    #: Attempts for a request the receiver rejects (HTTP 4xx other than 408/429) before it is dropped;
+    #: unreachable receivers, timeouts and 5xx are retried until ``max_age_seconds``.
+    max_retries: int = Field(default=5, ge=1)
+    #: Bound on pending deliveries (spooled); beyond it the oldest lowest-severity one is dropped, counted.
+    max_pending: int = Field(default=10_000, ge=1)
+    #: A delivery still pending after this long is dropped, counted.
+    max_age_seconds: float = Field(default=24 * 3600.0, gt=0)
+    #: How many delivered (id, status) pairs are remembered (and spooled) to suppress re-sends.
+    dedup_memory: int = Field(default=10_000, ge=0)
+
+    @property
+    def hook_name(self) -> str:
+        return self.name or self.kind
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError("name must be 1-64 characters of letters, digits, '_', '.', '-'")
+        return value
+
+    @field_validator("url", "generator_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> HookConfig:
+        if self.kind in ("webhook", "slack", "alertmanager") and not self.url:
+            raise ValueError(f"a {self.kind} hook needs url")
+        if self.kind == "pagerduty" and not self.routing_key:
+            raise ValueError("a pagerduty hook needs routing_key")
+        if self.kind in ("webhook", "pagerduty") and (self.max_batch or 1) > 1:
+            raise ValueError(f"a {self.kind} hook sends one alert per request: max_batch must be 1")
+        bad_labels = [name for name in self.labels if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+        if bad_labels:
+            raise ValueError(f"invalid label names: {', '.join(bad_labels)}")
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ValueError("backoff_max_seconds must be >= backoff_initial_seconds")
+        return self
 
 
 class AlertsConfig(_Section):
+    """Where alerts go. Every hook delivers independently: a dead one never holds up the others."""
+
     hooks: list[HookConfig] = Field(default_factory=lambda: [HookConfig(kind="log")])
+    #: Pending deliveries survive restarts here; default ``<state_dir>/alerts-spool``.
+    spool_dir: str | None = None
+
+    @field_validator("hooks")
+    @classmethod
+    def _unique_names(cls, hooks: list[HookConfig]) -> list[HookConfig]:
+        names = [hook.hook_name for hook in hooks]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"hook names must be unique (set name:); repeated: {', '.join(duplicates)}")
+        return hooks
 
 
 class KpmonConfig(_Section):

@@ -1,0 +1,150 @@
+"""A hook's spool: pending deliveries (and what was delivered) on disk, so a restarted process re-sends them.
+
+The file is an append-only JSON Lines journal of puts and deletes on namespaced keys. Appends are
+flushed and fsynced per call (one call per publish or per completed request, not per alert). When the
+journal is mostly dead entries it is rewritten atomically; it is also rewritten on open, which drops
+a line torn by a crash (``kill -9`` mid-write) instead of letting the next append glue onto it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from streaming.hooks.core import SpoolOp
+
+log = logging.getLogger("kpmon.alerts.hooks")
+
+Contents = dict[str, dict[str, dict[str, Any]]]
+
+#: Rewrite the journal once it holds this many lines and more than ``_DEAD_RATIO`` per live entry.
+_COMPACT_MIN_LINES = 1000
+_DEAD_RATIO = 4
+
+
+class SpoolLockedError(RuntimeError):
+    """Another process (or another AlertHooks) already uses this spool directory."""
+
+
+class SpoolLock:
+    """An exclusive lock on a spool directory: two writers would re-send and compact each other's entries."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "lock"
+        self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._file.close()
+            self._file = None
+            raise SpoolLockedError(f"alert spool {directory} is in use by another process") from exc
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.contents: Contents = {}
+        self.lines = 0
+        #: Lines skipped on open (torn or corrupt): reported, never fatal.
+        self.bad_lines = 0
+        self._file: IO[str] | None = None
+
+    def open(self) -> Contents:
+        """Read the journal, rewrite it compacted, and keep it open for appends. Returns its contents."""
+        if self.path.exists():
+            with open(self.path, encoding="utf-8", errors="replace") as journal:
+                for number, line in enumerate(journal, 1):
+                    self._replay(line, number)
+        if self.bad_lines:
+            log.warning("alert spool %s: skipped %d unreadable line(s)", self.path, self.bad_lines)
+        self._rewrite()
+        return self.contents
+
+    def _replay(self, line: str, number: int) -> None:
+        if not line.strip():
+            return
+        try:
+            entry = json.loads(line)
+            namespace, key, value = entry["ns"], entry["key"], entry.get("value")
+            if not isinstance(namespace, str) or not isinstance(key, str):
+                raise TypeError("ns and key must be strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            self.bad_lines += 1
+            log.debug("alert spool %s line %d: %s", self.path, number, exc)
+            return
+        self._apply_memory(SpoolOp(namespace, key, value))
+
+    def _apply_memory(self, op: SpoolOp) -> None:
+        space = self.contents.setdefault(op.namespace, {})
+        if op.value is None:
+            space.pop(op.key, None)
+        else:
+            space[op.key] = op.value
+
+    @property
+    def live(self) -> int:
+        return sum(len(space) for space in self.contents.values())
+
+    def _rewrite(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(temporary, "w", encoding="utf-8") as out:
+            for namespace, space in self.contents.items():
+                for key, value in space.items():
+                    out.write(_line(SpoolOp(namespace, key, value)))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.path)
+        _fsync_dir(self.path.parent)
+        self.lines = self.live
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for appends
+
+    def write(self, ops: Sequence[SpoolOp]) -> None:
+        """Append ``ops`` durably. Raises OSError (disk full, ...): the caller counts and logs it."""
+        if not ops or self._file is None:
+            return
+        for op in ops:
+            self._apply_memory(op)
+        self._file.write("".join(_line(op) for op in ops))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.lines += len(ops)
+        if self.lines >= _COMPACT_MIN_LINES and self.lines > _DEAD_RATIO * self.live:
+            self._rewrite()
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
+def _line(op: SpoolOp) -> str:
+    entry: dict[str, Any] = {"ns": op.namespace, "key": op.key}
+    if op.value is not None:
+        entry["value"] = op.value
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n"
