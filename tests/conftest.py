@@ -7,6 +7,7 @@ nothing needs to be running beforehand and parallel runs do not collide.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 
 from deploy.local.stack import LocalStack
 from deploy.versions import KAFKA_LATEST, KAFKA_LEGACY
+from tap.proxy import parse_hostport
+from tests.tap.harness import TappedCluster, free_port, start_stack
 
 # ----- local Kafka stack (deploy/local) -------------------------------------------------------------
 
@@ -49,3 +52,37 @@ def sasl_kafka_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
 def stack_home(tmp_path: Path) -> Path:
     """A fresh directory for a test that starts its own stack."""
     return tmp_path / "stack"
+
+
+# ----- a cluster whose clients go through a tap (tap/, checks/ real-traffic tests) ---------------------
+
+
+@pytest.fixture(scope="session")
+def tapped_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TappedCluster]:
+    """One 4.4.0 node that advertises a tap address; start the tap with ``.start_tap()``.
+
+    ``KPMON_TAP_BROKER=broker_host:port,tap_host:port,mirror_bootstrap`` uses a broker started by hand
+    that already advertises ``tap_host:port`` (and a second, direct listener for the mirror). Otherwise
+    a LocalStack advertises a free port for the tap and the mirror goes through its internal
+    (inter-broker) listener, which advertises the broker itself: mirror traffic never loops through
+    the tap. Costs one JVM start, on first use.
+    """
+    env = os.environ.get("KPMON_TAP_BROKER")
+    if env:
+        broker, tap_addr, mirror = env.split(",")
+        yield TappedCluster(tap_addr, parse_hostport(broker), 1, parse_hostport(tap_addr), mirror)
+        return
+    port = free_port()
+    stack = LocalStack(tmp_path_factory.mktemp("tapped-stack"), advertised={1: ("127.0.0.1", port)})
+    try:
+        start_stack(stack)
+        b = stack.listen_endpoints[0]
+        yield TappedCluster(
+            f"127.0.0.1:{port}",
+            (b.host, b.port),
+            b.node_id,
+            ("127.0.0.1", port),
+            stack.internal_bootstrap_servers,
+        )
+    finally:
+        stack.down()
