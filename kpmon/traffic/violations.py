@@ -16,6 +16,7 @@ from typing import Any
 import codec
 from codec.samples import random_request_body
 from kpmon.traffic.raw_client import RawClientError, RawKafkaClient
+from kpmon.traffic.workload import create_topic
 
 INCONSISTENT_GROUP_PROTOCOL = 23
 MEMBER_ID_REQUIRED = 79
@@ -48,6 +49,7 @@ def zombie_producer(
             }
         )
 
+    create_topic(bootstrap, topic)
     zombie = producer("kpmon-zombie")
     zombie.init_transactions(timeout)
     zombie.begin_transaction()
@@ -73,6 +75,7 @@ def mixed_protocol_group(bootstrap: str, group: str, topic: str, timeout: float 
     """A kafka-python consumer holds ``group``; a raw member joins it with protocol type ``connect`` (KIP-559)."""
     from kafka import KafkaConsumer
 
+    create_topic(bootstrap, topic)
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -122,36 +125,50 @@ def _join_connect_member(raw: RawKafkaClient, group: str) -> int:
     return error
 
 
-def out_of_range_versions(bootstrap: str) -> dict[str, Any]:
-    """Requests outside the versions the broker advertised (KIP-35), one of them removed in 4.0 (KIP-896)."""
-    sent: list[str] = []
-    with RawKafkaClient(bootstrap, client_id="kpmon-old-client") as raw:
-        advertised = raw.handshake()
-        # Above the advertised maximum: an API whose newest version the broker does not advertise
-        # (an unstable latest version), encoded with the codec which knows it.
-        for api_key, (lo, hi) in sorted(advertised.items()):
-            codec_hi = codec.supported_versions(api_key)[1] if api_key in codec.api_keys() else -1
-            if codec_hi > hi and api_key != 58:
-                raw.correlation_id += 1
-                try:
-                    body = random_request_body(api_key, codec_hi, random.Random(1))
-                    raw.send_frame(
-                        codec.encode_request(api_key, codec_hi, raw.correlation_id, raw.client_id, body)
-                    )
-                    sent.append(f"{codec.api_name(api_key)} v{codec_hi} (advertised v{lo}-v{hi})")
-                except codec.EncodeError:
-                    continue
-                break
-        outcome = _drain(raw)
+def _send_unchecked(bootstrap: str, api_key: int, version: int, body: dict[str, Any]) -> str:
+    """Handshake, then send one request whatever the broker advertised; the broker's reaction."""
     with RawKafkaClient(bootstrap, client_id="kpmon-old-client") as raw:
         raw.handshake()
-        # Produce v2: below the 4.x minimum, and one of the versions Kafka 4.0 removed.
-        body = {"Acks": 1, "TimeoutMs": 1000, "TopicData": []}
         raw.correlation_id += 1
-        raw.send_frame(codec.encode_request(0, 2, raw.correlation_id, raw.client_id, body))
-        sent.append("Produce v2 (removed in 4.0)")
-        outcome += "/" + _drain(raw)
-    return {"scenario": "out_of_range_versions", "sent": sent, "broker": outcome}
+        raw.send_frame(codec.encode_request(api_key, version, raw.correlation_id, raw.client_id, body))
+        return _drain(raw)
+
+
+def out_of_range_versions(bootstrap: str) -> dict[str, Any]:
+    """Requests outside the versions the broker advertised (KIP-35), and versions Kafka 4.0 removed (KIP-896).
+
+    One connection per request: a broker closes the connection on a version it does not support.
+    """
+    sent: list[str] = []
+    outcomes: list[str] = []
+    with RawKafkaClient(bootstrap) as probe:
+        advertised = probe.handshake()
+    # Above the advertised maximum: an API whose newest version the broker does not advertise (an
+    # unstable latest version), encoded with the codec, which knows it. Absent when the codec and the
+    # broker know the same versions.
+    for api_key, (lo, hi) in sorted(advertised.items()):
+        codec_hi = codec.supported_versions(api_key)[1] if api_key in codec.api_keys() else -1
+        if codec_hi <= hi or api_key == 58:
+            continue
+        try:
+            body = random_request_body(api_key, codec_hi, random.Random(1), unknown_tags=False)
+            codec.encode_request(api_key, codec_hi, 0, "", body)
+        except codec.EncodeError:
+            continue
+        outcomes.append(_send_unchecked(bootstrap, api_key, codec_hi, body))
+        sent.append(f"{codec.api_name(api_key)} v{codec_hi} (advertised v{lo}-v{hi})")
+        break
+    # Below the advertised minimum: Fetch v3, which Kafka 4.0 removed and no longer advertises.
+    lo, hi = advertised.get(1, (0, 0))
+    fetch = {"ReplicaId": -1, "MaxWaitMs": 100, "MinBytes": 1, "MaxBytes": 1024, "Topics": []}
+    outcomes.append(_send_unchecked(bootstrap, 1, 3, fetch))
+    sent.append(f"Fetch v3 (advertised v{lo}-v{hi}, removed in 4.0)")
+    # Removed in 4.0 but still advertised: 4.x brokers keep advertising Produce v0+ because old
+    # librdkafka releases refuse to produce otherwise (KAFKA-18659), and reject v0-v2 when sent.
+    lo, hi = advertised.get(0, (0, 0))
+    outcomes.append(_send_unchecked(bootstrap, 0, 2, {"Acks": 1, "TimeoutMs": 1000, "TopicData": []}))
+    sent.append(f"Produce v2 (advertised v{lo}-v{hi}, removed in 4.0)")
+    return {"scenario": "out_of_range_versions", "sent": sent, "broker": "/".join(outcomes)}
 
 
 def envelope_from_client(bootstrap: str) -> dict[str, Any]:

@@ -12,17 +12,19 @@ import uuid
 from typing import Any
 
 
-def _admin_create(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` unless it exists."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "kpmon-admin"})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     for future in futures.values():
-        try:
-            future.result(30)
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+        # ``exception()`` rather than ``result()``: a raised error's traceback would hold this frame,
+        # and through it the AdminClient, in a cycle, keeping its broker connection open until the
+        # garbage collector runs (a tapped scenario then never sees its connections close).
+        error = future.exception(30)
+        if error is not None and "TOPIC_ALREADY_EXISTS" not in str(error):
+            raise RuntimeError(f"cannot create topic {topic}: {error}")
 
 
 def idempotent_produce(bootstrap: str, topic: str, count: int = 50) -> int:
@@ -63,6 +65,9 @@ def transactional_produce(bootstrap: str, topic: str, commit: bool, count: int =
     producer.begin_transaction()
     for i in range(count):
         producer.produce(topic, key=str(i).encode(), value=b"t" * 100)
+    # Written before the outcome is decided: librdkafka purges unsent messages on abort, and a
+    # transaction that never added a partition ends without any EndTxn, so nothing would be aborted.
+    producer.flush(30)
     if commit:
         producer.commit_transaction(30)
     else:
@@ -131,7 +136,7 @@ def kafka_python_round_trip(bootstrap: str, topic: str, count: int = 20) -> int:
 
 def clean_round(bootstrap: str, topic: str = "kpmon-demo", group: str = "kpmon-demo-group") -> dict[str, Any]:
     """One round of the clean workload; returns what each client did."""
-    _admin_create(bootstrap, topic, partitions=3)
+    create_topic(bootstrap, topic, partitions=3)
     out: dict[str, Any] = {"idempotent_delivered": idempotent_produce(bootstrap, topic)}
     transactional_produce(bootstrap, topic, commit=True)
     transactional_produce(bootstrap, topic, commit=False)
