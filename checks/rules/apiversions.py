@@ -52,12 +52,18 @@ FORWARDABLE = frozenset({19, 20, 30, 31, 33, 37, 38, 39, 40, 44, 45, 49, 51, 57}
 
 @cache
 def removed_in_4_0(api_key: int, version: int) -> bool:
-    """Whether Kafka 4.0 removed this request version (KIP-896): it is defined only by a 3.x release."""
+    """Whether Kafka 4.0 removed this request version (KIP-896): it is defined only by a 3.x release.
+
+    A 3.x release's unstable latest version (share groups' v0) was never released as stable, and is
+    not a KIP-896 removal: 4.0 still served it (as early access); a later release dropped it.
+    """
     spec = load_table().requests.get(api_key)
     if spec is None:
         return False
     seg = spec.segment(version)
-    return seg is not None and int(seg.release.split(".")[0]) < 4
+    if seg is None or int(seg.release.split(".")[0]) >= 4:
+        return False
+    return not (seg.unstable_latest and version == seg.valid[1])
 
 
 def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:

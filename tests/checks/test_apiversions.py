@@ -206,6 +206,9 @@ def test_removed_in_4_0_table() -> None:
     assert removed_in_4_0(PRODUCE, 2) and not removed_in_4_0(PRODUCE, 3)
     assert removed_in_4_0(6, 0)  # UpdateMetadata: the whole API is gone
     assert not removed_in_4_0(METADATA, 0) and not removed_in_4_0(9999, 0)
+    # Share-group v0 (KIP-932) was an unstable version in 3.9 and early access in 4.0; 4.1 dropped it.
+    # Not a KIP-896 removal: a 4.0 broker serves it.
+    assert not any(removed_in_4_0(api, 0) for api in (76, 77, 78, 79))
 
 
 def test_cluster_skew_between_brokers() -> None:
