@@ -1,0 +1,453 @@
+"""The data-quality gate: Great Expectations suites validated once per micro-batch, on the driver.
+
+The streaming job calls ``QualityGate.validate`` from ``foreachBatch`` with two small pandas frames it
+has already computed: ``frames_agg`` (one row per direction, API key and version seen in the batch) and
+the batch's findings. Validating those instead of every decoded frame keeps GX off the hot path: it
+costs milliseconds per batch, where GX over the batch's Spark rows costs whole Spark jobs per metric
+(``benchmarks/quality_bench.py`` measures both).
+
+Each failed expectation becomes a ``checks.model.Finding`` with rule ``quality.<short name>`` and an id
+anchored on the batch id (``{"conn": "quality", "seq": batch_id}``), so a replayed batch, which
+``foreachBatch`` may deliver more than once, yields the same ids.
+
+The GX context is ephemeral (suites are rebuilt from the config at every start, so they always match
+it) except for the validation results kept for Data Docs: those go to ``<docs_dir>/results`` so the
+report survives restarts, bounded by ``QualityConfig.docs_keep_results`` per suite. The HTML site is
+``<docs_dir>/site/index.html``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import math
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import great_expectations as gx
+import pandas as pd
+from great_expectations.core.batch_definition import BatchDefinition
+from great_expectations.core.expectation_suite import ExpectationSuite
+from great_expectations.core.expectation_validation_result import (
+    ExpectationSuiteValidationResult,
+    ExpectationValidationResult,
+)
+from great_expectations.core.run_identifier import RunIdentifier
+from great_expectations.data_context.types.base import (
+    DataContextConfig,
+    InMemoryStoreBackendDefaults,
+    ProgressBarsConfig,
+)
+from great_expectations.data_context.types.resource_identifiers import (
+    ExpectationSuiteIdentifier,
+    ValidationResultIdentifier,
+)
+from great_expectations.expectations.metadata_types import FailureSeverity
+
+from checks.model import Finding, Severity
+from kpmon.config import QualityConfig
+from streaming.quality_suites import (
+    CHECKS,
+    FINDINGS_COLUMNS,
+    FRAMES_AGG_COLUMNS,
+    INDEX_COLUMNS,
+    SUITE_BATCH,
+    SUITE_FINDINGS,
+    SUITE_FRAMES,
+    SUITES,
+    Check,
+)
+
+log = logging.getLogger(__name__)
+
+DOCS_SITE = "kpmon"
+#: At most this many offending rows are copied into a finding's evidence.
+MAX_EVIDENCE_ROWS = 20
+BATCH_COLUMNS = (
+    "frames",
+    "decode_errors",
+    "responses",
+    "error_responses",
+    "decode_error_rate",
+    "error_response_rate",
+)
+
+
+COUNT_COLUMNS = ("frames", "decode_errors", "null_protocol_type", "error_responses")
+
+
+class QualityInputError(ValueError):
+    """An input frame lacks columns the suites read (a bug in the caller, not bad traffic)."""
+
+
+@dataclass
+class QualityResult:
+    batch_id: int
+    success: bool
+    elapsed_s: float
+    #: One per failed expectation (rule ``quality.<short name>``).
+    findings: list[Finding] = field(default_factory=list)
+    #: Per suite: evaluated, successful, unsuccessful, errors, skipped, elapsed_s; plus ``docs``.
+    statistics: dict[str, Any] = field(default_factory=dict)
+
+
+def _quiet_gx() -> None:
+    # GX logs at INFO/WARNING about store and datasource bookkeeping on every validation; only its
+    # errors matter to an operator watching the job.
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+
+
+def _context_config(results_dir: Path | None, site_dir: Path | None) -> DataContextConfig:
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        analytics_enabled=False,
+        # GX draws a tqdm bar per validation otherwise, into the job's terminal.
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
+    if results_dir is not None and site_dir is not None:
+        assert config.stores is not None
+        config.stores[config.validation_results_store_name]["store_backend"] = {
+            "class_name": "TupleFilesystemStoreBackend",
+            "base_directory": str(results_dir),
+        }
+        config.data_docs_sites = {
+            DOCS_SITE: {
+                "class_name": "SiteBuilder",
+                "show_how_to_buttons": False,
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(site_dir),
+                },
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+        }
+    return config
+
+
+def batch_summary(frames_agg: pd.DataFrame, min_frames: int) -> pd.DataFrame:
+    """The one-row ``kpmon.batch`` input: totals, and rates (null when too few frames to judge)."""
+    frames = int(frames_agg["frames"].sum())
+    decode_errors = int(frames_agg["decode_errors"].sum())
+    responses = int(frames_agg.loc[frames_agg["dir"] == "resp", "frames"].sum())
+    error_responses = int(frames_agg["error_responses"].sum())
+    row = {
+        "frames": frames,
+        "decode_errors": decode_errors,
+        "responses": responses,
+        "error_responses": error_responses,
+        "decode_error_rate": decode_errors / frames if frames >= min_frames else None,
+        "error_response_rate": error_responses / responses if responses >= min_frames else None,
+    }
+    return pd.DataFrame([row], columns=list(BATCH_COLUMNS)).astype(
+        {"decode_error_rate": "float64", "error_response_rate": "float64"}
+    )
+
+
+def findings_frame(findings: pd.DataFrame) -> pd.DataFrame:
+    """The ``kpmon.findings`` input: the findings plus ``alert_rule``, the rule of those that alert."""
+    complete = ~findings["incomplete"].fillna(False).astype(bool)
+    alerting = complete & (findings["severity"] != Severity.INFO.value)
+    return findings.assign(alert_rule=findings["rule"].where(alerting))
+
+
+def _require(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> None:
+    if not isinstance(frame, pd.DataFrame):
+        raise QualityInputError(f"{name} must be a pandas DataFrame, not {type(frame).__name__}")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise QualityInputError(f"{name} lacks column(s) {', '.join(missing)}; it has {list(frame.columns)}")
+    # The batch totals are summed here, before GX sees anything, so these must be numbers.
+    counts = [c for c in COUNT_COLUMNS if c in columns and not pd.api.types.is_numeric_dtype(frame[c])]
+    if counts:
+        raise QualityInputError(f"{name} column(s) {', '.join(counts)} must be numeric")
+
+
+def _raised(evr: ExpectationValidationResult) -> str | None:
+    """The message of the exception GX caught while evaluating ``evr``, if any."""
+    info = evr.exception_info or {}
+    # A lone expectation reports one exception; a suite reports one per metric that failed.
+    for entry in (info, *info.values()):
+        if isinstance(entry, dict) and entry.get("raised_exception"):
+            return str(entry.get("exception_message") or "unknown error")
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copies of GX result values (numpy scalars, pandas NA, tuples)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    item = getattr(value, "item", None)
+    if callable(item):
+        return _plain(item())
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return str(value)
+
+
+class QualityGate:
+    """Builds the GX context and suites once; validates each micro-batch; renders Data Docs."""
+
+    def __init__(self, config: QualityConfig, docs_dir: Path | None) -> None:
+        _quiet_gx()
+        self.config = config
+        self.docs_dir = Path(docs_dir) if docs_dir is not None and config.data_docs else None
+        self._results_dir = self.docs_dir / "results" if self.docs_dir else None
+        self._site_dir = self.docs_dir / "site" if self.docs_dir else None
+        self._context = gx.get_context(
+            project_config=_context_config(self._results_dir, self._site_dir), mode="ephemeral"
+        )
+        datasource = self._context.data_sources.add_pandas("kpmon")
+        self._batch_definitions: dict[str, BatchDefinition] = {}
+        self._suites: dict[str, ExpectationSuite] = {}
+        self._checks: dict[str, Check] = {}
+        for suite_name in SUITES:
+            asset = datasource.add_dataframe_asset(suite_name.removeprefix("kpmon."))
+            self._batch_definitions[suite_name] = asset.add_batch_definition_whole_dataframe("micro-batch")
+            suite = self._context.suites.add(ExpectationSuite(name=suite_name))
+            for check in CHECKS:
+                if check.suite != suite_name:
+                    continue
+                expectation = check.build(config)
+                expectation.meta = {"kpmon_rule": check.rule}
+                expectation.severity = FailureSeverity(check.severity.value)
+                suite.add_expectation(expectation)
+                self._checks[check.rule] = check
+            self._suites[suite_name] = suite
+        self._validated = 0
+        self._docs_due = config.docs_every_batches
+        self._stored: dict[str, deque[ValidationResultIdentifier]] = {s: deque() for s in SUITES}
+        if self._results_dir is not None:
+            self._load_stored()
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def validate(self, batch_id: int, frames_agg: pd.DataFrame, findings: pd.DataFrame) -> QualityResult:
+        """Run the suites over one micro-batch. Never raises for what the data says, only for bad inputs."""
+        start = time.perf_counter()
+        _require(frames_agg, FRAMES_AGG_COLUMNS, "frames_agg")
+        _require(findings, FINDINGS_COLUMNS, "findings")
+        inputs = {
+            SUITE_FRAMES: frames_agg,
+            SUITE_BATCH: (
+                batch_summary(frames_agg, self.config.min_frames_for_rates) if len(frames_agg) else frames_agg
+            ),
+            SUITE_FINDINGS: findings_frame(findings) if len(findings) else findings,
+        }
+        ts_ns = int(findings["ts_ns"].max()) if len(findings) else time.time_ns()
+        result = QualityResult(batch_id=batch_id, success=True, elapsed_s=0.0)
+        self._validated += 1
+        for suite_name, frame in inputs.items():
+            stats: dict[str, Any] = {
+                "evaluated": 0,
+                "successful": 0,
+                "unsuccessful": 0,
+                "errors": 0,
+                "skipped": frame.empty,
+            }
+            result.statistics[suite_name] = stats
+            if frame.empty:
+                # Every expectation here holds vacuously on no rows: skip GX, which costs ms even then.
+                continue
+            suite_start = time.perf_counter()
+            suite_result = self._run_suite(suite_name, frame, batch_id, stats)
+            stats["elapsed_s"] = time.perf_counter() - suite_start
+            for check, evr in suite_result:
+                stats["evaluated"] += 1
+                if evr is not None and evr.success:
+                    stats["successful"] += 1
+                    continue
+                stats["unsuccessful"] += 1
+                result.success = False
+                result.findings.append(self._finding(batch_id, ts_ns, check, evr))
+        result.statistics["docs"] = self._maybe_build_docs()
+        result.elapsed_s = time.perf_counter() - start
+        return result
+
+    def _run_suite(
+        self, suite_name: str, frame: pd.DataFrame, batch_id: int, stats: dict[str, Any]
+    ) -> list[tuple[Check, ExpectationValidationResult | None]]:
+        suite = self._suites[suite_name]
+        try:
+            batch = self._batch_definitions[suite_name].get_batch(batch_parameters={"dataframe": frame})
+            # Pass/fail alone is about half the price of a result with the offending rows, and most
+            # batches pass: only failed expectations are run again for their evidence.
+            suite_result = batch.validate(suite, result_format="BOOLEAN_ONLY")
+            detail = {
+                "result_format": "SUMMARY",
+                "partial_unexpected_count": MAX_EVIDENCE_ROWS,
+                "unexpected_index_column_names": INDEX_COLUMNS[suite_name],
+            }
+            by_id = {e.id: e for e in suite.expectations}
+            for i, evr in enumerate(suite_result.results):
+                config = evr.expectation_config
+                if evr.success or config is None or config.id not in by_id or _raised(evr):
+                    continue
+                suite_result.results[i] = batch.validate(by_id[config.id], result_format=detail)
+        except Exception as exc:
+            # A GX failure must not stop the stream: every expectation of the suite counts as
+            # unevaluated (a finding each), and the error is logged once per batch.
+            log.error("quality: suite %s failed on batch %s: %s", suite_name, batch_id, exc, exc_info=True)
+            stats["errors"] += len(suite.expectations)
+            return [
+                (self._checks[str(e.meta["kpmon_rule"])], None)
+                for e in suite.expectations
+                if e.meta is not None
+            ]
+        self._keep_for_docs(suite_name, batch_id, suite_result)
+        out: list[tuple[Check, ExpectationValidationResult | None]] = []
+        for evr in suite_result.results:
+            meta = evr.expectation_config.meta if evr.expectation_config is not None else None
+            check = self._checks[str((meta or {})["kpmon_rule"])]
+            error = _raised(evr)
+            if error is not None:
+                stats["errors"] += 1
+                log.error("quality: %s could not be evaluated on batch %s: %s", check.rule, batch_id, error)
+            out.append((check, evr))
+        return out
+
+    def _finding(
+        self, batch_id: int, ts_ns: int, check: Check, evr: ExpectationValidationResult | None
+    ) -> Finding:
+        config = evr.expectation_config if evr is not None else None
+        description = (config.description if config is not None else None) or check.rule
+        evidence: dict[str, Any] = {
+            "conn": "quality",
+            "seq": batch_id,
+            "batch_id": batch_id,
+            "suite": check.suite,
+            "expectation": config.type if config is not None else None,
+        }
+        error = "the suite could not run" if evr is None else _raised(evr)
+        if evr is None or error is not None:
+            evidence["error"] = error
+            summary = f"batch {batch_id} could not be checked: {description} ({error})"
+        else:
+            res = evr.result or {}
+            unexpected = res.get("partial_unexpected_index_list") or res.get("partial_unexpected_list") or []
+            evidence["unexpected_count"] = _plain(res.get("unexpected_count"))
+            evidence["element_count"] = _plain(res.get("element_count"))
+            evidence["unexpected"] = _plain(list(unexpected)[:MAX_EVIDENCE_ROWS])
+            if "observed_value" in res:
+                evidence["observed_value"] = _plain(res["observed_value"])
+            kwargs = config.kwargs if config is not None else {}
+            for bound in ("min_value", "max_value"):
+                if bound in kwargs:
+                    evidence[bound] = _plain(kwargs[bound])
+            summary = (
+                f"batch {batch_id} failed: {description} "
+                f"({evidence['unexpected_count']} of {evidence['element_count']} rows unexpected)"
+            )
+            if check.suite == SUITE_BATCH and unexpected and isinstance(unexpected[0], dict):
+                observed = _plain(unexpected[0].get(str(kwargs.get("column"))))
+                if isinstance(observed, float):
+                    summary = f"batch {batch_id} failed: {description} (observed {observed:.2%})"
+        return Finding(
+            rule=check.rule,
+            severity=check.severity,
+            subject=check.suite,
+            summary=summary,
+            ts_ns=ts_ns,
+            evidence=evidence,
+        )
+
+    # -- Data Docs -------------------------------------------------------------------------------
+
+    def build_docs(self) -> Path | None:
+        """(Re)build the static HTML report; returns its index.html (None when Data Docs are off)."""
+        if self._site_dir is None:
+            return None
+        # Pages of pruned results would linger (and grow without bound) if the site were not rebuilt
+        # from scratch; the results store is the source of truth.
+        shutil.rmtree(self._site_dir / "validations", ignore_errors=True)
+        self._context.build_data_docs(site_names=[DOCS_SITE])
+        self._docs_due = self._validated + self.config.docs_every_batches
+        return self._site_dir / "index.html"
+
+    def _maybe_build_docs(self) -> dict[str, Any]:
+        if self._site_dir is None or self._validated < self._docs_due:
+            return {"built": False}
+        start = time.perf_counter()
+        try:
+            self.build_docs()
+        except Exception as exc:
+            # Documentation is a by-product: a failure to render it is logged and retried next time.
+            log.error("quality: Data Docs build failed: %s", exc, exc_info=True)
+            self._docs_due = self._validated + self.config.docs_every_batches
+            return {"built": False, "error": str(exc)}
+        return {"built": True, "elapsed_s": time.perf_counter() - start}
+
+    def _keep_for_docs(
+        self, suite_name: str, batch_id: int, suite_result: ExpectationSuiteValidationResult
+    ) -> None:
+        if self._results_dir is None:
+            return
+        if suite_result.success and self._validated % self.config.docs_sample_every_batches != 0:
+            return
+        run_id = RunIdentifier(run_name=f"batch-{batch_id}", run_time=datetime.datetime.now(datetime.UTC))
+        suite_id = ExpectationSuiteIdentifier(name=suite_name)
+        key = ValidationResultIdentifier(
+            expectation_suite_identifier=suite_id, run_id=run_id, batch_identifier=f"batch-{batch_id}"
+        )
+        store = self._context.validation_results_store
+        try:
+            store.store_validation_results(
+                suite_validation_result=suite_result,
+                suite_validation_result_identifier=key,
+                expectation_suite_identifier=suite_id,
+            )
+        except OSError as exc:
+            log.error("quality: cannot keep results of batch %s for the docs: %s", batch_id, exc)
+            return
+        kept = self._stored[suite_name]
+        kept.append(key)
+        # Pruning sweeps the results directory, so it runs once per 10% of overshoot, not per batch.
+        if len(kept) > self.config.docs_keep_results * 1.1:
+            self._prune()
+
+    def _load_stored(self) -> None:
+        store = self._context.validation_results_store
+        keys = [k for k in store.list_keys() if isinstance(k, ValidationResultIdentifier)]
+        keys.sort(key=lambda k: str(k.run_id.run_time))
+        for key in keys:
+            kept = self._stored.get(key.expectation_suite_identifier.name)
+            if kept is None:
+                continue
+            kept.append(key)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop the oldest kept results beyond ``docs_keep_results`` per suite."""
+        assert self._results_dir is not None
+        store = self._context.validation_results_store
+        removed = False
+        for kept in self._stored.values():
+            while len(kept) > self.config.docs_keep_results:
+                try:
+                    store.remove_key(kept.popleft())
+                    removed = True
+                except OSError as exc:
+                    log.warning("quality: cannot prune a kept validation result: %s", exc)
+        if not removed:
+            return
+        # GX leaves each removed run's directories behind, empty; they would accumulate forever.
+        for root, _dirs, _files in os.walk(self._results_dir, topdown=False):
+            if Path(root) != self._results_dir:
+                with contextlib.suppress(OSError):
+                    os.rmdir(root)
