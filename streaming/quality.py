@@ -162,8 +162,13 @@ def _require(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise QualityInputError(f"{name} lacks column(s) {', '.join(missing)}; it has {list(frame.columns)}")
-    # The batch totals are summed here, before GX sees anything, so these must be numbers.
-    counts = [c for c in COUNT_COLUMNS if c in columns and not pd.api.types.is_numeric_dtype(frame[c])]
+    # The batch totals are summed here, before GX sees anything, so these must be numbers. An empty
+    # frame built from a column list has object columns, and nothing to sum: it is fine as it is.
+    counts = [
+        c
+        for c in COUNT_COLUMNS
+        if c in columns and len(frame) and not pd.api.types.is_numeric_dtype(frame[c])
+    ]
     if counts:
         raise QualityInputError(f"{name} column(s) {', '.join(counts)} must be numeric")
 

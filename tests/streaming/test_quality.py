@@ -311,6 +311,13 @@ def test_empty_batch_validates_cleanly_without_gx(gate: QualityGate) -> None:
     assert all(result.statistics[s]["skipped"] and result.statistics[s]["evaluated"] == 0 for s in SUITES)
 
 
+def test_empty_frames_of_any_dtype_are_fine(gate: QualityGate) -> None:
+    # pd.DataFrame([], columns=...) is how an empty batch's inputs are often built: object columns.
+    agg = pd.DataFrame([], columns=clean_agg().columns)
+    findings = pd.DataFrame([], columns=FINDING_COLUMNS)
+    assert gate.validate(15, agg, findings).success
+
+
 def test_findings_without_frames_are_still_validated(
     gate: QualityGate, real_findings: dict[str, list[Finding]]
 ) -> None:
