@@ -26,7 +26,7 @@ from typing import Any
 
 from checks.engine import Monitor, unwrap_envelope
 from checks.model import Exchange, Finding, Frame
-from checks.rule import Context, Rule
+from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.serde import export_state, import_state
 from kpmon.config import ChecksConfig
@@ -199,6 +199,12 @@ class KeyedShard:
 
     def next_timer_ns(self) -> int | None:
         return min(self.ctx.timers.values(), default=None)
+
+    def expires_at_ns(self) -> int:
+        """When this key's state has been idle for its TTL (by key kind, as the monitor's own sweep)."""
+        rule = self.monitor.rules[0]
+        ttl_ns = int(getattr(self.ctx.config, KEY_TTL_FIELDS[rule.key_kind]) * 1e9)
+        return max(self.monitor.last_seen.values(), default=self.monitor.max_ts) + ttl_ns
 
     def export(self) -> dict[str, Any]:
         return {"monitor": export_state(self.monitor)}

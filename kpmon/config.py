@@ -90,13 +90,31 @@ class TapConfig(_Section):
 
 
 class StreamConfig(_Section):
+    """The Structured Streaming monitor (``kpmon stream``); see docs/streaming.md."""
+
     master: str = "local[*]"
+    #: Default ``<state_dir>/stream/checkpoint``. Cluster deploys need a shared filesystem URI here.
     checkpoint_dir: str | None = None
-    trigger_seconds: float = 1.0
-    max_offsets_per_trigger: int = 200_000
+    trigger_seconds: float = Field(default=1.0, gt=0)
+    max_offsets_per_trigger: int = Field(default=200_000, gt=0)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    #: false: a tap-topic offset that retention deleted is skipped with a warning (the checks see a
+    #: ``tap.gap``); true: the query fails instead.
     fail_on_data_loss: bool = False
     metrics_port: int | None = 9465
+    #: Partitions of the two stateful stages (Spark's spark.sql.shuffle.partitions); fixed by the first
+    #: start of a checkpoint.
+    shuffle_partitions: int = Field(default=4, gt=0)
+    #: A graceful stop waits for the running batch, then this long for the query to end.
+    stop_timeout_seconds: float = Field(default=60.0, gt=0)
+    #: ``kpmon stream status``: no progress for this long is "stalled"...
+    stall_seconds: float = Field(default=120.0, gt=0)
+    #: ...and more tap records than this behind the topic's end is "lagging".
+    max_lag_records: int = Field(default=500_000, gt=0)
+    #: Alert-book snapshots and per-batch result files kept in the state directory.
+    keep_batches: int = Field(default=1000, gt=1)
+    #: Extra Spark properties (``spark.*``), applied last.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
 
 
 class ChecksConfig(_Section):

@@ -1,0 +1,243 @@
+"""The always-on monitor: tap topic -> decode -> per-connection stage -> per-key stage -> alerts.
+
+    Kafka source (includeHeaders, bounded maxOffsetsPerTrigger)
+      -> mapInArrow(streaming.frames.decode_batches)          projected decode, one row per frame
+      -> withWatermark(event_time, checks.watermark_seconds)
+      -> groupBy(conn).transformWithStateInPandas(ConnectionProcessor)     stage one (checks.sharding)
+      -> groupBy(route_key).transformWithStateInPandas(KeyedProcessor)     stage two
+      -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
+
+The job stays on micro-batch triggers: Spark's real-time mode supports neither foreachBatch nor Python
+stateful processing (docs/streaming.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kpmon.config import ConfigError, KpmonConfig, load_config
+from streaming.paths import StreamPaths
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("kpmon.stream")
+
+#: Decoded-frame columns stage one needs (the rest of the table is for the data-quality aggregates).
+STAGE_ONE_COLUMNS = [
+    "conn",
+    "seq",
+    "ts_ns",
+    "dir",
+    "api_key",
+    "api_name",
+    "api_version",
+    "corr_id",
+    "client",
+    "broker",
+    "broker_id",
+    "listener",
+    "capture",
+    "truncated",
+    "tap_partition",
+    "tap_offset",
+    "decode_error",
+    "error_code",
+    "protocol_type",
+    "value",
+    "event_time",
+]
+
+
+def source_options(config: KpmonConfig) -> dict[str, str]:
+    cluster = config.tap_cluster
+    options = {
+        "kafka.bootstrap.servers": cluster.bootstrap_servers,
+        "subscribe": config.tap.topic,
+        "includeHeaders": "true",
+        "startingOffsets": config.stream.starting_offsets,
+        "maxOffsetsPerTrigger": str(config.stream.max_offsets_per_trigger),
+        "failOnDataLoss": str(config.stream.fail_on_data_loss).lower(),
+    }
+    # librdkafka property names (security.protocol, sasl.*) are the Java client's names too.
+    options.update({f"kafka.{k}": v for k, v in cluster.properties.items()})
+    return options
+
+
+def decoded_frames(spark: SparkSession, config: KpmonConfig) -> DataFrame:
+    """The decoded-frame table as a stream (documented in docs/streaming.md)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from streaming.frames import DECODED_FRAME_SCHEMA, decode_batches
+
+    reader = spark.readStream.format("kafka")
+    for key, value in source_options(config).items():
+        reader = reader.option(key, value)
+    raw = reader.load().select("value", "headers", "partition", "offset")
+    decoded = raw.mapInArrow(decode_batches, from_arrow_schema(DECODED_FRAME_SCHEMA))
+    # A record without a ts_ns header (not from a tap) still needs an event time: its arrival.
+    event_time = F.coalesce(F.timestamp_micros(F.floor(F.col("ts_ns") / 1000)), F.current_timestamp())
+    return decoded.withColumn("event_time", event_time)
+
+
+def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
+    from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
+
+    lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
+    stage_one = (
+        frames.select(*STAGE_ONE_COLUMNS)
+        .withWatermark("event_time", lateness)
+        .groupBy("conn")
+        .transformWithStateInPandas(
+            ConnectionProcessor(config.checks),
+            STAGE_ROWS_DDL,
+            "Append",
+            "EventTime",
+            eventTimeColumnName="event_time",
+        )
+    )
+    return stage_one.groupBy("route_key").transformWithStateInPandas(
+        KeyedProcessor(config.checks), OUTPUT_DDL, "Append", "EventTime"
+    )
+
+
+@dataclass
+class RunningJob:
+    spark: SparkSession
+    query: StreamingQuery
+    paths: StreamPaths
+    config: KpmonConfig
+    closers: list[Callable[[], object]] = field(default_factory=list)
+
+    def stop_gracefully(self) -> None:
+        """Finish the running batch, then stop (bounded by ``stream.stop_timeout_seconds``)."""
+        deadline = time.monotonic() + self.config.stream.stop_timeout_seconds
+        while (
+            self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        if self.query.isActive:
+            self.query.stop()
+
+    def close(self) -> None:
+        for closer in reversed(self.closers):
+            try:
+                closer()
+            except Exception as exc:  # a failing closer must not keep the others from running
+                log.warning("shutdown step failed: %s", exc)
+
+
+def start(
+    config: KpmonConfig,
+    terminal: Callable[[str], None] | None = None,
+    spark: SparkSession | None = None,
+) -> RunningJob:
+    """Build and start the query; returns at once with the running job."""
+    from prometheus_client import CollectorRegistry
+
+    from streaming.hooks import AlertHooks
+    from streaming.observe import ProgressListener, StreamMetrics
+    from streaming.quality import QualityGate
+    from streaming.session import build_session
+    from streaming.sink import BatchResult, BatchSink
+
+    paths = StreamPaths.of(config)
+    paths.make()
+    paths.stop_marker.unlink(missing_ok=True)
+    registry = CollectorRegistry()
+    metrics = StreamMetrics(registry)
+    metrics.serve(config.stream.metrics_port)
+    hooks = AlertHooks(config, paths.spool, registry)
+    gate = QualityGate(config.quality, paths.data_docs if config.quality.data_docs else None)
+    last: dict[str, Any] = {}
+
+    def on_result(result: BatchResult) -> None:
+        metrics.on_result(result)
+        last.update(
+            findings=result.findings_by_rule,
+            alerts=len(result.alerts),
+            quality_success=result.quality_success,
+            quality_seconds=round(result.quality_seconds, 4),
+            sink_seconds=round(result.seconds, 4),
+        )
+        if terminal is not None:
+            for alert in result.alerts:
+                if alert.count == 1 or alert.status == "resolved":
+                    terminal(
+                        f"  ALERT {alert.status} {alert.severity.value}: {alert.rule} {alert.subject}: {alert.summary}"
+                    )
+
+    sink = BatchSink(paths, hooks, gate, config.stream.keep_batches, on_result)
+    spark = spark or build_session(config)
+    listener = ProgressListener(paths, metrics, lambda: {**last, "hooks": hooks.stats()}, terminal)
+    spark.streams.addListener(listener)
+    pipeline = checks_pipeline(decoded_frames(spark, config), config)
+    query = (
+        pipeline.writeStream.queryName("kpmon")
+        .foreachBatch(sink)
+        .option("checkpointLocation", paths.checkpoint(config))
+        .trigger(processingTime=f"{config.stream.trigger_seconds} seconds")
+        .start()
+    )
+    paths.pid_file.write_text(f"{os.getpid()}\n")
+    job = RunningJob(spark, query, paths, config)
+    job.closers.append(lambda: paths.pid_file.unlink(missing_ok=True))
+    job.closers.append(lambda: spark.streams.removeListener(listener))
+    job.closers.append(lambda: hooks.close(10.0))
+    if config.quality.data_docs:
+        job.closers.append(gate.build_docs)
+    return job
+
+
+def run_until_stopped(job: RunningJob, poll_seconds: float = 0.5) -> int:
+    """Block until SIGTERM/SIGINT, the stop marker, or a query failure. Returns the exit code."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after the running batch", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while job.query.isActive and not stop.is_set():
+            if job.paths.stop_marker.exists():
+                log.info("stop marker %s found: stopping after the running batch", job.paths.stop_marker)
+                break
+            stop.wait(poll_seconds)
+        failed = job.query.exception()
+        if failed is None:
+            job.stop_gracefully()
+        job.close()
+        if failed is not None:
+            log.error("the streaming query failed: %s", failed)
+            return 1
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for spark-submit and ``python -m streaming``: ``--config FILE``."""
+    parser = argparse.ArgumentParser(prog="kpmon-stream", description="Run the kpmon streaming monitor.")
+    parser.add_argument("--config", help="YAML config (KPMON__SECTION__KEY env vars override it)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kpmon: {exc}", file=sys.stderr)
+        return 2
+    job = start(config, terminal=lambda line: print(line, flush=True))
+    return run_until_stopped(job)

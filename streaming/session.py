@@ -1,0 +1,56 @@
+"""The SparkSession the job runs in: RocksDB state, Avro state encoding, the pinned Kafka connector."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from kpmon.config import KpmonConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def spark_conf(config: KpmonConfig, connector_jars: list[str]) -> dict[str, str]:
+    """Every Spark property the job sets; ``stream.spark_conf`` overrides any of them."""
+    conf = {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        # transformWithState requires RocksDB; changelog checkpointing uploads only the changes per batch.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # Avro state rows can gain columns between releases; the default UnsafeRow encoding cannot.
+        "spark.sql.streaming.stateStore.encodingFormat": "avro",
+        "spark.sql.shuffle.partitions": str(config.stream.shuffle_partitions),
+        "spark.sql.streaming.stopTimeout": str(int(config.stream.stop_timeout_seconds * 1000)),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+        # Python workers must import the project and its dependencies: the job's own interpreter.
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    }
+    if connector_jars:
+        conf["spark.jars"] = ",".join(connector_jars)
+    conf.update(config.stream.spark_conf)
+    return conf
+
+
+def build_session(config: KpmonConfig, app_name: str = "kpmon-stream") -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    from streaming.connector import connector_jars
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # spark-submit deploys ship the connector themselves (deploy/spark): only fetch it when running here.
+    shipped = "spark.jars" in config.stream.spark_conf or "spark.jars.packages" in config.stream.spark_conf
+    jars = [] if shipped else [str(j) for j in connector_jars()]
+    builder = SparkSession.builder.appName(app_name)
+    if config.stream.master:
+        builder = builder.master(config.stream.master)
+    for key, value in spark_conf(config, jars).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,301 @@
+"""The two stateful stages of the job, as pure steps over plain rows (no Spark in this module).
+
+``connection_step`` is stage one, per tap connection: it runs ``checks.sharding.ConnectionShard`` over
+the connection's decoded-frame rows and emits findings, routes, per-batch aggregates and counters.
+``keyed_step`` is stage two, per route key: it buffers routed frames until Spark's event-time
+watermark passes them, then feeds them to ``checks.sharding.KeyedShard`` in event-time order.
+``streaming.processors`` wraps both in ``transformWithStateInPandas``; tests drive them directly.
+
+Rows between the stages all have ``STAGE_ROW_FIELDS``; ``kind`` says which fields mean something:
+``route`` (a frame for a keyed shard), ``finding``, ``resolve``, ``agg`` (frame counts for the
+data-quality suites) and ``stat`` (engine counters such as late frames and evictions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.ingest import DIRECTIONS, decode_frame
+from checks.model import Finding, Frame
+from checks.rule import Stats
+from checks.serde import frame_from_dict, frame_to_dict
+from checks.sharding import ConnectionShard, KeyedShard, Route
+from codec.errors import DecodeError
+from kpmon.config import ChecksConfig
+
+#: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
+PASS_KEY = "~pass"
+NS_PER_MS = 1_000_000
+INCOMPLETE, REQUEST_ONLY = 1, 2
+JOIN_GROUP, SYNC_GROUP = 11, 14
+
+#: Columns of a row between the stages (Spark DDL in ``streaming.schemas``).
+STAGE_ROW_FIELDS = (
+    "kind",
+    "route_key",
+    "event_ms",
+    "ts_ns",
+    "at_ms",
+    "conn",
+    "seq",
+    "frame",
+    "flags",
+    "payload",
+)
+#: Counters of ``checks.rule.Stats`` reported per batch (``findings`` is reported as findings).
+STAT_FIELDS = (
+    "frames",
+    "exchanges",
+    "late_frames",
+    "unpaired_responses",
+    "decode_errors",
+    "header_only",
+    "gaps",
+    "evicted_keys",
+    "evicted_entries",
+)
+
+
+def _opt_int(value: Any) -> int | None:
+    """Spark hands nullable ints to pandas as floats with NaN for null."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def frame_from_row(row: dict[str, Any]) -> Frame:
+    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks Frame.
+
+    A tap-topic record that does not follow the tap record contract (no ``dir`` header: written by
+    something else) becomes an undecodable frame, so it is reported as ``frame.decode_error``.
+    """
+    direction = _opt_str(row.get("dir")) or ""
+    frame = Frame(
+        conn=_opt_str(row.get("conn")) or "",
+        seq=_opt_int(row.get("seq")) or 0,
+        ts_ns=_opt_int(row.get("ts_ns")) or 0,
+        direction=direction,
+        api_key=_opt_int(row.get("api_key")),
+        api_version=_opt_int(row.get("api_version")),
+        correlation_id=_opt_int(row.get("corr_id")),
+        client=_opt_str(row.get("client")) or "",
+        broker=_opt_str(row.get("broker")) or "",
+        broker_id=_opt_int(row.get("broker_id")),
+        listener=_opt_str(row.get("listener")),
+        partition=_or(_opt_int(row.get("tap_partition")), -1),
+        offset=_or(_opt_int(row.get("tap_offset")), -1),
+        capture=_opt_str(row.get("capture")) or "full",
+    )
+    value = row.get("value")
+    if direction not in DIRECTIONS:
+        frame.direction = "req"
+        frame.error = DecodeError(f"not a tap record: dir header {direction!r}", 0)
+        return frame
+    return decode_frame(
+        frame, bytes(value) if value is not None else None, truncated=bool(row.get("truncated"))
+    )
+
+
+def _row(kind: str, event_ms: int, ts_ns: int, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(STAGE_ROW_FIELDS)
+    row.update(kind=kind, event_ms=event_ms, ts_ns=ts_ns, **fields)
+    return row
+
+
+def finding_row(finding: Finding, event_ms: int) -> dict[str, Any]:
+    return _row("finding", event_ms, finding.ts_ns, route_key=PASS_KEY, payload=json.dumps(finding.to_dict()))
+
+
+def _aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (dir, api, version) counts of this batch: the data-quality suites' input."""
+    out: dict[tuple[str, int | None, int | None], dict[str, Any]] = {}
+    for row in rows:
+        direction = _opt_str(row.get("dir")) or ""
+        if direction not in ("req", "resp"):
+            continue
+        api, version = _opt_int(row.get("api_key")), _opt_int(row.get("api_version"))
+        agg = out.setdefault(
+            (direction, api, version),
+            {
+                "dir": direction,
+                "api_key": api,
+                "api_name": _opt_str(row.get("api_name")),
+                "api_version": version,
+                "frames": 0,
+                "decode_errors": 0,
+                "null_protocol_type": 0,
+                "error_responses": 0,
+            },
+        )
+        agg["frames"] += 1
+        agg["api_name"] = agg["api_name"] or _opt_str(row.get("api_name"))
+        if _opt_str(row.get("decode_error")) is not None:
+            agg["decode_errors"] += 1
+            continue
+        error = _opt_int(row.get("error_code"))
+        if direction != "resp" or error is None:
+            continue
+        if error:
+            agg["error_responses"] += 1
+        elif (
+            ((api == JOIN_GROUP and (version or 0) >= 7) or (api == SYNC_GROUP and (version or 0) >= 5))
+            and _opt_str(row.get("protocol_type")) is None
+            and _opt_str(row.get("capture")) != "meta"
+        ):
+            # KIP-559: a successful answer of these versions always names the protocol type.
+            agg["null_protocol_type"] += 1
+    return list(out.values())
+
+
+def _stat_row(stats: Stats, event_ms: int) -> dict[str, Any] | None:
+    counts = {name: getattr(stats, name) for name in STAT_FIELDS if getattr(stats, name)}
+    if not counts:
+        return None
+    return _row("stat", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps(counts))
+
+
+def _resolve_rows(resolved: list[tuple[str, str, int]], event_ms: int) -> list[dict[str, Any]]:
+    return [
+        _row(
+            "resolve",
+            event_ms,
+            ts,
+            route_key=PASS_KEY,
+            payload=json.dumps({"rule": rule, "subject": subject, "ts_ns": ts}),
+        )
+        for rule, subject, ts in resolved
+    ]
+
+
+@dataclass
+class StepResult:
+    #: The key's new saved state (JSON text), or None: nothing left to keep, delete it.
+    state: str | None
+    rows: list[dict[str, Any]]
+    #: When to be called again (event-time ms): a buffered route, a rule's timer, or the state's TTL.
+    next_timer_ms: int | None = None
+
+
+def connection_step(
+    config: ChecksConfig, saved: str | None, rows: Iterable[dict[str, Any]], watermark_ms: int
+) -> StepResult:
+    """Stage one for one connection's rows of a micro-batch."""
+    batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
+    shard = ConnectionShard(config, json.loads(saved) if saved else None)
+    frames = [frame_from_row(r) for r in batch]
+    # Spark refuses rows older than its watermark from a stage that feeds another stateful stage.
+    newest = max((f.ts_ns // NS_PER_MS for f in frames), default=watermark_ms)
+    event_ms = max(newest, watermark_ms)
+    findings = shard.feed(frames)
+    out = [finding_row(f, event_ms) for f in findings]
+    for route in shard.take_routes():
+        flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+        at_ms = max(-(-route.at_ns // NS_PER_MS), watermark_ms)
+        out.append(
+            _row(
+                "route",
+                at_ms,
+                route.frame.ts_ns,
+                route_key=route.key,
+                at_ms=at_ms,
+                conn=route.frame.conn,
+                seq=route.frame.seq,
+                frame=json.dumps(frame_to_dict(route.frame)),
+                flags=flags,
+            )
+        )
+    out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
+    out.extend(
+        _row("agg", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps(agg))
+        for agg in _aggregates(batch)
+    )
+    stat = _stat_row(shard.ctx.stats, event_ms)
+    if stat is not None:
+        out.append(stat)
+    closed = bool(frames) and frames[-1].direction == "close"
+    if closed:
+        return StepResult(None, out)
+    # A connection that vanished without a close record (a tap restart) expires after its TTL.
+    expiry = (max(newest, watermark_ms) + int(config.connection_ttl_seconds * 1000)) if frames else None
+    return StepResult(json.dumps(shard.export()), out, expiry)
+
+
+def expired_row(event_ms: int) -> dict[str, Any]:
+    """Counted when a key's idle state is dropped by its TTL (never silent)."""
+    return _row(
+        "stat", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps({"evicted_keys": 1})
+    )
+
+
+@dataclass
+class Buffered:
+    """A routed frame waiting in stage two for the watermark."""
+
+    at_ms: int
+    ts_ns: int
+    conn: str
+    seq: int
+    frame: str
+    flags: int
+
+
+@dataclass
+class KeyedResult(StepResult):
+    buffer: list[Buffered] = field(default_factory=list)
+
+
+def keyed_step(
+    config: ChecksConfig,
+    key: str,
+    saved: str | None,
+    buffer: list[Buffered],
+    watermark_ms: int,
+) -> KeyedResult:
+    """Stage two for one route key: release what the watermark passed, in event-time order."""
+    ready = sorted((b for b in buffer if b.at_ms <= watermark_ms), key=lambda b: (b.ts_ns, b.conn, b.seq))
+    waiting = [b for b in buffer if b.at_ms > watermark_ms]
+    shard = KeyedShard(config, key, json.loads(saved) if saved else None)
+    findings = shard.feed(
+        Route(
+            key,
+            frame_from_dict(json.loads(b.frame)),
+            b.at_ms * NS_PER_MS,
+            bool(b.flags & INCOMPLETE),
+            bool(b.flags & REQUEST_ONLY),
+        )
+        for b in ready
+    )
+    if watermark_ms > 0:
+        findings += shard.advance(watermark_ms * NS_PER_MS)
+    event_ms = max(watermark_ms, 0)
+    out = [finding_row(f, event_ms) for f in findings]
+    out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
+    stat = _stat_row(shard.ctx.stats, event_ms)
+    if stat is not None:
+        out.append(stat)
+    timers = [b.at_ms for b in waiting]
+    deadline = shard.next_timer_ns()
+    if deadline is not None:
+        timers.append(-(-deadline // NS_PER_MS))
+    if shard.empty:
+        return KeyedResult(None, out, min(timers, default=None), waiting)
+    expiry_ms = -(-shard.expires_at_ns() // NS_PER_MS)
+    if not timers and expiry_ms <= watermark_ms:
+        out.append(expired_row(event_ms))
+        return KeyedResult(None, out, None, waiting)
+    timers.append(expiry_ms)
+    return KeyedResult(json.dumps(shard.export()), out, min(timers), waiting)

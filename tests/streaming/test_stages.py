@@ -1,0 +1,131 @@
+"""The job's two stateful stages as pure steps: tap records in, the single monitor's findings out."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+from checks.model import Frame
+from streaming.frames import decode_row
+from streaming.stages import PASS_KEY, Buffered, connection_step, keyed_step
+from tests.checks.test_sharding import CONFIG, LATENESS_NS, corpus_frames, scenario, single_run, summary
+
+NS_PER_MS = 1_000_000
+
+
+def tap_record(frame: Frame) -> tuple[dict[str, str], bytes | None, int, int]:
+    """The tap record a frame was mirrored as (the tap topic contract's headers)."""
+    headers = {
+        "dir": frame.direction,
+        "conn": frame.conn,
+        "seq": str(frame.seq),
+        "ts_ns": str(frame.ts_ns),
+        "client": frame.client,
+        "broker": frame.broker,
+        "capture": frame.capture,
+    }
+    if frame.listener:
+        headers["listener"] = frame.listener
+    if frame.broker_id is not None:
+        headers["broker_id"] = str(frame.broker_id)
+    if frame.direction == "resp":
+        headers.update(api_key=str(frame.api_key), api_version=str(frame.api_version))
+        headers["corr_id"] = str(frame.correlation_id)
+    return headers, frame.raw, frame.partition, frame.offset
+
+
+def run_stages(frames: list[Frame], batch_size: int) -> list[dict[str, Any]]:
+    """Micro-batches through both stages, with the watermark Spark would compute; the final rows."""
+    conn_state: dict[str, str | None] = {}
+    key_state: dict[str, str | None] = {}
+    buffers: dict[str, list[Buffered]] = defaultdict(list)
+    out: list[dict[str, Any]] = []
+    watermark_ms = 0
+    max_ts = 0
+    batches = [frames[i : i + batch_size] for i in range(0, len(frames), batch_size)] + [[]]
+    for n, batch in enumerate(batches):
+        last = n == len(batches) - 1
+        if last:
+            # End of input: let the watermark pass everything, as a long idle stream eventually does.
+            watermark_ms = max_ts // NS_PER_MS + 1
+        rows_by_conn: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for frame in batch:
+            row = decode_row(*tap_record(frame))
+            rows_by_conn[row["conn"]].append(row)
+        for conn, rows in rows_by_conn.items():
+            result = connection_step(CONFIG, conn_state.get(conn), rows, watermark_ms)
+            conn_state[conn] = result.state
+            for r in result.rows:
+                assert r["event_ms"] >= watermark_ms, "stage one must not emit rows older than the watermark"
+                if r["route_key"] == PASS_KEY:
+                    out.append(r)
+                else:
+                    buffers[r["route_key"]].append(
+                        Buffered(r["at_ms"], r["ts_ns"], r["conn"], r["seq"], r["frame"], r["flags"])
+                    )
+        for key in list(buffers.keys() | key_state.keys()):
+            result = keyed_step(CONFIG, key, key_state.get(key), buffers[key], watermark_ms)
+            key_state[key], buffers[key] = result.state, result.buffer
+            out.extend(result.rows)
+        max_ts = max([max_ts, *(f.ts_ns for f in batch)])
+        # Spark moves the watermark after the batch: newest event time minus the lateness.
+        watermark_ms = max(watermark_ms, (max_ts - LATENESS_NS) // NS_PER_MS)
+    return out
+
+
+def findings_of(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
+    from streaming.sink import finding_from_dict
+
+    return summary([finding_from_dict(json.loads(r["payload"])) for r in rows if r["kind"] == "finding"])
+
+
+def test_stages_find_what_one_monitor_finds() -> None:
+    frames = scenario()
+    expected = summary(single_run(frames))
+    for batch_size in (1, 5, 1000):
+        assert findings_of(run_stages(frames, batch_size)) == expected
+
+
+def test_real_traffic_through_the_stages() -> None:
+    frames = corpus_frames()
+    assert findings_of(run_stages(frames, 9)) == summary(single_run(frames))
+
+
+def test_aggregates_count_frames_and_errors() -> None:
+    rows = run_stages(scenario(), 1000)
+    aggs = [json.loads(r["payload"]) for r in rows if r["kind"] == "agg"]
+    frames = [f for f in scenario() if f.direction in ("req", "resp")]
+    assert sum(a["frames"] for a in aggs) == len(frames)
+    assert sum(a["decode_errors"] for a in aggs) == 1  # the one garbage request
+    produce_answers = [a for a in aggs if a["dir"] == "resp" and a["api_key"] == 0]
+    assert sum(a["error_responses"] for a in produce_answers) == 1  # the fenced zombie write
+
+
+def test_join_group_answer_without_protocol_type_is_counted() -> None:
+    from tests.checks import test_groups as gr
+    from tests.checks.builders import SECOND, Conversation
+
+    frames = gr.join(Conversation(), SECOND, "m-a", 1, resp_type=None)
+    rows = run_stages(frames, 10)
+    aggs = [json.loads(r["payload"]) for r in rows if r["kind"] == "agg"]
+    assert sum(a["null_protocol_type"] for a in aggs) == 1
+
+
+def test_a_record_that_is_not_from_a_tap_is_a_decode_error() -> None:
+    row = decode_row({}, b"hello", 3, 42)
+    result = connection_step(CONFIG, None, [row], 0)
+    findings = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "finding"]
+    assert [f["rule"] for f in findings] == ["frame.decode_error"]
+    assert findings[0]["evidence"]["offsets"] == [[3, 42]]
+    assert "not a tap record" in findings[0]["summary"]
+
+
+def test_a_closed_connection_leaves_no_state() -> None:
+    frames = [f for f in scenario() if f.conn == "tap1-av"]
+    from tests.checks.builders import Conversation
+
+    closing = Conversation(conn="tap1-av", seq=frames[-1].seq + 1)
+    rows = [decode_row(*tap_record(f)) for f in [*frames, closing.close(frames[-1].ts_ns + 1)]]
+    assert connection_step(CONFIG, None, rows[:-1], 0).state is not None
+    assert connection_step(CONFIG, None, rows, 0).state is None
