@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streaming.hooks.core import DELIVERED, PENDING, SpoolOp
+from streaming.hooks.spool import Spool, SpoolLock, SpoolLockedError
+
+
+def _put(key: str, n: int = 0) -> SpoolOp:
+    return SpoolOp(PENDING, key, {"alert": {"id": key}, "created_ns": n})
+
+
+def test_round_trip_keeps_order_and_deletes(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "h.jsonl")
+    assert spool.open() == {}
+    spool.write([_put("b"), _put("a"), SpoolOp(DELIVERED, "x|firing", {"rank": 1})])
+    spool.write([SpoolOp(PENDING, "b", None), _put("c"), _put("a", 5)])
+    spool.close()
+    again = Spool(tmp_path / "h.jsonl").open()
+    assert list(again[PENDING]) == ["a", "c"]
+    assert again[PENDING]["a"]["created_ns"] == 5
+    assert again[DELIVERED] == {"x|firing": {"rank": 1}}
+
+
+def test_torn_and_corrupt_lines_are_skipped_and_cleaned(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    spool = Spool(path)
+    spool.open()
+    spool.write([_put("a"), _put("b")])
+    spool.close()
+    with open(path, "a") as journal:
+        journal.write('["not", "an", "entry"]\n{"ns": "pending", "key": "c", "val')  # torn by kill -9
+    reopened = Spool(path)
+    contents = reopened.open()
+    assert list(contents[PENDING]) == ["a", "b"] and reopened.bad_lines == 2
+    reopened.write([_put("d")])  # the torn line must not swallow the next append
+    reopened.close()
+    assert list(Spool(path).open()[PENDING]) == ["a", "b", "d"]
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_compaction_bounds_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    spool = Spool(path)
+    spool.open()
+    for n in range(1200):
+        spool.write([_put(f"k{n}"), SpoolOp(PENDING, f"k{n}", None)])
+    spool.write([_put("last")])
+    spool.close()
+    assert len(path.read_text().splitlines()) < 1100
+    assert list(Spool(path).open()[PENDING]) == ["last"]
+
+
+def test_one_owner_per_directory(tmp_path: Path) -> None:
+    lock = SpoolLock(tmp_path)
+    with pytest.raises(SpoolLockedError, match="in use"):
+        SpoolLock(tmp_path)
+    lock.release()
+    SpoolLock(tmp_path).release()
