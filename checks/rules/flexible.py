@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,42 @@ def walk_tags(value: Any, path: str = "") -> Iterator[tuple[str, str, dict[str, 
         yield from walk_tags(value.value, path)
     elif isinstance(value, EmbeddedRequest | EmbeddedResponse):
         return
+
+
+def has_tag_evidence(value: Any) -> bool:
+    """Whether ``walk_tags`` could yield anything for ``value``: a cheap scan without paths.
+
+    Almost every frame has empty tagged sections, so the rule checks this first and walks (building
+    paths) only when there is something to report. Iterative and type-dispatched: a generator per
+    node made the walk the most expensive part of the whole catalogue (see benchmarks/checks_bench.py).
+    It may look into more than ``walk_tags`` does (``_``-keys, Envelope payloads), never less.
+    """
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node = pop()
+        kind = type(node)
+        if kind is dict:
+            if "_tag_anomalies" in node or "_unknown_tags" in node:
+                return True
+            children: Any = node.values()
+        elif kind is list:
+            children = node
+        elif isinstance(node, VersionedData):
+            if node.value is not None:
+                push(node.value)
+            continue
+        else:
+            continue
+        for child in children:
+            if type(child) not in _LEAVES:
+                push(child)
+    return False
+
+
+#: Value types that never hold tagged fields (everything the codec decodes to except dicts, lists and
+#: nested payloads).
+_LEAVES = frozenset({int, str, bytes, bool, float, type(None), uuid.UUID})
 
 
 def redecode(frame: Frame, request_api: tuple[int, int] | None = None) -> tuple[int, int] | None:
@@ -171,6 +208,8 @@ class FlexibleRule(Rule):
             if not codec.is_flexible(ex.api_key, ex.api_version):
                 return  # no tagged sections anywhere: skip walking big non-flexible bodies
         except codec.DecodeError:
+            return
+        if not (has_tag_evidence(header) or has_tag_evidence(body)):
             return
         for kind, path, detail in [
             *((k, "header" + ("." + p if p else ""), d) for k, p, d in walk_tags(header)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 
 from hypothesis import given, settings
@@ -11,7 +12,8 @@ import codec
 from checks.engine import Monitor
 from checks.model import Finding, Frame
 from checks.rule import Context
-from checks.rules.flexible import FlexibleRule, walk_tags
+from checks.rules.flexible import FlexibleRule, has_tag_evidence, walk_tags
+from codec.samples import random_request_body, random_response_body
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
@@ -163,3 +165,31 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected
     assert monitor.stats.late_frames == 0
+
+
+def test_fast_tag_check_agrees_with_the_walk_on_every_flexible_message() -> None:
+    """The pre-check that skips the walk must never hide a finding (nor be vacuous: both outcomes occur)."""
+    rng = random.Random(5)
+    outcomes = {True: 0, False: 0}
+    for api_key in sorted(codec.api_keys()):
+        lo, hi = codec.supported_versions(api_key)
+        for version in range(lo, hi + 1):
+            if not codec.is_flexible(api_key, version):
+                continue
+            for _ in range(3):
+                try:
+                    raw = codec.encode_request(
+                        api_key, version, 1, "c", random_request_body(api_key, version, rng)
+                    )
+                    request = codec.decode_request(raw)
+                    raw = codec.encode_response(
+                        api_key, version, 1, random_response_body(api_key, version, rng)
+                    )
+                    response = codec.decode_response(raw, api_key, version)
+                except (codec.EncodeError, codec.DecodeError):
+                    continue
+                for body in (request.header, request.body, response.header, response.body):
+                    found = bool(list(walk_tags(body)))
+                    assert has_tag_evidence(body) == found, (api_key, version)
+                    outcomes[found] += 1
+    assert outcomes[True] > 50 and outcomes[False] > 50
