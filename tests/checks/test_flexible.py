@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,7 +71,7 @@ def test_non_flexible_request_sent_with_header_v2() -> None:
 def test_flexible_response_sent_with_header_v0() -> None:
     conv = Conversation()
     request = conv.request(METADATA, 12, METADATA_BODY, SECOND)
-    body = {"Brokers": [], "ClusterId": None, "ControllerId": 1, "Topics": []}
+    body: dict[str, Any] = {"Brokers": [], "ClusterId": None, "ControllerId": 1, "Topics": []}
     raw = codec.encode_response(METADATA, 12, request.correlation_id or 0, body)
     assert raw[4] == 0  # response header v1's tagged-field section
     wrong = raw[:4] + raw[5:]
