@@ -286,6 +286,19 @@ def resolved_config(config: KpmonConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def shipped_config(config: KpmonConfig, connector_conf: Mapping[str, str]) -> KpmonConfig:
+    """The config the driver gets: it must know that spark-submit ships the connector.
+
+    The job fetches the connector with Maven unless ``stream.spark_conf`` names ``spark.jars`` or
+    ``spark.jars.packages`` (streaming/session.py). ``spark.jars`` holds paths of this machine, which a
+    cluster-mode driver must not re-apply, so the marker is always ``spark.jars.packages``: the same
+    coordinates spark-submit resolved, or empty when the jars come from a directory or the cluster.
+    """
+    spark_conf = dict(config.stream.spark_conf)
+    spark_conf.setdefault("spark.jars.packages", connector_conf.get("spark.jars.packages", ""))
+    return config.model_copy(update={"stream": config.stream.model_copy(update={"spark_conf": spark_conf})})
+
+
 def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) -> SubmitPlan:
     master = config.stream.master
     inferred = infer_target(master)
@@ -316,11 +329,12 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
 
     conf = dict(defaults)
     conf["spark.submit.deployMode"] = mode
-    conf |= _connector_conf(options, spark_version)
+    connector = _connector_conf(options, spark_version)
+    conf |= connector
     python_conf, env = _python_conf(options, target, mode, defaults)
     conf |= python_conf
 
-    text = resolved_config(config)
+    text = resolved_config(shipped_config(config, connector))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     config_file = staging_dir / f"kpmon-submit-{digest}.yaml"
     files: list[str] = []
