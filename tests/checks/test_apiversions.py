@@ -98,6 +98,23 @@ def test_advertisement_is_per_connection() -> None:
     assert findings == []
 
 
+def test_identical_advertisements_are_stored_once() -> None:
+    """Connections to one broker share its ranges (memory per connection); different answers do not."""
+    convs = [Conversation(conn=f"c{i}") for i in range(3)]
+    shared_offsets(*convs)
+    frames = [
+        *handshake(convs[0], 1 * SECOND),
+        *handshake(convs[1], 2 * SECOND),
+        *handshake(convs[2], 3 * SECOND, {**STANDARD, "Metadata": (0, 9)}),
+        *metadata(convs[2], 12, 4 * SECOND),
+    ]
+    findings, monitor = run(frames)
+    stored = [monitor.states[("apiversions", c.conn)]["ranges"] for c in convs]
+    assert stored[0] is stored[1] and stored[0] is not stored[2]
+    assert stored[2][str(METADATA)] == [0, 9] and stored[0][str(METADATA)] == [0, 12]
+    assert rules_of(findings) == ["apiversions.out_of_range"]
+
+
 def test_api_not_advertised_at_all() -> None:
     conv = Conversation()
     frames = [
