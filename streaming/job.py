@@ -191,6 +191,13 @@ def start(
         .start()
     )
     paths.pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        from streaming.compat import write_shape
+
+        # A redeploy checks the next build against this before stopping us (docs/operations.md).
+        write_shape(config)
+    except Exception as exc:  # a missing shape makes redeploys ask for a fresh start; never stop the job
+        log.warning("cannot record the query shape: %s", exc)
     job = RunningJob(spark, query, paths, config)
     job.closers.append(lambda: paths.pid_file.unlink(missing_ok=True))
     job.closers.append(lambda: spark.streams.removeListener(listener))
