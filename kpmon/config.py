@@ -239,8 +239,6 @@ class AlertsConfig(_Section):
     """Where alerts go. Every hook delivers independently: a dead one never holds up the others."""
 
     hooks: list[HookConfig] = Field(default_factory=lambda: [HookConfig(kind="log")])
-    #: Pending deliveries survive restarts here; default ``<state_dir>/alerts-spool``.
-    spool_dir: str | None = None
 
     @field_validator("hooks")
     @classmethod

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from checks.alerts import Alert
 from kpmon.config import HookConfig, KpmonConfig
-from streaming.hooks.core import PENDING, DeliveryCore
+from streaming.hooks.core import ACTIVE, PENDING, DeliveryCore
 from streaming.hooks.factory import build_sender
 from streaming.hooks.formatters import AlertDict, InvalidAlert, alert_payload
 from streaming.hooks.metrics import HookMetrics
@@ -68,7 +68,7 @@ class AlertHooks:
         core = DeliveryCore(policy)
         spool: Spool | None = None
         if policy.spooled:
-            spool = Spool(self.spool_dir / f"{hook.hook_name}.jsonl")
+            spool = Spool(self.spool_dir / f"{hook.hook_name}.jsonl", durable=frozenset({PENDING, ACTIVE}))
             contents = spool.open()
             _restorable(contents, spool.path)
             core.restore(contents, time.monotonic())

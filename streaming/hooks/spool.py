@@ -1,7 +1,10 @@
 """A hook's spool: pending deliveries (and what was delivered) on disk, so a restarted process re-sends them.
 
-The file is an append-only JSON Lines journal of puts and deletes on namespaced keys. Appends are
-flushed and fsynced per call (one call per publish or per completed request, not per alert). When the
+The file is an append-only JSON Lines journal of puts and deletes on namespaced keys. Appends that
+put into a *durable* namespace (pending deliveries) are fsynced, once per call (per publish, not per
+alert); the rest (a delivery done, a delivered id remembered) are only flushed to the OS: losing them in a
+power cut means a re-send, which at-least-once allows, and skipping the fsync keeps the hook's lock short
+when a receiver acknowledges quickly. When the
 journal is mostly dead entries it is rewritten atomically; it is also rewritten on open, which drops
 a line torn by a crash (``kill -9`` mid-write) instead of letting the next append glue onto it.
 """
@@ -62,8 +65,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class Spool:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, durable: frozenset[str] = frozenset()) -> None:
         self.path = path
+        self.durable = durable
         self.contents: Contents = {}
         self.lines = 0
         #: Lines skipped on open (torn or corrupt): reported, never fatal.
@@ -124,14 +128,15 @@ class Spool:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for appends
 
     def write(self, ops: Sequence[SpoolOp]) -> None:
-        """Append ``ops`` durably. Raises OSError (disk full, ...): the caller counts and logs it."""
+        """Append ``ops``. Raises OSError (disk full, ...): the caller counts and logs it."""
         if not ops or self._file is None:
             return
         for op in ops:
             self._apply_memory(op)
         self._file.write("".join(_line(op) for op in ops))
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if any(op.value is not None and op.namespace in self.durable for op in ops):
+            os.fsync(self._file.fileno())
         self.lines += len(ops)
         if self.lines >= _COMPACT_MIN_LINES and self.lines > _DEAD_RATIO * self.live:
             self._rewrite()

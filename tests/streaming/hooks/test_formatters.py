@@ -4,11 +4,12 @@ import json
 import logging
 import math
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checks.alerts import Alert
@@ -99,6 +100,7 @@ def _parse_rfc3339(text: str) -> datetime:
 # ----- the alert dict --------------------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(alerts())
 def test_alert_payload_is_strict_json_and_round_trips(value: Alert) -> None:
     data = alert_payload(value)
@@ -114,6 +116,7 @@ def test_alert_payload_is_strict_json_and_round_trips(value: Alert) -> None:
     assert alert_payload(data) == data  # idempotent: the spool's copy validates again
 
 
+@settings(deadline=None)
 @given(_evidence_values)
 def test_json_safe_accepts_anything_evidence_may_hold(value: Any) -> None:
     safe = json_safe(value)
@@ -158,6 +161,7 @@ def test_not_an_alert() -> None:
         alert_payload(missing)
 
 
+@settings(deadline=None)
 @given(_ns)
 def test_rfc3339_is_utc_with_microseconds(ns: int) -> None:
     parsed = _parse_rfc3339(rfc3339(ns))
@@ -177,12 +181,14 @@ def test_rfc3339_known_value() -> None:
 # ----- webhook, kafka, log ---------------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(alerts())
 def test_webhook_body_is_the_alert_dict(value: Alert) -> None:
     data = alert_payload(value)
     assert json.loads(webhook_body(data)) == data
 
 
+@settings(deadline=None)
 @given(alerts())
 def test_kafka_record_keyed_by_id(value: Alert) -> None:
     data = alert_payload(value)
@@ -196,6 +202,7 @@ def test_kafka_record_keyed_by_id(value: Alert) -> None:
     }
 
 
+@settings(deadline=None)
 @given(alerts())
 def test_log_line_is_one_json_line(value: Alert) -> None:
     data = alert_payload(value)
@@ -215,8 +222,16 @@ def _mrkdwn_texts(message: dict[str, Any]) -> list[str]:
     return texts
 
 
-@settings(max_examples=40)
-@given(st.lists(alerts(), min_size=1, max_size=45))
+@st.composite
+def bursts(draw: st.DrawFn) -> list[Alert]:
+    """Up to 45 alerts: a few drawn in full, the rest copies under their own ids (cheap to generate)."""
+    drawn = draw(st.lists(alerts(), min_size=1, max_size=4))
+    size = draw(st.integers(min_value=len(drawn), max_value=45))
+    return [replace(drawn[n % len(drawn)], id=f"{drawn[n % len(drawn)].id}-{n}") for n in range(size)]
+
+
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(bursts())
 def test_slack_message_within_limits_and_lists_every_alert(batch: list[Alert]) -> None:
     data = [alert_payload(value) for value in batch]
     message = slack_payload(data)
@@ -273,6 +288,7 @@ def test_slack_escape() -> None:
 # ----- PagerDuty -------------------------------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(alerts(), st.text(min_size=1, max_size=32), st.text(min_size=1, max_size=32))
 def test_pagerduty_events(value: Alert, routing_key: str, source: str) -> None:
     event = pagerduty_event(alert_payload(value), routing_key, source)
@@ -319,6 +335,7 @@ def test_pagerduty_trigger_shape() -> None:
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+@settings(deadline=None)
 @given(
     alerts(),
     st.dictionaries(st.from_regex(_LABEL_NAME, fullmatch=True), st.text(max_size=10), max_size=3),

@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streaming.hooks.pacing import TokenBucket, backoff_delay
@@ -30,6 +30,7 @@ def test_clock_going_backwards_does_not_mint_tokens() -> None:
     assert bucket.take(11.0)
 
 
+@settings(deadline=None)
 @given(
     st.integers(min_value=1, max_value=10_000),
     st.floats(min_value=0.001, max_value=10.0),
