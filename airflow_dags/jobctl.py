@@ -1,0 +1,315 @@
+"""Process control for the streaming job, for the DAGs: spawn detached, find, stop gracefully.
+
+No Airflow in here, so it is unit-testable on its own. The job contract it relies on is the one of
+``kpmon stream`` (kpmon/commands/stream.py, streaming/job.py):
+
+* started as ``<python> -m kpmon.cli stream --config FILE``; ``<python>`` is the interpreter of the build
+  to run, so a new build's code runs with that build's dependencies;
+* it writes ``<state_dir>/stream/stream.pid`` once its query has started;
+* it stops gracefully (finishes the running batch) when ``<state_dir>/stream/STOP`` appears or on
+  SIGTERM.
+
+Each spawn is also recorded in ``<state_dir>/stream/jobctl.json`` (interpreter, config, log), which is how
+a later DAG run knows what to restart on rollback. Relative ``state_dir`` values resolve against the
+working directory of whoever reads them: give Airflow-managed configs an absolute ``state_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kpmon.config import KpmonConfig, load_config
+from streaming.paths import StreamPaths
+
+RECORD_FILE = "jobctl.json"
+#: Environment variables that would make the job's Spark workers run another build's interpreter.
+_INHERITED_PYSPARK = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+
+
+class JobControlError(RuntimeError):
+    """The job could not be started or stopped as asked; the message says what was seen."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Which build runs with which config."""
+
+    python: str
+    config: str
+    #: Extra environment for the job (e.g. ``KPMON__...`` overrides).
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        return [self.python, "-m", "kpmon.cli", "stream", "--config", self.config]
+
+
+@dataclass
+class JobRecord:
+    pid: int
+    python: str
+    config: str
+    log: str
+    started_at: float
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec(self.python, self.config, dict(self.env))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> JobRecord:
+        return JobRecord(
+            pid=int(data["pid"]),
+            python=str(data["python"]),
+            config=str(data["config"]),
+            log=str(data.get("log", "")),
+            started_at=float(data.get("started_at", 0.0)),
+            env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+        )
+
+
+@dataclass
+class StopResult:
+    #: "not running", "graceful" (the STOP marker), "sigterm" or "sigkill".
+    how: str
+    seconds: float
+    pid: int | None = None
+
+    @property
+    def graceful(self) -> bool:
+        return self.how in ("not running", "graceful")
+
+
+def load(config_path: str | os.PathLike[str]) -> KpmonConfig:
+    return load_config(Path(config_path))
+
+
+def paths_of(config: KpmonConfig | str | os.PathLike[str]) -> StreamPaths:
+    return StreamPaths.of(config if isinstance(config, KpmonConfig) else load(config))
+
+
+def record_path(paths: StreamPaths) -> Path:
+    return paths.root / RECORD_FILE
+
+
+# -- probing ----------------------------------------------------------------------------------------
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter from /proc/<pid>/stat (``Z`` for a zombie); None without /proc or process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may contain spaces: the state follows the last ")".
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def is_alive(pid: int | None) -> bool:
+    """Whether ``pid`` runs (a zombie does not). Reaps it first if it is our own exited child."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        reaped, _status = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _proc_state(pid) != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` (the job and its JVM); Linux /proc only, else a probe."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def read_pid(paths: StreamPaths) -> int | None:
+    try:
+        return int(paths.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def read_record(paths: StreamPaths) -> JobRecord | None:
+    try:
+        return JobRecord.from_dict(json.loads(record_path(paths).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_record(paths: StreamPaths, record: JobRecord) -> None:
+    path = record_path(paths)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record.to_dict(), indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def running_pid(paths: StreamPaths) -> int | None:
+    """The pid of the job running on these paths: its pid file, else the last spawn's record."""
+    for pid in (read_pid(paths), getattr(read_record(paths), "pid", None)):
+        if pid is not None and is_alive(pid):
+            return pid
+    return None
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def describe_running(paths: StreamPaths) -> JobRecord | None:
+    """What runs on these paths, as a record: the spawn record if it is that process, else read from /proc
+    (a job started by hand: its interpreter is argv[0], which for the ``kpmon`` script is the shebang's)."""
+    pid = running_pid(paths)
+    if pid is None:
+        return None
+    record = read_record(paths)
+    if record is not None and record.pid == pid:
+        return record
+    argv = cmdline(pid)
+    if not argv:
+        return None
+    config = ""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            config = argv[i + 1]
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+    return JobRecord(pid=pid, python=argv[0], config=config, log="", started_at=0.0)
+
+
+# -- spawning and stopping --------------------------------------------------------------------------
+
+
+def spawn(spec: JobSpec, paths: StreamPaths | None = None, log_path: Path | None = None) -> JobRecord:
+    """Start the job in its own session (so it outlives the Airflow task, and its JVM can be signalled as
+    one group); its console output goes to ``log_path`` (default ``<state>/stream/job-<time>.log``)."""
+    paths = paths or paths_of(spec.config)
+    paths.make()
+    started = time.time()
+    log_path = log_path or paths.root / f"job-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started))}.log"
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED_PYSPARK}
+    env.update(spec.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PYSPARK_PYTHON"] = spec.python
+    with log_path.open("ab") as log:
+        try:
+            proc = subprocess.Popen(
+                spec.argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise JobControlError(f"cannot start {spec.python}: {exc.strerror or exc}") from exc
+    record = JobRecord(proc.pid, spec.python, spec.config, str(log_path), started, dict(spec.env))
+    write_record(paths, record)
+    return record
+
+
+def _wait_gone(pid: int, deadline: float, poll: float) -> bool:
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            return True
+        time.sleep(poll)
+    return not is_alive(pid)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(
+    paths: StreamPaths,
+    pid: int | None = None,
+    timeout: float = 180.0,
+    term_grace: float = 30.0,
+    poll: float = 0.25,
+    clock: Callable[[], float] = time.monotonic,
+) -> StopResult:
+    """Stop the job gracefully: the STOP marker (the running batch finishes), then SIGTERM after
+    ``timeout``, then SIGKILL of its process group after ``term_grace``. Returns once nothing of it is left
+    (its JVM included), so the next job can take the checkpoint and the ports."""
+    started = clock()
+    pid = pid if pid is not None else running_pid(paths)
+    if pid is None or not is_alive(pid):
+        return StopResult("not running", 0.0, pid)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.stop_marker.touch()
+    how = "graceful"
+    try:
+        if not _wait_gone(pid, started + timeout, poll):
+            how = "sigterm"
+            _signal_group(pid, signal.SIGTERM)
+            if not _wait_gone(pid, clock() + term_grace, poll):
+                how = "sigkill"
+                _signal_group(pid, signal.SIGKILL)
+                if not _wait_gone(pid, clock() + 30.0, poll):
+                    raise JobControlError(f"job {pid} survived SIGKILL")
+        # The driver is gone; its JVM (same process group) follows within moments, or is made to.
+        deadline = clock() + term_grace
+        while group_members(pid) and clock() < deadline:
+            time.sleep(poll)
+        if group_members(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    finally:
+        paths.stop_marker.unlink(missing_ok=True)
+    return StopResult(how, clock() - started, pid)
+
+
+def tail(path: str | os.PathLike[str], lines: int = 30) -> str:
+    """The end of a log file, for error messages."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
