@@ -205,9 +205,31 @@ class Monitor:
         getattr(rule, hook)(state, key, exchange, self.ctx)
 
     def _fire_timers(self, now_ns: int) -> None:
-        timers = self.ctx.timers
-        due = sorted((deadline, skey) for skey, deadline in timers.items() if deadline <= now_ns)
-        for deadline, skey in due:
+        """Fire timers due by ``now_ns``, in (deadline, rule, key) order.
+
+        Called for nearly every frame, so it must not scan all timers: with one timer per open
+        transaction, a scan made throughput fall with the number of open transactions (20x slower at
+        10 k). The context keeps a heap next to the ``timers`` dict, which stays authoritative: heap
+        entries whose deadline no longer matches (cancelled, re-set, dropped) are skipped.
+        """
+        ctx = self.ctx
+        timers = ctx.timers
+        heap = ctx.timer_heap
+        if not timers:
+            heap.clear()
+            return
+        if ctx._timer_heap_for is not timers or not len(timers) <= len(heap) <= 2 * len(timers) + 64:
+            # Out of step (timers restored from a snapshot, or set directly), or mostly stale entries.
+            heap[:] = sorted((deadline, rule, key) for (rule, key), deadline in timers.items())
+            ctx._timer_heap_for = timers
+        if heap[0][0] > now_ns:
+            return
+        due: list[tuple[int, str, str]] = []
+        while heap and heap[0][0] <= now_ns:
+            due.append(heapq.heappop(heap))
+        # Timers set by these callbacks fire on a later call, never in this one.
+        for deadline, rule_name, key in due:
+            skey = (rule_name, key)
             if timers.get(skey) != deadline:
                 continue
             del timers[skey]

@@ -11,6 +11,7 @@ can keep it; rules never hold references to frames between calls.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -54,6 +55,10 @@ class Context:
         self.findings: list[Finding] = []
         self.resolved: list[tuple[str, str, int]] = []
         self.timers: dict[tuple[str, str], int] = {}
+        #: (deadline, rule, key) per ``set_timer`` call: the engine fires timers in deadline order
+        #: without scanning ``timers``. May hold stale entries; ``timers`` is what counts.
+        self.timer_heap: list[tuple[int, str, str]] = []
+        self._timer_heap_for: dict[tuple[str, str], int] | None = self.timers
         self.incomplete_conns: set[str] = set()
         self._envelope: Exchange | None = None
         self._rule = ""
@@ -86,6 +91,7 @@ class Context:
     def set_timer(self, deadline_ns: int) -> None:
         """Call this rule's ``on_timer`` for the current key once event time passes ``deadline_ns``."""
         self.timers[(self._rule, self._key)] = deadline_ns
+        heapq.heappush(self.timer_heap, (deadline_ns, self._rule, self._key))
 
     def cancel_timer(self) -> None:
         self.timers.pop((self._rule, self._key), None)

@@ -168,3 +168,58 @@ def test_late_frames_are_processed_and_counted() -> None:
     assert m.stats.late_frames == 2
     assert [(e[0], e[1]) for e in Recorder.events][-2:] == [("req", "cb"), ("resp", "cb")]
     assert [f.subject for f in findings] == ["conn:cb"]
+
+
+class Alarm(Rule):
+    """Each request sets (or, with ``cancel``, clears) a timer ``delay`` ms after it; timers are logged."""
+
+    name = "alarm"
+    key_kind = "conn"
+    fired: ClassVar[list[tuple[str, int]]] = []
+
+    def keys(self, ex: Exchange) -> list[str]:
+        return [ex.conn]
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+        delay = 3000 if ex.conn.endswith("-slow") else 1000
+        state["n"] = int(state.get("n", 0)) + 1
+        if ex.conn.endswith("-cancel") and state["n"] > 1:
+            ctx.cancel_timer()
+        else:
+            ctx.set_timer(ex.ts_ns + delay * MS)
+
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+        self.fired.append((key, now_ns))
+
+
+def test_timers_fire_in_deadline_order_with_many_pending() -> None:
+    """Many pending timers (one per open transaction, say): re-set, cancelled and restored ones too."""
+    from checks.serde import export_state, import_state
+
+    suffixes = ["-slow", "", "-cancel", ""]
+    convs = [Conversation(conn=f"c{i:03d}{suffixes[i % 4]}") for i in range(200)]
+    shared_offsets(*convs)
+    frames = [f for i, c in enumerate(convs) for f in md(c, SECOND + i * 7 * MS)]
+    # Every connection re-arms its timer once (the first deadline goes stale), or cancels it.
+    frames += [f for i, c in enumerate(convs) for f in md(c, SECOND + (i * 7 + 50) * MS)]
+    frames.sort(key=lambda f: f.ts_ns)
+    expected = sorted(
+        (
+            (c.conn, SECOND + (i * 7 + 50 + (3000 if c.conn.endswith("-slow") else 1000)) * MS)
+            for i, c in enumerate(convs)
+            if not c.conn.endswith("-cancel")
+        ),
+        key=lambda kv: (kv[1], kv[0]),
+    )
+    Alarm.fired = []
+    config = ChecksConfig(watermark_seconds=0.001)  # release (and arm) as frames come
+    m = Monitor([Alarm()], Context(config))
+    half = 3 * len(frames) // 4
+    m.feed_all(frames[:half])
+    assert len(m.ctx.timers) > 50 and Alarm.fired
+    # Carry on in a fresh monitor restored from a snapshot: its timers come back as a plain dict.
+    restored = import_state(Monitor([Alarm()], Context(config)), export_state(m))
+    restored.feed_all(frames[half:])
+    restored.advance(10 * SECOND + 100 * SECOND)
+    assert Alarm.fired == expected
+    assert restored.ctx.timers == {} and restored.ctx.timer_heap == []
