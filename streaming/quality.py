@@ -10,22 +10,16 @@ Each failed expectation becomes a ``checks.model.Finding`` with rule ``quality.<
 anchored on the batch id (``{"conn": "quality", "seq": batch_id}``), so a replayed batch, which
 ``foreachBatch`` may deliver more than once, yields the same ids.
 
-The GX context is ephemeral (suites are rebuilt from the config at every start, so they always match
-it) except for the validation results kept for Data Docs: those go to ``<docs_dir>/results`` so the
-report survives restarts, bounded by ``QualityConfig.docs_keep_results`` per suite. The HTML site is
-``<docs_dir>/site/index.html``.
+The GX context is ephemeral: the suites are rebuilt from the config at every start, so they always
+match it. Data Docs (``streaming/quality_docs.py``) keep failing and sampled results on disk under
+``docs_dir`` and render them to ``<docs_dir>/site/index.html`` in the background.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
 import math
-import os
-import shutil
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,23 +29,14 @@ import pandas as pd
 from great_expectations.core.batch_definition import BatchDefinition
 from great_expectations.core.expectation_suite import ExpectationSuite
 from great_expectations.core.expectation_validation_result import (
-    ExpectationSuiteValidationResult,
     ExpectationValidationResult,
 )
-from great_expectations.core.run_identifier import RunIdentifier
-from great_expectations.data_context.types.base import (
-    DataContextConfig,
-    InMemoryStoreBackendDefaults,
-    ProgressBarsConfig,
-)
-from great_expectations.data_context.types.resource_identifiers import (
-    ExpectationSuiteIdentifier,
-    ValidationResultIdentifier,
-)
+from great_expectations.data_context import AbstractDataContext
 from great_expectations.expectations.metadata_types import FailureSeverity
 
 from checks.model import Finding, Severity
 from kpmon.config import QualityConfig
+from streaming.quality_docs import DocsSite, context_config
 from streaming.quality_suites import (
     CHECKS,
     FINDINGS_COLUMNS,
@@ -66,7 +51,6 @@ from streaming.quality_suites import (
 
 log = logging.getLogger(__name__)
 
-DOCS_SITE = "kpmon"
 #: At most this many offending rows are copied into a finding's evidence.
 MAX_EVIDENCE_ROWS = 20
 BATCH_COLUMNS = (
@@ -103,31 +87,20 @@ def _quiet_gx() -> None:
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
 
 
-def _context_config(results_dir: Path | None, site_dir: Path | None) -> DataContextConfig:
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        analytics_enabled=False,
-        # GX draws a tqdm bar per validation otherwise, into the job's terminal.
-        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
-    )
-    if results_dir is not None and site_dir is not None:
-        assert config.stores is not None
-        config.stores[config.validation_results_store_name]["store_backend"] = {
-            "class_name": "TupleFilesystemStoreBackend",
-            "base_directory": str(results_dir),
-        }
-        config.data_docs_sites = {
-            DOCS_SITE: {
-                "class_name": "SiteBuilder",
-                "show_how_to_buttons": False,
-                "store_backend": {
-                    "class_name": "TupleFilesystemStoreBackend",
-                    "base_directory": str(site_dir),
-                },
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            }
-        }
-    return config
+def add_suites(context: AbstractDataContext, config: QualityConfig) -> dict[str, ExpectationSuite]:
+    """The three suites, built from ``CHECKS`` with the config's thresholds, added to ``context``."""
+    suites = {}
+    for suite_name in SUITES:
+        suite = context.suites.add(ExpectationSuite(name=suite_name))
+        for check in CHECKS:
+            if check.suite != suite_name:
+                continue
+            expectation = check.build(config)
+            expectation.meta = {"kpmon_rule": check.rule}
+            expectation.severity = FailureSeverity(check.severity.value)
+            suite.add_expectation(expectation)
+        suites[suite_name] = suite
+    return suites
 
 
 def batch_summary(frames_agg: pd.DataFrame, min_frames: int) -> pd.DataFrame:
@@ -213,33 +186,24 @@ class QualityGate:
         _quiet_gx()
         self.config = config
         self.docs_dir = Path(docs_dir) if docs_dir is not None and config.data_docs else None
-        self._results_dir = self.docs_dir / "results" if self.docs_dir else None
-        self._site_dir = self.docs_dir / "site" if self.docs_dir else None
-        self._context = gx.get_context(
-            project_config=_context_config(self._results_dir, self._site_dir), mode="ephemeral"
-        )
+        results_dir = self.docs_dir / "results" if self.docs_dir else None
+        self._context = gx.get_context(project_config=context_config(results_dir), mode="ephemeral")
+        self._suites = add_suites(self._context, config)
+        self._checks = {check.rule: check for check in CHECKS}
         datasource = self._context.data_sources.add_pandas("kpmon")
-        self._batch_definitions: dict[str, BatchDefinition] = {}
-        self._suites: dict[str, ExpectationSuite] = {}
-        self._checks: dict[str, Check] = {}
-        for suite_name in SUITES:
-            asset = datasource.add_dataframe_asset(suite_name.removeprefix("kpmon."))
-            self._batch_definitions[suite_name] = asset.add_batch_definition_whole_dataframe("micro-batch")
-            suite = self._context.suites.add(ExpectationSuite(name=suite_name))
-            for check in CHECKS:
-                if check.suite != suite_name:
-                    continue
-                expectation = check.build(config)
-                expectation.meta = {"kpmon_rule": check.rule}
-                expectation.severity = FailureSeverity(check.severity.value)
-                suite.add_expectation(expectation)
-                self._checks[check.rule] = check
-            self._suites[suite_name] = suite
+        self._batch_definitions: dict[str, BatchDefinition] = {
+            name: datasource.add_dataframe_asset(
+                name.removeprefix("kpmon.")
+            ).add_batch_definition_whole_dataframe("micro-batch")
+            for name in SUITES
+        }
+        self._docs = (
+            DocsSite(config, self.docs_dir, self._context, lambda ctx: add_suites(ctx, config))
+            if self.docs_dir is not None
+            else None
+        )
         self._validated = 0
         self._docs_due = config.docs_every_batches
-        self._stored: dict[str, deque[ValidationResultIdentifier]] = {s: deque() for s in SUITES}
-        if self._results_dir is not None:
-            self._load_stored()
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -281,7 +245,7 @@ class QualityGate:
                 stats["unsuccessful"] += 1
                 result.success = False
                 result.findings.append(self._finding(batch_id, ts_ns, check, evr))
-        result.statistics["docs"] = self._maybe_build_docs()
+        result.statistics["docs"] = self._docs_statistics()
         result.elapsed_s = time.perf_counter() - start
         return result
 
@@ -315,7 +279,9 @@ class QualityGate:
                 for e in suite.expectations
                 if e.meta is not None
             ]
-        self._keep_for_docs(suite_name, batch_id, suite_result)
+        if self._docs is not None:
+            sample = self._validated % self.config.docs_sample_every_batches == 0
+            self._docs.keep(suite_name, batch_id, suite_result, sample)
         out: list[tuple[Check, ExpectationValidationResult | None]] = []
         for evr in suite_result.results:
             meta = evr.expectation_config.meta if evr.expectation_config is not None else None
@@ -375,84 +341,24 @@ class QualityGate:
     # -- Data Docs -------------------------------------------------------------------------------
 
     def build_docs(self) -> Path | None:
-        """(Re)build the static HTML report; returns its index.html (None when Data Docs are off)."""
-        if self._site_dir is None:
+        """(Re)build the static HTML report now; returns its index.html (None when Data Docs are off).
+
+        Waits for a background render first. The job calls this when it stops, so the report covers
+        the last batches; while running, ``validate`` renders every ``docs_every_batches`` batches in
+        the background.
+        """
+        if self._docs is None:
             return None
-        # Pages of pruned results would linger (and grow without bound) if the site were not rebuilt
-        # from scratch; the results store is the source of truth.
-        shutil.rmtree(self._site_dir / "validations", ignore_errors=True)
-        self._context.build_data_docs(site_names=[DOCS_SITE])
+        index = self._docs.render_now()
         self._docs_due = self._validated + self.config.docs_every_batches
-        return self._site_dir / "index.html"
+        return index
 
-    def _maybe_build_docs(self) -> dict[str, Any]:
-        if self._site_dir is None or self._validated < self._docs_due:
-            return {"built": False}
-        start = time.perf_counter()
-        try:
-            self.build_docs()
-        except Exception as exc:
-            # Documentation is a by-product: a failure to render it is logged and retried next time.
-            log.error("quality: Data Docs build failed: %s", exc, exc_info=True)
-            self._docs_due = self._validated + self.config.docs_every_batches
-            return {"built": False, "error": str(exc)}
-        return {"built": True, "elapsed_s": time.perf_counter() - start}
-
-    def _keep_for_docs(
-        self, suite_name: str, batch_id: int, suite_result: ExpectationSuiteValidationResult
-    ) -> None:
-        if self._results_dir is None:
-            return
-        if suite_result.success and self._validated % self.config.docs_sample_every_batches != 0:
-            return
-        run_id = RunIdentifier(run_name=f"batch-{batch_id}", run_time=datetime.datetime.now(datetime.UTC))
-        suite_id = ExpectationSuiteIdentifier(name=suite_name)
-        key = ValidationResultIdentifier(
-            expectation_suite_identifier=suite_id, run_id=run_id, batch_identifier=f"batch-{batch_id}"
-        )
-        store = self._context.validation_results_store
-        try:
-            store.store_validation_results(
-                suite_validation_result=suite_result,
-                suite_validation_result_identifier=key,
-                expectation_suite_identifier=suite_id,
-            )
-        except OSError as exc:
-            log.error("quality: cannot keep results of batch %s for the docs: %s", batch_id, exc)
-            return
-        kept = self._stored[suite_name]
-        kept.append(key)
-        # Pruning sweeps the results directory, so it runs once per 10% of overshoot, not per batch.
-        if len(kept) > self.config.docs_keep_results * 1.1:
-            self._prune()
-
-    def _load_stored(self) -> None:
-        store = self._context.validation_results_store
-        keys = [k for k in store.list_keys() if isinstance(k, ValidationResultIdentifier)]
-        keys.sort(key=lambda k: str(k.run_id.run_time))
-        for key in keys:
-            kept = self._stored.get(key.expectation_suite_identifier.name)
-            if kept is None:
-                continue
-            kept.append(key)
-        self._prune()
-
-    def _prune(self) -> None:
-        """Drop the oldest kept results beyond ``docs_keep_results`` per suite."""
-        assert self._results_dir is not None
-        store = self._context.validation_results_store
-        removed = False
-        for kept in self._stored.values():
-            while len(kept) > self.config.docs_keep_results:
-                try:
-                    store.remove_key(kept.popleft())
-                    removed = True
-                except OSError as exc:
-                    log.warning("quality: cannot prune a kept validation result: %s", exc)
-        if not removed:
-            return
-        # GX leaves each removed run's directories behind, empty; they would accumulate forever.
-        for root, _dirs, _files in os.walk(self._results_dir, topdown=False):
-            if Path(root) != self._results_dir:
-                with contextlib.suppress(OSError):
-                    os.rmdir(root)
+    def _docs_statistics(self) -> dict[str, Any]:
+        if self._docs is None:
+            return {"enabled": False}
+        started = False
+        if self._validated >= self._docs_due:
+            started = self._docs.render_soon()
+            if started:
+                self._docs_due = self._validated + self.config.docs_every_batches
+        return {"enabled": True, "render_started": started, "last_render": dict(self._docs.last_render)}

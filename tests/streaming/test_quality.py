@@ -400,19 +400,40 @@ def test_data_docs_index_lists_the_suites(tmp_path: Path, real_findings: dict[st
     assert "null_protocol_type" in failing_page.read_text()
 
 
-def test_docs_keep_failures_sample_passes_and_rebuild_on_cadence(tmp_path: Path) -> None:
+def test_docs_keep_failures_sample_passes_and_render_in_the_background(tmp_path: Path) -> None:
     config = QualityConfig(docs_sample_every_batches=3, docs_every_batches=4)
     gate = QualityGate(config, tmp_path)
     bad = _set(clean_agg(), "JoinGroup", "resp", null_protocol_type=1)
-    built = []
+    started = []
     for batch in range(1, 5):
         result = gate.validate(batch, bad if batch == 1 else clean_agg(), no_findings())
-        built.append(result.statistics["docs"]["built"])
-    assert built == [False, False, False, True]
+        started.append(result.statistics["docs"]["render_started"])
+    assert started == [False, False, False, True]
     runs = {p.parts[-3] for p in kept_results(tmp_path)}
-    # batch 1 failed (kept), batch 3 is the sampled pass; 2 and 4 passed unsampled.
+    # batch 1: its failed frames suite is kept (its batch suite passed); batch 3 is the sampled pass
+    # (frames and batch suites); 2 and 4 passed unsampled.
     assert runs == {"batch-1", "batch-3"}
-    assert (tmp_path / "site" / "index.html").is_file()
+    assert gate._docs is not None and gate._docs.wait(120)
+    assert gate._docs.last_render["error"] is None and gate._docs.last_render["results"] == 3
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert "batch-1" in html and "batch-3" in html
+    # The next batch reports the finished render.
+    assert gate.validate(5, clean_agg(), no_findings()).statistics["docs"]["last_render"]["results"] == 3
+
+
+def test_results_written_during_a_render_wait_for_the_next_one(tmp_path: Path) -> None:
+    gate = QualityGate(QualityConfig(docs_sample_every_batches=1, docs_every_batches=1), tmp_path)
+    first = gate.validate(1, clean_agg(), no_findings())
+    assert first.statistics["docs"]["render_started"]
+    # Batches go on while the render runs: they neither wait for it nor start a second one.
+    during = [gate.validate(b, clean_agg(), no_findings()) for b in (2, 3)]
+    assert gate._docs is not None and gate._docs.wait(120)
+    if any(r.statistics["docs"]["render_started"] for r in during):
+        assert gate._docs.wait(120)
+    assert gate._docs.last_render["error"] is None
+    index = gate.build_docs()
+    assert index is not None and "batch-3" in index.read_text()
+    assert gate._docs.last_render["results"] == 6
 
 
 def test_kept_results_are_bounded_and_survive_a_restart(tmp_path: Path) -> None:
