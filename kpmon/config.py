@@ -143,8 +143,9 @@ class QualityConfig(_Section):
     docs_every_batches: int = Field(default=100, ge=1)
     #: A passing batch's results are kept for the docs once per this many batches; failing ones always.
     docs_sample_every_batches: int = Field(default=10, ge=1)
-    #: Validation results kept on disk per suite (oldest pruned), which bounds the docs' build time.
-    docs_keep_results: int = Field(default=200, ge=1)
+    #: Validation results kept on disk per suite (oldest pruned). A Data Docs render reads every kept
+    #: result back: about 15-30 ms each on 2 cores, so this bounds each render's CPU time.
+    docs_keep_results: int = Field(default=50, ge=1)
 
 
 HookKind = Literal["kafka", "webhook", "slack", "pagerduty", "alertmanager", "log"]
