@@ -232,7 +232,7 @@ def bench_docs(rows: pd.DataFrame, batches: int, reps: int) -> dict[str, Any]:
         start = time.perf_counter()
         assert site.render_soon()
         handoff_ms = (time.perf_counter() - start) * 1000
-        during = []
+        during: list[float] = []
         while site.rendering and len(during) < reps:
             t0 = time.perf_counter()
             gate.validate(0, agg, no_findings)
