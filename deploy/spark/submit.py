@@ -9,6 +9,7 @@ derives (connector, Python environment, config shipping), then ``--conf`` overri
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
@@ -369,7 +370,12 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
         notes.append("spark-submit needs HADOOP_CONF_DIR or YARN_CONF_DIR to find the YARN resource manager")
     conf |= dict(options.conf)
 
-    argv = [options.spark_submit or spark_submit_binary(), "--master", master, "--deploy-mode", mode]
+    if options.spark_submit:
+        binary = options.spark_submit
+    else:
+        binary, submit_env = spark_submit_binary()
+        env |= submit_env
+    argv = [binary, "--master", master, "--deploy-mode", mode]
     argv += ["--name", options.name]
     if options.archive:
         argv += ["--archives", f"{options.archive}#{ENV_ALIAS}"]
@@ -382,15 +388,23 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
     return SubmitPlan(argv, env, target, mode, conf, text, config_file, notes)
 
 
-def spark_submit_binary() -> str:
-    """``$SPARK_HOME/bin/spark-submit``, else the one on PATH, else the one pyspark ships."""
+def spark_submit_binary() -> tuple[str, dict[str, str]]:
+    """spark-submit and the environment it needs: ``$SPARK_HOME``'s, else PATH's, else pyspark's own.
+
+    pyspark's ``bin/spark-submit`` finds its Spark home with whatever ``python3`` is on PATH, which
+    need not be the one with pyspark installed: it gets ``SPARK_HOME`` explicitly.
+    """
     spark_home = os.environ.get("SPARK_HOME")
     if spark_home and (Path(spark_home) / "bin" / "spark-submit").is_file():
-        return str(Path(spark_home) / "bin" / "spark-submit")
-    found = shutil.which("spark-submit") or shutil.which(
-        "spark-submit", path=str(Path(sys.executable).parent)
-    )
-    return found or "spark-submit"
+        return str(Path(spark_home) / "bin" / "spark-submit"), {}
+    found = shutil.which("spark-submit")
+    if found:
+        return found, {}
+    spec = importlib.util.find_spec("pyspark")
+    if spec is not None and spec.origin:
+        home = Path(spec.origin).parent
+        return str(home / "bin" / "spark-submit"), {"SPARK_HOME": str(home)}
+    return "spark-submit", {}
 
 
 def write_config(plan: SubmitPlan) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from deploy.spark.submit import (
     connector_coordinate,
     plan_submit,
     read_conf,
+    spark_submit_binary,
     target_defaults,
     write_config,
 )
@@ -85,7 +87,7 @@ def test_yarn_ships_archive_config_and_packages(tmp_path: Path, archive: str) ->
         "spark.executorEnv.PYSPARK_PYTHON",
     ):
         assert conf[key] == "./environment/bin/python"
-    assert plan.env == {"PYSPARK_PYTHON": "./environment/bin/python"}
+    assert plan.env["PYSPARK_PYTHON"] == "./environment/bin/python"
     # The driver runs in the application master: it finds the shipped config in its working directory.
     assert app_args(plan) == [str(DRIVER_FILE), "--config", "kpmon.yaml"]
     assert "spark.pyspark.driver.python" not in conf
@@ -177,6 +179,23 @@ def test_executor_python_instead_of_an_archive(tmp_path: Path) -> None:
         == "/opt/kpmon/venv/bin/python"
     )
     assert "--archives" not in plan.argv
+
+
+def test_pysparks_own_spark_submit_runs_without_path_or_spark_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv on PATH, as when .venv/bin/kpmon runs directly
+    binary, env = spark_submit_binary()
+    assert Path(binary).is_file() and env == {"SPARK_HOME": str(Path(binary).parents[1])}
+    done = subprocess.run(
+        [binary, "--version"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"version {spark_version()}" in done.stdout + done.stderr
 
 
 # ----- refusals -------------------------------------------------------------------------------------
