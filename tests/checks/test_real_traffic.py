@@ -200,12 +200,13 @@ def test_clean_workload_raises_nothing_above_info(scenarios: ScenarioTap) -> Non
         for b in p["Records"].batches
     }
     assert any(not txn and pid >= 0 for pid, txn in producing) and any(txn for _, txn in producing)
-    members = {
+    joined = {
         f.request.client_id
-        for f in checked.requests(SYNC_GROUP)
+        for f in checked.requests(JOIN_GROUP)
         if f.request and f.request.body["GroupId"] == group
     }
-    assert members == {"kpmon-member-0", "kpmon-member-1"}
+    assert joined == {"kpmon-member-0", "kpmon-member-1"}
+    assert any(f.request and f.request.body["GroupId"] == group for f in checked.requests(SYNC_GROUP))
     assert checked.states[("group", group)]["ptype"] == "consumer"
 
 
