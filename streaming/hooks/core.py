@@ -229,6 +229,18 @@ class DeliveryCore:
     def _track_active(self, alert: AlertDict, alert_id: str, now: float) -> None:
         if alert["status"] == "firing":
             if alert_id not in self.active:
+                if len(self.active) >= self.policy.max_pending:
+                    # Bounded like the queue: the oldest firing alert stops being re-sent (the receiver
+                    # then times it out), which is counted and logged.
+                    oldest = next(iter(self.active))
+                    del self.active[oldest]
+                    self.next_resend.pop(oldest, None)
+                    self._spool(ACTIVE, oldest, None)
+                    self._count("dropped", "resend_overflow")
+                    self._note(
+                        "error",
+                        f"too many firing alerts to re-send ({self.policy.max_pending}): stopped re-sending {oldest}",
+                    )
                 self.next_resend[alert_id] = now + (self.policy.resend or 0.0)
             self.active[alert_id] = alert
             self._spool(ACTIVE, alert_id, alert)

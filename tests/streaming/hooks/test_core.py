@@ -324,6 +324,17 @@ def test_firing_alerts_are_resent_until_resolved() -> None:
     assert driver.at(500.0).take() is None
 
 
+def test_resend_set_is_bounded() -> None:
+    driver = Driver(replace(RESEND, max_pending=2))
+    driver.offer(payload("a"), payload("b"))
+    driver.send()
+    driver.offer(payload("c"))
+    driver.send()
+    assert list(driver.core.active) == ["b", "c"]
+    assert driver.core.drain().counts[("dropped", "resend_overflow")] == 1
+    assert ids(driver.at(60.0).send()) == ["b", "c"]  # "a" is no longer re-sent
+
+
 def test_resolve_supersedes_an_unsent_firing_for_alertmanager() -> None:
     driver = Driver(RESEND)
     driver.offer(payload("a"))
