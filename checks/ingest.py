@@ -41,7 +41,7 @@ def frame_from_record(
 ) -> Frame:
     """Decode one tap record. Never raises for bad frames: the error is kept on the Frame."""
     frame = Frame(
-        conn=headers.get("conn", ""),
+        conn=connection_of(headers.get("conn"), partition),
         seq=_int(headers.get("seq", "")) or 0,
         ts_ns=_int(headers.get("ts_ns", "")) or 0,
         direction=headers.get("dir", ""),
@@ -59,10 +59,23 @@ def frame_from_record(
     return decode_frame(frame, value, truncated=bool(headers.get("truncated")), fields=fields)
 
 
+def connection_of(conn: str | None, partition: int) -> str:
+    """A record without the tap's ``conn`` header (not from a tap) still needs a connection to key by."""
+    return conn or f"untracked-p{partition}"
+
+
 def decode_frame(
     frame: Frame, value: bytes | None, truncated: bool = False, fields: Iterable[str] | None = None
 ) -> Frame:
-    """Attach the decoded message (or the DecodeError) of ``value`` to a frame built from tap metadata."""
+    """Attach the decoded message (or the DecodeError) of ``value`` to a frame built from tap metadata.
+
+    A record that does not follow the tap record contract (no valid ``dir`` header: something else
+    wrote it to the tap topic) becomes an undecodable request, so it is reported, not ignored.
+    """
+    if frame.direction not in DIRECTIONS:
+        frame.error = DecodeError(f"not a tap record: dir header {frame.direction!r}", 0)
+        frame.direction = "req"
+        return frame
     if frame.direction not in ("req", "resp"):
         return frame
     if frame.capture == "meta" or truncated:

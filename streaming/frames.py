@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 import codec
+from checks.ingest import connection_of
 from codec.errors import DecodeError
 from codec.records import RecordBatches
 
@@ -165,8 +166,7 @@ def _count_tags(value: Any) -> tuple[int, int]:
 def decode_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
     direction = headers.get("dir", "")
     row: dict[str, Any] = {
-        # Records without the tap's headers still need a key: one pseudo-connection per partition.
-        "conn": headers.get("conn") or f"untracked-p{partition}",
+        "conn": connection_of(headers.get("conn"), partition),
         "seq": _int(headers.get("seq")),
         "ts_ns": _int(headers.get("ts_ns")),
         "dir": direction,

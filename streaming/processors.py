@@ -119,7 +119,7 @@ class ConnectionProcessor(StatefulProcessor):
         # The only timer of this stage is the idle TTL, re-armed by every batch that has rows.
         if self.saved.exists():
             self.saved.clear()
-            yield _stage_frame([expired_row(timerValues.getCurrentWatermarkInMs())])
+            yield _stage_frame([expired_row(timerValues.getCurrentWatermarkInMs() + 1)])
 
     def close(self) -> None:
         pass

@@ -19,12 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.ingest import DIRECTIONS, decode_frame
+from checks.ingest import decode_frame
 from checks.model import Finding, Frame
 from checks.rule import Stats
 from checks.serde import frame_from_dict, frame_to_dict
 from checks.sharding import ConnectionShard, KeyedShard, Route
-from codec.errors import DecodeError
 from kpmon.config import ChecksConfig
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
@@ -67,6 +66,14 @@ def _opt_int(value: Any) -> int | None:
     return int(value)
 
 
+def _event_ms(row: dict[str, Any]) -> int:
+    """The row's Spark event time (ms): ``ts_ns``, or its arrival for records without one."""
+    value = row.get("event_time")
+    if value is not None and hasattr(value, "value"):  # a pandas Timestamp (ns since the epoch)
+        return int(value.value) // NS_PER_MS
+    return (_opt_int(row.get("ts_ns")) or 0) // NS_PER_MS
+
+
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
@@ -78,11 +85,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 def frame_from_row(row: dict[str, Any]) -> Frame:
-    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks Frame.
-
-    A tap-topic record that does not follow the tap record contract (no ``dir`` header: written by
-    something else) becomes an undecodable frame, so it is reported as ``frame.decode_error``.
-    """
+    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks Frame."""
     direction = _opt_str(row.get("dir")) or ""
     frame = Frame(
         conn=_opt_str(row.get("conn")) or "",
@@ -101,10 +104,6 @@ def frame_from_row(row: dict[str, Any]) -> Frame:
         capture=_opt_str(row.get("capture")) or "full",
     )
     value = row.get("value")
-    if direction not in DIRECTIONS:
-        frame.direction = "req"
-        frame.error = DecodeError(f"not a tap record: dir header {direction!r}", 0)
-        return frame
     return decode_frame(
         frame, bytes(value) if value is not None else None, truncated=bool(row.get("truncated"))
     )
@@ -197,14 +196,15 @@ def connection_step(
     batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
     shard = ConnectionShard(config, json.loads(saved) if saved else None)
     frames = [frame_from_row(r) for r in batch]
-    # Spark refuses rows older than its watermark from a stage that feeds another stateful stage.
-    newest = max((f.ts_ns // NS_PER_MS for f in frames), default=watermark_ms)
-    event_ms = max(newest, watermark_ms)
+    # Spark refuses rows at or before its watermark from a stage that feeds another stateful stage.
+    floor_ms = watermark_ms + 1
+    newest = max((_event_ms(r) for r in batch), default=floor_ms)
+    event_ms = max(newest, floor_ms)
     findings = shard.feed(frames)
     out = [finding_row(f, event_ms) for f in findings]
     for route in shard.take_routes():
         flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
-        at_ms = max(-(-route.at_ns // NS_PER_MS), watermark_ms)
+        at_ms = max(-(-route.at_ns // NS_PER_MS), floor_ms)
         out.append(
             _row(
                 "route",
