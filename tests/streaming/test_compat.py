@@ -1,0 +1,152 @@
+"""Query shapes: what a checkpoint depends on, derived from the code, and when a build cannot resume one."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kpmon.config import KpmonConfig
+from streaming.compat import (
+    check_compatible,
+    describe_changes,
+    query_shape,
+    read_shape,
+    shape_path,
+    write_shape,
+)
+from streaming.paths import StreamPaths
+from streaming.processors import BUFFERED, SAVED_STATE
+
+
+def config(**stream: Any) -> KpmonConfig:
+    return KpmonConfig.model_validate({"tap": {"topic": "kpmon.tap"}, "stream": stream})
+
+
+@pytest.fixture(scope="module")
+def shape() -> dict[str, Any]:
+    return query_shape(config())
+
+
+def stage(shape: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in shape["stages"] if s["name"] == name)
+
+
+def test_the_shape_comes_from_the_processors_declarations(shape: dict[str, Any]) -> None:
+    from checks.rules import all_rules
+    from checks.serde import STATE_FORMAT
+
+    connection, keyed = stage(shape, "connection"), stage(shape, "keyed")
+    assert connection["group_by"] == ["conn"] and keyed["group_by"] == ["route_key"]
+    assert set(connection["state"]) == {"shard"}
+    assert set(keyed["state"]) == {"shard", "buffer"}
+    assert keyed["state"]["buffer"]["kind"] == "list"
+    assert [f["name"] for f in keyed["state"]["buffer"]["schema"]["fields"]] == BUFFERED.fieldNames()
+    assert [f["name"] for f in connection["state"]["shard"]["schema"]["fields"]] == SAVED_STATE.fieldNames()
+    assert shape["state_format"] == STATE_FORMAT
+    assert shape["rules"] == sorted({r.name for r in all_rules()})
+    assert shape["source"] == {"format": "kafka", "topic": "kpmon.tap"}
+    json.dumps(shape)  # plain data
+
+
+def test_same_build_same_config_is_compatible_both_ways(shape: dict[str, Any]) -> None:
+    other = query_shape(config(trigger_seconds=5.0, master="local[2]"))
+    assert other == shape
+    assert check_compatible(shape, other) == [] and check_compatible(other, shape) == []
+    assert describe_changes(shape, other) == []
+
+
+def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
+    assert any(
+        "shuffle_partitions changed 4 -> 8" in p
+        for p in check_compatible(shape, query_shape(config(shuffle_partitions=8)))
+    )
+    moved = query_shape(KpmonConfig.model_validate({"tap": {"topic": "other"}}))
+    assert any("'kpmon.tap' -> 'other'" in p for p in check_compatible(shape, moved))
+
+    newer = copy.deepcopy(shape)
+    newer["state_format"] += 1
+    assert check_compatible(shape, newer) == []  # a newer build reads older state...
+    problems = check_compatible(newer, shape)  # ...an older one cannot read newer state
+    assert len(problems) == 1 and "newer than this build reads" in problems[0]
+
+    regrouped = copy.deepcopy(shape)
+    stage(regrouped, "keyed")["group_by"] = ["rule", "key"]
+    assert any("group_by changed" in p for p in check_compatible(shape, regrouped))
+
+    assert check_compatible(shape, {**shape, "shape_version": 99})[0].startswith("query shape format")
+
+
+def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
+    def evolved(change: Any) -> dict[str, Any]:
+        new = copy.deepcopy(shape)
+        change(stage(new, "keyed")["state"]["buffer"]["schema"]["fields"])
+        return new
+
+    added_nullable = evolved(
+        lambda fields: fields.append({"name": "extra", "type": "string", "nullable": True})
+    )
+    assert check_compatible(shape, added_nullable) == []
+    # The rollback direction: rows written with the extra field read by a build without it.
+    assert any("'extra' was removed" in p for p in check_compatible(added_nullable, shape))
+
+    added_required = evolved(
+        lambda fields: fields.append({"name": "extra", "type": "long", "nullable": False})
+    )
+    assert any("'extra' is not nullable" in p for p in check_compatible(shape, added_required))
+
+    retyped = evolved(lambda fields: fields.__setitem__(0, {**fields[0], "type": "integer"}))
+    assert any("changed type long -> integer" in p for p in check_compatible(shape, retyped))
+
+    dropped_var = copy.deepcopy(shape)
+    del stage(dropped_var, "keyed")["state"]["buffer"]
+    assert any("'buffer' was removed" in p for p in check_compatible(shape, dropped_var))
+    assert any("new state variable 'buffer'" in n for n in describe_changes(dropped_var, shape))
+
+    rekinded = copy.deepcopy(shape)
+    stage(rekinded, "keyed")["state"]["buffer"]["kind"] = "value"
+    assert any("changed kind list -> value" in p for p in check_compatible(shape, rekinded))
+
+
+def test_rule_changes_are_notes_not_problems(shape: dict[str, Any]) -> None:
+    new = {**shape, "rules": [*shape["rules"][1:], "zzz_new_rule"]}
+    assert check_compatible(shape, new) == []
+    notes = describe_changes(shape, new)
+    assert any("rules added" in n and "zzz_new_rule" in n for n in notes)
+    assert any("rules removed" in n and shape["rules"][0] in n for n in notes)
+
+
+def test_write_and_read_the_record(tmp_path: Path) -> None:
+    cfg = KpmonConfig.model_validate({"state_dir": str(tmp_path)})
+    path = write_shape(cfg)
+    assert path == shape_path(StreamPaths.of(cfg)) == tmp_path / "stream" / "query-shape.json"
+    record = read_shape(path)
+    assert record is not None
+    assert record["checkpoint"] == str(tmp_path / "stream" / "checkpoint")
+    assert record["shape"] == query_shape(cfg)
+    path.write_text("{not json")
+    assert read_shape(path) is None
+    assert read_shape(tmp_path / "missing.json") is None
+
+
+def test_command_line_prints_the_record(tmp_path: Path) -> None:
+    cfg = tmp_path / "kpmon.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\ntap: {{topic: t1}}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming.compat", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    record = json.loads(done.stdout)
+    assert record["shape"]["source"]["topic"] == "t1"
+    cfg.write_text("stream: {shuffle_partitions: 0}\n")
+    bad = subprocess.run(
+        [sys.executable, "-m", "streaming.compat", "--config", str(cfg)], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "shuffle_partitions" in bad.stderr
