@@ -1,0 +1,403 @@
+"""Streaming monitor throughput and alert latency, against Spark's raw read of the same topic.
+
+Pre-loads a tap topic with a fleet of synthetic client sessions (handshake, metadata, an idempotent
+producer's InitProducerId and Produce exchanges with real v2 batches, fetches, close), each frame a tap
+record per the tap topic contract, then measures on ``local[2]`` in one run:
+
+1. **raw**: Spark's Kafka source alone (``count`` per batch): the ceiling;
+2. **decode**: raw + the ``mapInArrow`` projected decode;
+3. **job**: the whole monitor (decode, both stateful stages, alert book, Great Expectations, hooks);
+   frames/s, and the batch-time breakdown from Spark's progress (state operator time, GX time);
+4. **latency**: the job live on a 1 s trigger while frames arrive at half its sustained rate, with
+   violations injected; p50/p95 from a violating frame's ``ts_ns`` to webhook receipt.
+
+All three throughput runs use ``availableNow`` over the same backlog and the same
+``maxOffsetsPerTrigger``; rates are rows over the sum of batch durations (start-up excluded).
+
+    python benchmarks/stream_bench.py [--frames 2000000] [--latency-seconds 60] [--quick]
+
+Writes ``benchmarks/results/stream_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import codec  # noqa: E402
+from codec.records import build_record_batch  # noqa: E402
+from deploy.local.stack import LocalStack  # noqa: E402
+from kpmon.config import KpmonConfig  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
+SESSION_FRAMES = 46
+
+
+def _record(conn: str, seq: int, ts: int, direction: str, raw: bytes, api: tuple[int, int, int]) -> tuple:
+    headers = [
+        ("dir", direction),
+        ("conn", conn),
+        ("seq", str(seq)),
+        ("ts_ns", str(ts)),
+        ("client", "10.1.0.1:40000"),
+        ("broker", "127.0.0.1:9092"),
+        ("broker_id", "1"),
+        ("listener", "PLAINTEXT"),
+        ("capture", "headers"),
+    ]
+    if direction == "resp":
+        headers += [("api_key", str(api[0])), ("api_version", str(api[1])), ("corr_id", str(api[2]))]
+    return conn.encode(), raw, headers
+
+
+def session(index: int, start_ns: int, zombie: bool = False) -> Iterator[tuple]:
+    """One client connection's frames, ~1 ms apart. ``zombie``: a write with an older epoch."""
+    conn = f"bench-{index}"
+    pid = 100_000 + index
+    seq, corr, ts = 0, 0, start_ns
+
+    def pair(api: int, version: int, req: dict[str, Any], resp: dict[str, Any]) -> Iterator[tuple]:
+        nonlocal seq, corr, ts
+        corr += 1
+        yield _record(
+            conn, seq, ts, "req", codec.encode_request(api, version, corr, "bench", req), (api, version, corr)
+        )
+        yield _record(
+            conn,
+            seq + 1,
+            ts + 500_000,
+            "resp",
+            codec.encode_response(api, version, corr, resp),
+            (api, version, corr),
+        )
+        seq += 2
+        ts += 1_000_000
+
+    yield from pair(18, 3, {"ClientSoftwareName": "bench", "ClientSoftwareVersion": "1.0"}, API_VERSIONS)
+    yield from pair(
+        3,
+        12,
+        {"Topics": None, "AllowAutoTopicCreation": False, "IncludeTopicAuthorizedOperations": False},
+        {"Brokers": [], "Topics": []},
+    )
+    yield from pair(
+        22,
+        5,
+        {"TransactionalId": None, "TransactionTimeoutMs": 60000, "ProducerId": -1, "ProducerEpoch": -1},
+        {"ErrorCode": 0, "ProducerId": pid, "ProducerEpoch": 1},
+    )
+    for n in range(18):
+        epoch = 0 if zombie and n == 17 else 1
+        batch = build_record_batch(
+            [(None, b"x" * 16)], producer_id=pid, producer_epoch=epoch, base_sequence=n
+        )
+        req = {
+            "TransactionalId": None,
+            "Acks": -1,
+            "TimeoutMs": 30000,
+            "TopicData": [{"Name": "orders", "PartitionData": [{"Index": 0, "Records": batch}]}],
+        }
+        resp = {
+            "Responses": [
+                {"Name": "orders", "PartitionResponses": [{"Index": 0, "ErrorCode": 0, "BaseOffset": n}]}
+            ]
+        }
+        yield from pair(0, 9, req, resp)
+    yield _record(conn, seq, ts, "close", b"", (0, 0, 0))
+
+
+API_VERSIONS = {
+    "ErrorCode": 0,
+    "ApiKeys": [
+        {"ApiKey": k, "MinVersion": 0, "MaxVersion": codec.supported_versions(k)[1]} for k in (0, 1, 3, 18, 22)
+    ],
+}
+
+
+def preload(bootstrap: str, topic: str, frames: int, start_ns: int) -> int:
+    from confluent_kafka import Producer
+
+    from kpmon.traffic.workload import create_topic
+
+    create_topic(bootstrap, topic, partitions=2)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.num.messages": 10000,
+            "compression.type": "lz4",
+        }
+    )
+    written = 0
+    index = 0
+    while written < frames:
+        for key, value, headers in session(index, start_ns + index * 200_000):
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            written += 1
+        index += 1
+        if index % 2000 == 0:
+            producer.poll(0)
+            print(f"  preloaded {written:,} frames", flush=True)
+    producer.flush(120)
+    return written
+
+
+def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None) -> KpmonConfig:
+    hooks: list[dict[str, Any]] = [{"kind": "log", "min_severity": "critical"}]
+    if webhook:
+        hooks.append({"kind": "webhook", "url": webhook})
+    return KpmonConfig.model_validate(
+        {
+            "state_dir": str(state),
+            "kafka": {"bootstrap_servers": bootstrap},
+            "tap": {"topic": topic},
+            "stream": {
+                "master": "local[2]",
+                "shuffle_partitions": 2,
+                "metrics_port": None,
+                "max_offsets_per_trigger": 200_000,
+            },
+            "checks": {"watermark_seconds": 2.0},
+            "alerts": {"hooks": hooks},
+        }
+    )
+
+
+class Progress:
+    """Collects query progress events of one query."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None: ...
+
+            def onQueryProgress(self, event: Any) -> None:
+                outer.events.append(json.loads(event.progress.json))
+
+            def onQueryIdle(self, event: Any) -> None: ...
+
+            def onQueryTerminated(self, event: Any) -> None: ...
+
+        self.events: list[dict[str, Any]] = []
+        self.listener = Listener()
+
+    def summary(self) -> dict[str, Any]:
+        rows = sum(e.get("numInputRows") or 0 for e in self.events)
+        busy = [e for e in self.events if e.get("numInputRows")]
+        ms = sum((e.get("durationMs") or {}).get("triggerExecution", 0) for e in busy)
+        state_ms = sum(
+            op.get("allUpdatesTimeMs", 0) + op.get("commitTimeMs", 0)
+            for e in busy
+            for op in e.get("stateOperators") or []
+        )
+        add_ms = sum((e.get("durationMs") or {}).get("addBatch", 0) for e in busy)
+        return {
+            "rows": rows,
+            "batches": len(busy),
+            "busy_seconds": ms / 1000,
+            "rows_per_second": rows / (ms / 1000) if ms else 0.0,
+            "add_batch_seconds": add_ms / 1000,
+            "state_operator_seconds": state_ms / 1000,
+        }
+
+
+def run_available_now(spark: Any, df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
+    progress = Progress()
+    spark.streams.addListener(progress.listener)
+    try:
+        query = (
+            df.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        if query.exception():
+            raise RuntimeError(str(query.exception()))
+    finally:
+        spark.streams.removeListener(progress.listener)
+    return progress.summary()
+
+
+def measure_latency(
+    spark: Any, config: KpmonConfig, bootstrap: str, rate: float, seconds: float
+) -> dict[str, Any]:
+    """The job live on a 1 s trigger; frames at ``rate``/s; a zombie session every 2 s."""
+    from confluent_kafka import Producer
+
+    from kpmon.traffic.workload import create_topic
+    from streaming.job import start
+    from tests.streaming.hooks.receiver import Receiver, Reply
+
+    arrivals: list[tuple[dict[str, Any], float]] = []
+
+    def record(request: Any) -> Reply:
+        arrivals.append((request.body, time.time()))
+        return Reply()
+
+    receiver = Receiver(script=record).start()
+    topic = f"kpmon.bench.live.{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions=2)
+    live = _config(Path(tempfile.mkdtemp(prefix="kpmon-bench-live-")), bootstrap, topic, receiver.url)
+    live = live.model_copy(update={"stream": live.stream.model_copy(update={"starting_offsets": "latest"})})
+    job = start(live, spark=spark)
+    stop = threading.Event()
+
+    def feed() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        index, sent, t0 = 10_000_000, 0, time.monotonic()
+        next_zombie = t0 + 2
+        while not stop.is_set():
+            zombie = time.monotonic() >= next_zombie
+            if zombie:
+                next_zombie += 2
+            for key, value, headers in session(index, time.time_ns(), zombie=zombie):
+                producer.produce(topic, key=key, value=value, headers=headers)
+                sent += 1
+            index += 1
+            ahead = sent / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+            producer.poll(0)
+        producer.flush(30)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    time.sleep(15)  # let the query start before traffic (starting offsets: latest)
+    feeder.start()
+    time.sleep(seconds)
+    stop.set()
+    feeder.join(60)
+    receiver.wait_for(lambda reqs: False, timeout=15)
+    job.stop_gracefully()
+    job.close()
+    latencies = [
+        at - body["first_seen"] / 1e9
+        for body, at in arrivals
+        if body.get("rule", "").startswith("producer.stale_epoch") and body.get("status") == "firing"
+    ]
+    receiver.stop()
+    latencies.sort()
+    return {
+        "rate_frames_per_second": rate,
+        "alerts": len(latencies),
+        "p50_seconds": statistics.median(latencies) if latencies else None,
+        "p95_seconds": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--frames", type=int, default=2_000_000)
+    parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.frames, args.latency_seconds = 50_000, 20.0
+    from pyspark.sql import functions as F
+
+    from streaming.hooks import AlertHooks
+    from streaming.job import checks_pipeline, decoded_frames
+    from streaming.paths import StreamPaths
+    from streaming.quality import QualityGate
+    from streaming.session import build_session
+    from streaming.sink import BatchSink
+
+    home = Path(tempfile.mkdtemp(prefix="kpmon-stream-bench-"))
+    stack = LocalStack(home / "stack")
+    stack.up()
+    out: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": os.getloadavg(),
+        }
+    }
+    try:
+        bootstrap = stack.bootstrap_servers
+        topic = "kpmon.bench.tap"
+        t0 = time.monotonic()
+        frames = preload(bootstrap, topic, args.frames, time.time_ns() - 3600 * 10**9)
+        out["preload"] = {"frames": frames, "seconds": round(time.monotonic() - t0, 1)}
+        print(f"preloaded {frames:,} frames in {out['preload']['seconds']} s")
+        config = _config(home / "state", bootstrap, topic)
+        spark = build_session(config, "kpmon-stream-bench")
+        totals: dict[str, int] = {}
+
+        def count(df: Any, batch_id: int) -> None:
+            totals[str(batch_id)] = df.count()
+
+        raw = spark.readStream.format("kafka")
+        from streaming.job import source_options
+
+        for key, value in source_options(config).items():
+            raw = raw.option(key, value)
+        print("1/3 raw read ...", flush=True)
+        out["raw"] = run_available_now(
+            spark, raw.load().select("value", "headers", "partition", "offset"), count, home / "ck-raw"
+        )
+        print(f"    {out['raw']['rows_per_second']:,.0f} frames/s")
+        print("2/3 raw + decode ...", flush=True)
+        decoded = decoded_frames(spark, config).select(F.col("conn"), F.col("decode_error"))
+        out["decode"] = run_available_now(spark, decoded, count, home / "ck-decode")
+        print(f"    {out['decode']['rows_per_second']:,.0f} frames/s")
+        print("3/3 the whole job ...", flush=True)
+        paths = StreamPaths(home / "state" / "stream")
+        paths.make()
+        hooks = AlertHooks(config, paths.spool)
+        gate = QualityGate(config.quality, None)
+        quality_seconds: list[float] = []
+        sink = BatchSink(paths, hooks, gate, on_result=lambda r: quality_seconds.append(r.quality_seconds))
+        out["job"] = run_available_now(
+            spark, checks_pipeline(decoded_frames(spark, config), config), sink, home / "ck-job"
+        )
+        out["job"]["quality_seconds"] = round(sum(quality_seconds), 3)
+        hooks.close()
+        print(f"    {out['job']['rows_per_second']:,.0f} frames/s")
+        out["ratios"] = {
+            "job_over_raw": out["job"]["rows_per_second"] / out["raw"]["rows_per_second"],
+            "decode_over_raw": out["decode"]["rows_per_second"] / out["raw"]["rows_per_second"],
+        }
+        rate = max(out["job"]["rows_per_second"] * 0.5, 100.0)
+        print(f"latency at {rate:,.0f} frames/s for {args.latency_seconds:.0f} s ...", flush=True)
+        out["latency"] = measure_latency(spark, config, bootstrap, rate, args.latency_seconds)
+        out["machine"]["load_after"] = os.getloadavg()
+        spark.stop()
+    finally:
+        stack.down()
+    out["targets"] = {
+        "job_over_raw >= 0.5": out["ratios"]["job_over_raw"] >= 0.5,
+        "job >= 20k frames/s": out["job"]["rows_per_second"] >= 20_000,
+        "p95 latency <= 5 s": (out["latency"]["p95_seconds"] or 1e9) <= 5.0,
+    }
+    print(json.dumps(out, indent=2, default=str))
+    if not args.no_write:
+        RESULTS.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
