@@ -240,6 +240,7 @@ def fresh_start_config(new_config: str, stamp: str) -> str:
     """The new config moved to a state directory (and checkpoint) of its own; the old ones stay untouched
     for a rollback. Returns the path of the derived config file."""
     config = _load(new_config, "new")
+    stamp = re.sub(r"[^A-Za-z0-9_.-]+", "_", stamp)
     raw = yaml.safe_load(Path(new_config).read_text()) or {}
     state_dir = Path(config.state_dir).resolve() / f"fresh-{stamp}"
     raw["state_dir"] = str(state_dir)
