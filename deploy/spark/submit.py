@@ -1,7 +1,7 @@
 """Plan a spark-submit of the streaming job onto Spark standalone, YARN or Kubernetes.
 
 ``plan_submit`` is pure: config and options in, a ``SubmitPlan`` (argv, environment, the resolved config to
-ship, notes) out. ``write_config`` and ``run`` are the only parts that touch the disk or start a process.
+ship, notes) out. ``materialize`` and ``run`` are the only parts that touch the disk or start a process.
 The spark settings come from ``common.conf`` then ``<target>.conf`` next to this file, then what the plan
 derives (connector, Python environment, config shipping), then ``--conf`` overrides.
 """
@@ -107,11 +107,13 @@ class SubmitPlan:
     config_yaml: str
     config_file: Path
     notes: list[str]
+    #: Client mode with an archive: spark-submit runs here, where ./environment is this machine's venv.
+    workdir: Path | None = None
 
     def shell(self) -> str:
-        """The command as one shell line, environment first."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return f"{env} {shlex.join(self.argv)}" if env else shlex.join(self.argv)
+        """The command as one shell line: directory, environment, argv."""
+        line = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+        return f"cd {shlex.quote(str(self.workdir))} && {line}" if self.workdir else line
 
 
 _CONF_LINE = re.compile(r"^(?P<key>[^\s=]+)(?:\s*=\s*|\s+)(?P<value>\S.*)$")
@@ -366,6 +368,12 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
                 f"{', '.join(local_uploads)} must be uploaded for the driver pod: set --conf "
                 "spark.kubernetes.file.upload.path=s3a://BUCKET/PATH (or bake them into the image)"
             )
+    workdir = None
+    if mode == "client" and options.archive:
+        # PySpark hands the driver's PYSPARK_PYTHON (./environment/bin/python) to every Python worker,
+        # and transformWithState starts one on the driver too (state schema pre-init): the driver's
+        # working directory needs an ./environment as well, and this machine's venv is that.
+        workdir = staging_dir / f"client-{digest}"
     if target == "yarn" and not (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")):
         notes.append("spark-submit needs HADOOP_CONF_DIR or YARN_CONF_DIR to find the YARN resource manager")
     conf |= dict(options.conf)
@@ -385,7 +393,7 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
         if key != "spark.submit.deployMode":
             argv += ["--conf", f"{key}={value}"]
     argv += [main_file, "--config", config_arg]
-    return SubmitPlan(argv, env, target, mode, conf, text, config_file, notes)
+    return SubmitPlan(argv, env, target, mode, conf, text, config_file, notes, workdir)
 
 
 def spark_submit_binary() -> tuple[str, dict[str, str]]:
@@ -416,6 +424,17 @@ def write_config(plan: SubmitPlan) -> Path:
     return plan.config_file
 
 
-def run(plan: SubmitPlan) -> int:
+def materialize(plan: SubmitPlan) -> None:
+    """Write what the command refers to: the resolved config, and the client-mode working directory."""
     write_config(plan)
-    return subprocess.run(plan.argv, env=os.environ | plan.env, check=False).returncode
+    if plan.workdir is not None:
+        plan.workdir.mkdir(parents=True, exist_ok=True)
+        link = plan.workdir / ENV_ALIAS
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(sys.prefix), target_is_directory=True)
+
+
+def run(plan: SubmitPlan) -> int:
+    materialize(plan)
+    return subprocess.run(plan.argv, env=os.environ | plan.env, cwd=plan.workdir, check=False).returncode

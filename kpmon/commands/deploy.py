@@ -23,7 +23,7 @@ def _conf_pair(text: str) -> tuple[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from deploy.spark.submit import SubmitError, SubmitOptions, plan_submit, run, write_config
+    from deploy.spark.submit import SubmitError, SubmitOptions, materialize, plan_submit, run
 
     try:
         config = load_config(getattr(args, "config", None))
@@ -53,7 +53,9 @@ def _submit(args: argparse.Namespace) -> int:
     for note in plan.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
-        write_config(plan)
+        materialize(plan)
+        if plan.workdir is not None:
+            print(f"cd {shlex.quote(str(plan.workdir))} && \\")
         print(_pretty(plan.env, plan.argv))
         return 0
     return run(plan)

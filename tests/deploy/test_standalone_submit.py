@@ -2,7 +2,8 @@
 
 A master and one worker run from pyspark's own jars, so the executors live in a JVM of their own, as on
 a real cluster: the connector comes from the pre-resolved jar directory (the air-gapped path), the
-checkpoint and RocksDB state from a path declared shared, the Python workers from --executor-python.
+checkpoint and RocksDB state from a path declared shared, the Python workers from --executor-python
+(or a packed venv, see ``python_env``).
 Traffic goes through a real tap into the tap topic; the job runs stateful batches, then stops on its
 stop marker, and spark-submit exits 0.
 """
@@ -36,6 +37,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 WAIT_SECONDS = 240.0
+
+
+def python_env() -> list[str]:
+    """This interpreter on the executors; or, with ``KPMON_ENV_ARCHIVE`` set, that venv-pack archive
+    (``kpmon deploy pack-venv``, minutes to build, so not built here)."""
+    archive = os.environ.get("KPMON_ENV_ARCHIVE")
+    return ["--archive", archive] if archive else ["--executor-python", sys.executable]
 
 
 def _master_state(ui_port: int) -> dict[str, Any]:
@@ -115,7 +123,7 @@ def test_submit_runs_the_job_on_a_standalone_cluster(
         "stream": {
             "master": master,
             "checkpoint_dir": str(checkpoint),
-            "shuffle_partitions": 2,
+            "shuffle_partitions": 1,
             "trigger_seconds": 1.0,
             "starting_offsets": "earliest",
             "metrics_port": None,
@@ -131,7 +139,7 @@ def test_submit_runs_the_job_on_a_standalone_cluster(
     command = [
         str(Path(sys.executable).parent / "kpmon"), "deploy", "submit", "--config", str(config_path),
         "--target", "standalone", "--connector", "jars", "--jars-dir", str(connector_dir()),
-        "--executor-python", sys.executable, "--shared-checkpoint",
+        *python_env(), "--shared-checkpoint",
         "--conf", "spark.cores.max=2", "--conf", "spark.executor.cores=2", "--conf", "spark.executor.memory=1g",
         "--conf", "spark.executor.memoryOverhead=512m", "--conf", "spark.driver.memory=1g",
     ]  # fmt: skip

@@ -22,6 +22,7 @@ from deploy.spark.submit import (
     SubmitOptions,
     SubmitPlan,
     connector_coordinate,
+    materialize,
     plan_submit,
     read_conf,
     spark_submit_binary,
@@ -91,6 +92,7 @@ def test_yarn_ships_archive_config_and_packages(tmp_path: Path, archive: str) ->
     # The driver runs in the application master: it finds the shipped config in its working directory.
     assert app_args(plan) == [str(DRIVER_FILE), "--config", "kpmon.yaml"]
     assert "spark.pyspark.driver.python" not in conf
+    assert plan.workdir is None  # the application master unpacks ./environment itself
 
 
 def test_standalone_runs_the_driver_here_with_preresolved_jars(tmp_path: Path, archive: str) -> None:
@@ -112,6 +114,15 @@ def test_standalone_runs_the_driver_here_with_preresolved_jars(tmp_path: Path, a
     assert "--files" not in plan.argv
     assert app_args(plan) == [str(DRIVER_FILE), "--config", str(plan.config_file)]
     assert any("shared mount" in note for note in plan.notes)
+    # The driver's own Python workers run ./environment/bin/python too: here it is this venv.
+    assert plan.workdir is not None
+    materialize(plan)
+    driver_python = plan.workdir / "environment" / "bin" / "python"
+    done = subprocess.run(
+        [driver_python, "-c", "import sys, kpmon; print(sys.prefix)"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and Path(done.stdout.strip()).resolve() == Path(sys.prefix).resolve()
+    assert plan.shell().startswith(f"cd {plan.workdir} && PYSPARK_PYTHON=./environment/bin/python ")
 
 
 def test_k8s_uses_the_image_the_pod_template_and_the_configmap(tmp_path: Path) -> None:
