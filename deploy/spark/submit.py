@@ -262,6 +262,11 @@ def _python_conf(
         env["PYSPARK_PYTHON"] = python
     elif options.executor_python:
         python = options.executor_python
+        if mode == "client" and not Path(python).is_file():
+            raise SubmitError(
+                f"--executor-python {python} does not exist here: in client mode the driver starts Python "
+                "workers with it too (transformWithState), so it must exist on this machine as well"
+            )
         conf["spark.pyspark.python"] = python
         for key in (
             "spark.executorEnv.PYSPARK_PYTHON",

@@ -190,6 +190,12 @@ def test_executor_python_instead_of_an_archive(tmp_path: Path) -> None:
         == "/opt/kpmon/venv/bin/python"
     )
     assert "--archives" not in plan.argv
+    with pytest.raises(SubmitError, match="driver starts Python workers"):
+        plan_submit(
+            config("yarn", "hdfs:///ckpt"),
+            SubmitOptions(deploy_mode="client", executor_python="/opt/kpmon/venv/bin/python"),
+            tmp_path,
+        )
 
 
 def test_pysparks_own_spark_submit_runs_without_path_or_spark_home(monkeypatch: pytest.MonkeyPatch) -> None:
