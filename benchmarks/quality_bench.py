@@ -9,7 +9,11 @@ Measured in one run, on the same decoded-frame rows:
 - **naive per-row GX on Spark** (what it avoids): the same frame-level invariants written per row and
   validated by GX over the batch's Spark DataFrame (``context.data_sources.add_spark``), ``local[2]``.
   The findings suite is left out of this side: it is tiny in both designs.
-- **Data Docs**: ``build_docs()`` with the kept validation results of a number of batches.
+- **Data Docs**: ``build_docs()`` with the kept validation results of a number of batches, the
+  hand-off of a background render, and ``validate`` while one runs.
+
+The three Spark-side cases run round-robin, so load drifting during the run (a shared machine)
+weighs on each alike.
 
 The rows are the real frames of ``tests/data/tap_frames.jsonl`` (real clients through the tap), decoded
 by the codec, weighted towards the data plane (Produce/Fetch) and repeated to ``--rows`` (default
@@ -163,6 +167,32 @@ def some_findings(n: int) -> pd.DataFrame:
 
 
 # -- timing ----------------------------------------------------------------------------------------
+
+
+def _figures(samples: list[float]) -> dict[str, float]:
+    samples = sorted(samples)
+    return {
+        "median_ms": round(statistics.median(samples), 2),
+        "p95_ms": round(samples[min(len(samples) - 1, int(0.95 * len(samples)))], 2),
+        "min_ms": round(samples[0], 2),
+        "reps": len(samples),
+    }
+
+
+def interleaved(
+    cases: dict[str, Callable[[], Any]], reps: int, warmup: int = 1
+) -> dict[str, dict[str, float]]:
+    """Time the cases round-robin, so load that drifts during the run weighs on all of them alike."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - start) * 1000)
+    return {name: _figures(values) for name, values in samples.items()}
 
 
 def timed(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
@@ -352,14 +382,17 @@ def bench_spark(rows: pd.DataFrame, reps: int) -> dict[str, Any]:
             result = definition.get_batch(batch_parameters={"dataframe": sdf}).validate(suite)
             assert result.success, result
 
-        aggregation_only = timed(lambda: aggregate_spark(sdf), reps)
-        gate_e2e = timed(gate_path, reps)
-        naive = timed(per_row, reps, warmup=1)
+        figures = interleaved(
+            {
+                "spark_aggregation_only": lambda: aggregate_spark(sdf),
+                "gate_end_to_end": gate_path,
+                "per_row_gx_on_spark": per_row,
+            },
+            reps,
+        )
         return {
             "rows": len(rows),
-            "spark_aggregation_only": aggregation_only,
-            "gate_end_to_end": gate_e2e,
-            "per_row_gx_on_spark": naive,
+            **figures,
             "per_row_expectations": len(suite.expectations),
         }
     finally:
