@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def spark_conf(config: KpmonConfig, connector_jars: list[str]) -> dict[str, str]:
+def spark_conf(config: KpmonConfig, connector_jars: list[str], submitted: bool = False) -> dict[str, str]:
     """Every Spark property the job sets; ``stream.spark_conf`` overrides any of them."""
     conf = {
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
@@ -26,11 +26,13 @@ def spark_conf(config: KpmonConfig, connector_jars: list[str]) -> dict[str, str]
         "spark.sql.streaming.stopTimeout": str(int(config.stream.stop_timeout_seconds * 1000)),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
-        # Python workers must import the project and its dependencies: the job's own interpreter.
-        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
+    if not submitted:
+        # Python workers must import the project and its dependencies: the job's own interpreter.
+        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+        conf["spark.pyspark.python"] = python
+        conf["spark.pyspark.driver.python"] = sys.executable
+        conf["spark.executorEnv.PYSPARK_PYTHON"] = python
     if connector_jars:
         conf["spark.jars"] = ",".join(connector_jars)
     conf.update(config.stream.spark_conf)
@@ -42,14 +44,21 @@ def build_session(config: KpmonConfig, app_name: str = "kpmon-stream") -> SparkS
 
     from streaming.connector import connector_jars
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # spark-submit deploys ship the connector themselves (deploy/spark): only fetch it when running here.
-    shipped = "spark.jars" in config.stream.spark_conf or "spark.jars.packages" in config.stream.spark_conf
+    # Under spark-submit (deploy/spark) the gateway already exists: the launcher chose the master and
+    # shipped the connector and the Python environment; setting them again here would override it.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    shipped = (
+        submitted
+        or "spark.jars" in config.stream.spark_conf
+        or "spark.jars.packages" in config.stream.spark_conf
+    )
     jars = [] if shipped else [str(j) for j in connector_jars()]
     builder = SparkSession.builder.appName(app_name)
-    if config.stream.master:
+    if config.stream.master and not submitted:
         builder = builder.master(config.stream.master)
-    for key, value in spark_conf(config, jars).items():
+    for key, value in spark_conf(config, jars, submitted).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -356,8 +356,8 @@ class LocalStack:
                 *logging_jvm_args(self.version, "WARN"),
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # One argument, not two: a random id may start with "-", which argparse takes for a flag.
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(props),
                 "--ignore-formatted",
