@@ -305,6 +305,151 @@ def summary_text(report: ReportData) -> str:
     return "\n".join(lines)
 
 
+# -- alert timeline (from the streaming job's per-batch results) --------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One alert as its newest batch result left it; times are event times (tap ``ts_ns``)."""
+
+    id: str
+    rule: str
+    severity: str
+    status: str
+    subject: str
+    summary: str
+    first_seen: int
+    last_seen: int
+    count: int
+
+
+def alert_timeline(batches: Iterable[Mapping[str, Any]]) -> list[TimelineEntry]:
+    """Fold per-batch results (oldest first) into one entry per alert id, the newest update winning.
+
+    A batch lists the alerts it opened, updated or resolved; results files that are malformed (a batch
+    written by another version, a truncated file) are skipped rather than failing the whole report.
+    """
+    latest: dict[str, TimelineEntry] = {}
+    for batch in batches:
+        for alert in batch.get("alerts") or []:
+            try:
+                entry = TimelineEntry(
+                    id=str(alert["id"]),
+                    rule=str(alert["rule"]),
+                    severity=str(alert["severity"]),
+                    status=str(alert["status"]),
+                    subject=str(alert.get("subject", "")),
+                    summary=str(alert.get("summary", "")),
+                    first_seen=int(alert["first_seen"]),
+                    last_seen=int(alert["last_seen"]),
+                    count=int(alert.get("count", 1)),
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+            latest[entry.id] = entry
+    return sorted(latest.values(), key=lambda e: (e.first_seen, e.rule, e.subject, e.id))
+
+
+_SEV_COLOUR = {"critical": "#b00020", "warning": "#e6a100", "info": "#4a90d9"}
+
+
+def _clock(ts_ns: int) -> str:
+    seconds = ts_ns // 1_000_000_000
+    return f"{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def render_timeline_svg(entries: list[TimelineEntry], width: int = 900) -> str:
+    """An inline SVG: one lane per rule (most severe first), each alert a mark from first to last seen.
+
+    Firing alerts are filled, resolved ones hollow; the axis is event time, UTC.
+    """
+    if not entries:
+        return ""
+    lanes = sorted({(e.rule, e.severity) for e in entries}, key=lambda rs: (-_SEV.get(rs[1], 0), rs[0]))
+    lane_of = {lane: i for i, lane in enumerate(lanes)}
+    start = min(e.first_seen for e in entries)
+    end = max(max(e.last_seen, e.first_seen) for e in entries)
+    span = max(end - start, 1_000_000_000)
+    label_w, lane_h, top = 300, 22, 24
+    plot_w = width - label_w - 20
+    height = top + lane_h * len(lanes) + 24
+
+    def x(ts: int) -> float:
+        return label_w + plot_w * (ts - start) / span
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'role="img" aria-label="alert timeline" font-family="sans-serif" font-size="11">'
+    ]
+    for (rule, severity), i in lane_of.items():
+        y = top + i * lane_h
+        out.append(
+            f'<rect x="0" y="{y}" width="{width}" height="{lane_h}" fill="{"#f7f7f7" if i % 2 else "#fff"}"/>'
+        )
+        out.append(f'<text x="4" y="{y + 15}">{html.escape(f"{rule} ({severity})")}</text>')
+    for tick in range(5):
+        ts = start + span * tick // 4
+        tx = x(ts)
+        out.append(f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{height - 20}" stroke="#ddd"/>')
+        out.append(f'<text x="{tx:.1f}" y="{height - 6}" text-anchor="middle">{_clock(ts)}</text>')
+    out.append(f'<text x="{label_w}" y="14" fill="#555">event time (UTC)</text>')
+    for e in entries:
+        cy = top + lane_of[(e.rule, e.severity)] * lane_h + lane_h / 2
+        colour = _SEV_COLOUR.get(e.severity, "#777")
+        x0, x1 = x(e.first_seen), x(max(e.last_seen, e.first_seen))
+        fill = colour if e.status != "resolved" else "#fff"
+        title = html.escape(
+            f"{_clock(e.first_seen)} {e.status} {e.rule} {e.subject}: {e.summary} (x{e.count})"
+        )
+        out.append("<g>")
+        out.append(f"<title>{title}</title>")
+        if x1 - x0 >= 1:
+            out.append(
+                f'<line x1="{x0:.1f}" y1="{cy}" x2="{x1:.1f}" y2="{cy}" stroke="{colour}" stroke-width="3"/>'
+            )
+        out.append(
+            f'<circle cx="{x0:.1f}" cy="{cy}" r="5" fill="{fill}" stroke="{colour}" stroke-width="2"/>'
+        )
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render_timeline_html(entries: list[TimelineEntry]) -> str:
+    """The timeline section: counts by rule and severity, the SVG, and every alert in order."""
+    if not entries:
+        return '<p class="muted">no alerts yet</p>'
+    counts = Counter((e.rule, e.severity) for e in entries)
+    firing = Counter((e.rule, e.severity) for e in entries if e.status != "resolved")
+    by_rule = sorted(counts.items(), key=lambda item: (-_SEV.get(item[0][1], 0), item[0][0]))
+    parts = [
+        _table(
+            ["severity", "rule", "alerts", "still firing"],
+            [[sev, rule, str(n), str(firing[(rule, sev)])] for (rule, sev), n in by_rule],
+            [[sev, "", "", ""] for (_rule, sev), _n in by_rule],
+        ),
+        render_timeline_svg(entries),
+        _table(
+            ["first seen (UTC)", "last seen", "severity", "rule", "subject", "status", "count", "summary"],
+            [
+                [
+                    _clock(e.first_seen),
+                    _clock(e.last_seen),
+                    e.severity,
+                    e.rule,
+                    e.subject,
+                    e.status,
+                    str(e.count),
+                    e.summary,
+                ]
+                for e in entries
+            ],
+            [["", "", e.severity, "", "", "", "", ""] for e in entries],
+        ),
+    ]
+    return "\n".join(parts)
+
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
@@ -331,17 +476,34 @@ def _table(headers: list[str], rows: list[list[str]], classes: list[list[str]] |
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def render_html(report: ReportData, coverage_png: bytes | None, png_name: str | None = None) -> str:
-    """A self-contained HTML page (the PNG embedded; ``png_name`` links the file written next to it)."""
+def render_html(
+    report: ReportData,
+    coverage_png: bytes | None,
+    png_name: str | None = None,
+    timeline: list[TimelineEntry] | None = None,
+    links: list[tuple[str, str]] | None = None,
+) -> str:
+    """A self-contained HTML page (the PNG embedded; ``png_name`` links the file written next to it).
+
+    ``timeline`` (the live monitor's alerts) adds an "Alert timeline" section; ``links`` (label, href)
+    adds a list of links, e.g. to the Great Expectations Data Docs.
+    """
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>kpmon report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>kafka-protocol-monitor report</h1>",
         f"<p class='muted'>{html.escape(report.source)}</p>",
-        "<h2>Summary</h2>",
-        f"<pre>{html.escape(summary_text(report))}</pre>",
-        "<h2>ApiVersions coverage</h2>",
     ]
+    if links:
+        items = "".join(
+            f"<li><a href='{html.escape(href, quote=True)}'>{html.escape(label)}</a></li>"
+            for label, href in links
+        )
+        parts.append(f"<ul class='links'>{items}</ul>")
+    parts += ["<h2>Summary</h2>", f"<pre>{html.escape(summary_text(report))}</pre>"]
+    if timeline is not None:
+        parts += ["<h2>Alert timeline</h2>", render_timeline_html(timeline)]
+    parts.append("<h2>ApiVersions coverage</h2>")
     if coverage_png:
         data = base64.b64encode(coverage_png).decode()
         img = f"<img alt='ApiVersions coverage heatmap' src='data:image/png;base64,{data}'>"

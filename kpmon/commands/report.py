@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 from checks.model import Frame
 from checks.report import (
+    ReportData,
+    TimelineEntry,
     build_report,
     frame_from_json,
     record_to_json,
@@ -91,6 +94,102 @@ def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[Fr
         consumer.close()
 
 
+class TapTopicReader:
+    """A consumer on every partition of the tap topic, from the start, read in steps up to its end.
+
+    For a topic that keeps growing (the live monitor's report): each ``read_to_end`` stops at the end
+    offsets taken when it is called, and the next call carries on from there.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, properties: dict[str, str] | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self._consumer = Consumer(
+            {
+                **(properties or {}),
+                "bootstrap.servers": bootstrap_servers,
+                # A throwaway group: the report never commits, and must not disturb the streaming job.
+                "group.id": f"kpmon-report-{id(self)}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._partitions: list[int] | None = None
+        self._next: dict[int, int] = {}
+
+    def _assign(self, timeout: float) -> list[int]:
+        from confluent_kafka import TopicPartition
+
+        if self._partitions is None:
+            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+            topic = metadata.topics.get(self.topic)
+            if topic is None or topic.error is not None:
+                raise InputError(f"tap topic {self.topic!r} not found on {self.bootstrap_servers}")
+            self._partitions = sorted(topic.partitions)
+            self._consumer.assign([TopicPartition(self.topic, p, -2) for p in self._partitions])
+        return self._partitions
+
+    def read_to_end(self, timeout: float = 10.0, save: Any | None = None) -> Iterator[Frame]:
+        """Frames from where the last call stopped up to the end offsets as of now."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        from checks.ingest import frame_from_record, headers_dict
+
+        partitions = self._assign(timeout)
+        ends = {
+            p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
+            for p in partitions
+        }
+        idle = 0.0
+        while any(self._next.get(p, 0) < end for p, end in ends.items()):
+            msg = self._consumer.poll(0.5)
+            if msg is None:
+                idle += 0.5
+                if idle >= timeout:
+                    raise InputError(
+                        f"tap topic {self.topic!r}: no records for {timeout:.0f} s before its end"
+                    )
+                continue
+            idle = 0.0
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise InputError(f"consumer error: {error}")
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            self._next[partition] = offset + 1
+            headers = headers_dict(msg.headers() or [])
+            value = msg.value()
+            if save is not None:
+                save.write(record_to_json(headers, value, partition, offset) + "\n")
+            yield frame_from_record(headers, value, partition, offset)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def write_report(
+    report: ReportData,
+    out: Path,
+    timeline: list[TimelineEntry] | None = None,
+    links: list[tuple[str, str]] | None = None,
+) -> Path:
+    """Write ``out`` (HTML) and the heatmap PNG next to it; returns the PNG's path.
+
+    The HTML is written to a temporary name and renamed, so a browser refreshing it never sees half.
+    """
+    png_path = out.with_suffix(".png")
+    png = render_coverage_png(report.coverage)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png_path.write_bytes(png)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render_html(report, png, png_path.name, timeline, links), encoding="utf-8")
+    os.replace(tmp, out)
+    return png_path
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -98,7 +197,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    png_path = out.with_suffix(".png")
     try:
         with contextlib.ExitStack() as stack:
             if args.capture:
@@ -118,10 +216,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     report = build_report(monitor.states, findings, monitor.stats, source)
-    png = render_coverage_png(report.coverage)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    png_path.write_bytes(png)
-    out.write_text(render_html(report, png, png_path.name), encoding="utf-8")
+    png_path = write_report(report, out)
     print(summary_text(report))
     print(f"wrote {out} and {png_path}")
     return 0
