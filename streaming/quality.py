@@ -79,6 +79,9 @@ class QualityResult:
     findings: list[Finding] = field(default_factory=list)
     #: Per suite: evaluated, successful, unsuccessful, errors, skipped, elapsed_s; plus ``docs``.
     statistics: dict[str, Any] = field(default_factory=dict)
+    #: (rule, subject) of every expectation evaluated and met in this batch: where a ``quality.*``
+    #: alert raised by an earlier batch has cleared, for the caller to resolve.
+    passed: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _quiet_gx() -> None:
@@ -241,6 +244,7 @@ class QualityGate:
                 stats["evaluated"] += 1
                 if evr is not None and evr.success:
                     stats["successful"] += 1
+                    result.passed.append((check.rule, check.suite))
                     continue
                 stats["unsuccessful"] += 1
                 result.success = False

@@ -146,6 +146,7 @@ def test_clean_batch_passes_every_expectation(
         assert stats["skipped"] is False
         assert stats["unsuccessful"] == 0 and stats["errors"] == 0
         assert stats["evaluated"] == stats["successful"] == sum(c.suite == suite for c in CHECKS)
+    assert sorted(result.passed) == sorted((c.rule, c.suite) for c in CHECKS)
 
 
 # -- failing, one expectation at a time -----------------------------------------------------------
@@ -252,6 +253,7 @@ def test_each_expectation_fails_alone(
     result = checker.validate(7, agg(), findings(real_findings))
     assert not result.success
     assert failed(result) == {rule}
+    assert (rule, result.findings[0].subject) not in result.passed
     finding = result.findings[0]
     check = next(c for c in CHECKS if c.rule == rule)
     assert finding.severity == check.severity and finding.subject == check.suite
@@ -307,7 +309,7 @@ def test_rates_at_the_threshold_pass_and_small_batches_are_not_judged() -> None:
 
 def test_empty_batch_validates_cleanly_without_gx(gate: QualityGate) -> None:
     result = gate.validate(11, clean_agg().iloc[0:0], no_findings())
-    assert result.success and result.findings == []
+    assert result.success and result.findings == [] and result.passed == []
     assert all(result.statistics[s]["skipped"] and result.statistics[s]["evaluated"] == 0 for s in SUITES)
 
 
