@@ -163,6 +163,9 @@ class BatchSink:
             else:
                 result.quality_success = bool(quality.success)
                 findings.extend(quality.findings)
+                # A suite that passes again clears its alert (the gate reports what it judged and met).
+                at = max((f.ts_ns for f in findings), default=0)
+                resolves.extend((rule, subject, at) for rule, subject in getattr(quality, "passed", ()))
             result.quality_seconds = time.perf_counter() - q_started
         book = self.books.before(batch_id)
         touched: dict[str, Alert] = {}
