@@ -33,10 +33,10 @@ def round_frames(k: int, base_ns: int) -> list[Frame]:
     return sorted([*frames, *tail], key=lambda f: (f.ts_ns, f.conn, f.seq))
 
 
-def produce(bootstrap: str, topic: str, frames: list[Frame]) -> None:
+def produce(bootstrap: str, topic: str, frames: list[Frame], producer: Any = None) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = producer or Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for frame in frames:
         headers, value, _partition, _offset = tap_record(frame)
         producer.produce(topic, key=frame.conn.encode(), value=value, headers=list(headers.items()))
@@ -61,14 +61,17 @@ class TapTraffic:
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
         try:
             while not self._stop.is_set():
                 frames = round_frames(self.next_round, self.base_ns)
                 for i in range(0, len(frames), self.chunk):
-                    produce(self.bootstrap, self.topic, frames[i : i + self.chunk])
+                    produce(self.bootstrap, self.topic, frames[i : i + self.chunk], producer)
                     if self._stop.wait(self.every) and i + self.chunk < len(frames):
                         # Stopping mid-round: finish it, so every round ends with its clean tail.
-                        produce(self.bootstrap, self.topic, frames[i + self.chunk :])
+                        produce(self.bootstrap, self.topic, frames[i + self.chunk :], producer)
                         break
                 self.next_round += 1
         except BaseException as exc:
