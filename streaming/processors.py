@@ -8,6 +8,7 @@ through the state TTL, on top of the rules' own event-time TTLs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
     ValueState,
 )
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from kpmon.config import ChecksConfig
 from streaming.stages import (
@@ -31,15 +32,21 @@ from streaming.stages import (
     keyed_step,
 )
 
-SAVED_STATE = StructType([StructField("json", StringType())])
-BUFFERED = StructType(
+#: Stage one's state per connection: the shard (JSON), the armed timer and when the key expires.
+CONNECTION_STATE = StructType(
     [
-        StructField("at_ms", LongType()),
-        StructField("ts_ns", LongType()),
-        StructField("conn", StringType()),
-        StructField("seq", LongType()),
-        StructField("frame", StringType()),
-        StructField("flags", IntegerType()),
+        StructField("shard", StringType()),
+        StructField("timer", LongType()),
+        StructField("expires", LongType()),
+    ]
+)
+#: Stage two's state per route key: the shard (JSON), the routes waiting for the watermark (JSON) and
+#: the armed timer. One value, so a key costs one read and one write per call to the state server.
+KEYED_STATE = StructType(
+    [
+        StructField("shard", StringType()),
+        StructField("buffer", StringType()),
+        StructField("timer", LongType()),
     ]
 )
 #: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
@@ -51,25 +58,20 @@ STAGE_ROWS_DDL = (
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
 
 
-def _saved(state: ValueState) -> str | None:
+def _load(state: ValueState, width: int) -> tuple[Any, ...]:
     value = state.get() if state.exists() else None
-    return str(value[0]) if value else None
+    return tuple(value) if value else (None,) * width
 
 
-def _store(state: ValueState, value: str | None) -> None:
-    if value is None:
-        state.clear()
-    else:
-        state.update((value,))
-
-
-def _reschedule(handle: StatefulProcessorHandle, at_ms: int | None) -> None:
-    """Keep exactly one timer per key: the next moment its step must run again."""
-    for old in handle.listTimers():
-        if old != at_ms:
-            handle.deleteTimer(old)
-    if at_ms is not None:
-        handle.registerTimer(at_ms)
+def _rearm(handle: StatefulProcessorHandle, armed: int | None, wanted: int | None) -> int | None:
+    """Move the key's one timer from ``armed`` to ``wanted`` (two state-server calls at most)."""
+    if armed == wanted:
+        return armed
+    if armed is not None:
+        handle.deleteTimer(armed)
+    if wanted is not None:
+        handle.registerTimer(wanted)
+    return wanted
 
 
 def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
@@ -101,25 +103,38 @@ class ConnectionProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         # Spark allows state TTLs only in processing-time mode; idle keys expire by event-time timers.
         self.handle = handle
-        self.saved = handle.getValueState("shard", SAVED_STATE)
+        self.state = handle.getValueState("connection", CONNECTION_STATE)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        saved = _saved(self.saved)
+        saved, timer, _ = _load(self.state, 3)
         result = connection_step(self.config, saved, _records(rows), timerValues.getCurrentWatermarkInMs())
-        _store(self.saved, result.state)
-        _reschedule(self.handle, result.next_timer_ms)
+        if result.state is None:
+            _rearm(self.handle, timer, None)
+            self.state.clear()
+        else:
+            # An armed timer earlier than the new expiry stays: when it fires it re-arms itself, so a
+            # busy connection does not move its timer every batch.
+            if timer is None:
+                timer = _rearm(self.handle, None, result.next_timer_ms)
+            self.state.update((result.state, timer, result.next_timer_ms))
         if result.rows:
             yield _stage_frame(result.rows)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        # The only timer of this stage is the idle TTL, re-armed by every batch that has rows.
-        if self.saved.exists():
-            self.saved.clear()
-            yield _stage_frame([expired_row(timerValues.getCurrentWatermarkInMs() + 1)])
+        saved, _, expires = _load(self.state, 3)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        if saved is None:
+            return
+        if expires is not None and expires > watermark:
+            self.handle.registerTimer(expires)
+            self.state.update((saved, expires, expires))
+            return
+        self.state.clear()
+        yield _stage_frame([expired_row(watermark + 1)])
 
     def close(self) -> None:
         pass
@@ -133,8 +148,7 @@ class KeyedProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.saved = handle.getValueState("shard", SAVED_STATE)
-        self.buffer = handle.getListState("buffer", BUFFERED)
+        self.state = handle.getValueState("keyed", KEYED_STATE)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -144,34 +158,33 @@ class KeyedProcessor(StatefulProcessor):
             if records:
                 yield _output_frame(records)
             return
-        for r in records:
-            self.buffer.appendValue(
-                (int(r["at_ms"]), int(r["ts_ns"]), str(r["conn"]), int(r["seq"]), r["frame"], int(r["flags"]))
+        arrived = [
+            Buffered(
+                int(r["at_ms"]), int(r["ts_ns"]), str(r["conn"]), int(r["seq"]), r["frame"], int(r["flags"])
             )
-        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs())
+            for r in records
+        ]
+        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs(), arrived)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs())
+        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs(), [], fired=True)
 
-    def _step(self, key: str, watermark_ms: int) -> Iterator[pd.DataFrame]:
-        buffered = [Buffered(*item) for item in self.buffer.get()] if self.buffer.exists() else []
-        saved = _saved(self.saved)
-        result = keyed_step(self.config, key, saved, buffered, watermark_ms)
-        if result.state is None:
-            self.saved.clear()
+    def _step(
+        self, key: str, watermark_ms: int, arrived: list[Buffered], fired: bool = False
+    ) -> Iterator[pd.DataFrame]:
+        saved, buffer_json, timer = _load(self.state, 3)
+        if fired:
+            timer = None  # Spark removed the timer that fired
+        buffered = [Buffered(*item) for item in json.loads(buffer_json)] if buffer_json else []
+        result = keyed_step(self.config, key, saved, buffered + arrived, watermark_ms)
+        timer = _rearm(self.handle, timer, result.next_timer_ms)
+        if result.state is None and not result.buffer:
+            self.state.clear()
         else:
-            self.saved.update((result.state,))
-        if len(result.buffer) != len(buffered):
-            self.buffer.clear()
-            if result.buffer:
-                self.buffer.put([(b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags) for b in result.buffer])
-        for old in self.handle.listTimers():
-            if old != result.next_timer_ms:
-                self.handle.deleteTimer(old)
-        if result.next_timer_ms is not None:
-            self.handle.registerTimer(result.next_timer_ms)
+            waiting = json.dumps([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
+            self.state.update((result.state, waiting, timer))
         if result.rows:
             yield _output_frame(result.rows)
 
