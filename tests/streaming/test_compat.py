@@ -21,7 +21,6 @@ from streaming.compat import (
     write_shape,
 )
 from streaming.paths import StreamPaths
-from streaming.processors import BUFFERED, SAVED_STATE
 
 
 def config(**stream: Any) -> KpmonConfig:
@@ -37,21 +36,50 @@ def stage(shape: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in shape["stages"] if s["name"] == name)
 
 
-def test_the_shape_comes_from_the_processors_declarations(shape: dict[str, Any]) -> None:
+def keyed_variable(shape: dict[str, Any]) -> str:
+    """A state variable of stage two with a struct schema (whatever the processors call it)."""
+    return next(name for name, var in stage(shape, "keyed")["state"].items() if "fields" in var["schema"])
+
+
+def test_the_shape_describes_the_query(shape: dict[str, Any]) -> None:
     from checks.rules import all_rules
     from checks.serde import STATE_FORMAT
 
     connection, keyed = stage(shape, "connection"), stage(shape, "keyed")
     assert connection["group_by"] == ["conn"] and keyed["group_by"] == ["route_key"]
-    assert set(connection["state"]) == {"shard"}
-    assert set(keyed["state"]) == {"shard", "buffer"}
-    assert keyed["state"]["buffer"]["kind"] == "list"
-    assert [f["name"] for f in keyed["state"]["buffer"]["schema"]["fields"]] == BUFFERED.fieldNames()
-    assert [f["name"] for f in connection["state"]["shard"]["schema"]["fields"]] == SAVED_STATE.fieldNames()
+    for declared in (connection["state"], keyed["state"]):
+        assert declared, "a stateful stage declares state"
+        for var in declared.values():
+            assert var["kind"] in ("value", "list", "map")
+            assert all({"name", "type", "nullable"} <= set(f) for f in var["schema"].get("fields", []))
     assert shape["state_format"] == STATE_FORMAT
     assert shape["rules"] == sorted({r.name for r in all_rules()})
     assert shape["source"] == {"format": "kafka", "topic": "kpmon.tap"}
     json.dumps(shape)  # plain data
+
+
+def test_state_declared_by_the_processors_shows_up_unlisted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from streaming.processors import KeyedProcessor
+
+    declared = KeyedProcessor.init
+
+    def init(self: Any, handle: Any) -> None:
+        declared(self, handle)
+        handle.getMapState("seen", "key string", StructType([StructField("n", LongType(), False)]))
+
+    before = query_shape(config())
+    monkeypatch.setattr(KeyedProcessor, "init", init)
+    after = query_shape(config())
+    assert stage(after, "keyed")["state"]["seen"] == {
+        "kind": "map",
+        "key_schema": {"ddl": "key string"},
+        "schema": {"fields": [{"name": "n", "type": "long", "nullable": False}]},
+    }
+    assert check_compatible(before, after) == []
+    assert any("new state variable 'seen'" in n for n in describe_changes(before, after))
+    assert any("'seen' was removed" in p for p in check_compatible(after, before))
 
 
 def test_same_build_same_config_is_compatible_both_ways(shape: dict[str, Any]) -> None:
@@ -83,9 +111,11 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
 
 
 def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
+    var = keyed_variable(shape)
+
     def evolved(change: Any) -> dict[str, Any]:
         new = copy.deepcopy(shape)
-        change(stage(new, "keyed")["state"]["buffer"]["schema"]["fields"])
+        change(stage(new, "keyed")["state"][var]["schema"]["fields"])
         return new
 
     added_nullable = evolved(
@@ -100,17 +130,20 @@ def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
     )
     assert any("'extra' is not nullable" in p for p in check_compatible(shape, added_required))
 
-    retyped = evolved(lambda fields: fields.__setitem__(0, {**fields[0], "type": "integer"}))
-    assert any("changed type long -> integer" in p for p in check_compatible(shape, retyped))
+    first = stage(shape, "keyed")["state"][var]["schema"]["fields"][0]
+    other_type = "binary" if first["type"] != "binary" else "string"
+    retyped = evolved(lambda fields: fields.__setitem__(0, {**fields[0], "type": other_type}))
+    assert any(f"changed type {first['type']} -> {other_type}" in p for p in check_compatible(shape, retyped))
 
     dropped_var = copy.deepcopy(shape)
-    del stage(dropped_var, "keyed")["state"]["buffer"]
-    assert any("'buffer' was removed" in p for p in check_compatible(shape, dropped_var))
-    assert any("new state variable 'buffer'" in n for n in describe_changes(dropped_var, shape))
+    del stage(dropped_var, "keyed")["state"][var]
+    assert any(f"{var!r} was removed" in p for p in check_compatible(shape, dropped_var))
+    assert any(f"new state variable {var!r}" in n for n in describe_changes(dropped_var, shape))
 
     rekinded = copy.deepcopy(shape)
-    stage(rekinded, "keyed")["state"]["buffer"]["kind"] = "value"
-    assert any("changed kind list -> value" in p for p in check_compatible(shape, rekinded))
+    kind = stage(shape, "keyed")["state"][var]["kind"]
+    stage(rekinded, "keyed")["state"][var]["kind"] = "map" if kind != "map" else "list"
+    assert any("changed kind" in p for p in check_compatible(shape, rekinded))
 
 
 def test_rule_changes_are_notes_not_problems(shape: dict[str, Any]) -> None:
