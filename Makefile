@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export KPMON_HOME ?= $(CURDIR)/.kpmon
 
-.PHONY: setup jars schemas lint typecheck test unit run clean
+.PHONY: setup jars tools schemas lint typecheck test unit run clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
@@ -15,7 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,bench,ops]'
 	touch $(STAMP)
 
-setup: $(STAMP) jars
+setup: $(STAMP) jars tools
+
+# kubeconform validates the Kubernetes manifests (deploy/k8s); built once from the Go module proxy.
+KUBECONFORM := $(KPMON_HOME)/bin/kubeconform
+tools: $(KUBECONFORM)
+$(KUBECONFORM):
+	@if command -v go >/dev/null; then \
+		echo "kpmon: building kubeconform v0.7.0 (once)"; \
+		GOBIN=$(KPMON_HOME)/bin go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0; \
+	else echo "kpmon: go not found: manifest schema checks will be skipped (docs/cluster-mode.md)"; fi
 
 # Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
 jars: $(STAMP)
