@@ -88,10 +88,7 @@ def test_malformed_alerts_are_skipped_not_fatal() -> None:
 def test_svg_has_a_lane_per_rule_most_severe_first_and_marks_resolved_hollow() -> None:
     svg = render_timeline_svg(alert_timeline(batches()))
     assert svg.startswith("<svg") and svg.endswith("</svg>")
-    lanes = [
-        rule
-        for rule in ("envelope.untrusted_source", "apiversions.out_of_range", "producer.stale_epoch_rejected")
-    ]
+    lanes = ["envelope.untrusted_source", "apiversions.out_of_range", "producer.stale_epoch_rejected"]
     positions = [svg.index(f">{rule} (") for rule in lanes]
     assert positions[0] < min(positions[1:]), "critical lane first"
     assert svg.count("<circle") == 3

@@ -1,0 +1,367 @@
+"""``kpmon run``: the orchestration pieces (config generation, the demo schedule, the live figures, the
+process groups) and one end-to-end run of the whole thing on embedded defaults.
+
+The timeline renderer it adds to the report is tested in tests/checks/test_report_timeline.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kpmon.cli import main
+from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpmon.runner.children import Child, group_members
+from kpmon.runner.demo import SCENARIOS, DemoSchedule
+from kpmon.runner.plan import (
+    Broker,
+    RunLayout,
+    config_yaml,
+    default_state_dir,
+    embedded_config,
+    external_config,
+    tap_ports,
+)
+from kpmon.runner.progress import (
+    AlertLine,
+    BatchLine,
+    InfoLine,
+    Progress,
+    format_alert,
+    parse_line,
+    watermark_delay,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ----- config generation ----------------------------------------------------------------------------
+
+
+def test_embedded_config_puts_clients_on_the_tap_and_the_tap_topic_on_the_internal_listener(
+    tmp_path: Path,
+) -> None:
+    brokers = [Broker(1, "127.0.0.1", 19092), Broker(2, "127.0.0.1", 19093), Broker(3, "127.0.0.1", 19094)]
+    config = embedded_config(
+        load_config(None, {}), tmp_path / "state", brokers, "127.0.0.1:19095,127.0.0.1:19096", 29092
+    )
+    assert [(x.listen, x.broker, x.broker_id) for x in config.tap.listeners] == [
+        ("127.0.0.1:29092", "127.0.0.1:19092", 1),
+        ("127.0.0.1:29093", "127.0.0.1:19093", 2),
+        ("127.0.0.1:29094", "127.0.0.1:19094", 3),
+    ]
+    assert config.kafka.bootstrap_servers == "127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094"
+    # The mirror and the job never go through the tap (that would mirror the mirroring).
+    assert config.tap_cluster.bootstrap_servers == "127.0.0.1:19095,127.0.0.1:19096"
+    assert Path(config.state_dir) == (tmp_path / "state").resolve()
+    assert config.checks.watermark_seconds == 2.0 and config.stream.shuffle_partitions == 2
+    assert config.stream.master == "local[*]"
+
+
+def test_demo_tuning_never_overrides_what_the_user_set(tmp_path: Path) -> None:
+    env = {"KPMON__CHECKS__WATERMARK_SECONDS": "7", "KPMON__STREAM__MASTER": "local[1]"}
+    config = embedded_config(load_config(None, env), tmp_path, [Broker(1, "127.0.0.1", 1)], "127.0.0.1:2", 3)
+    assert config.checks.watermark_seconds == 7.0
+    assert config.stream.master == "local[1]"
+    assert config.stream.shuffle_partitions == 2  # not set by the user: tuned
+
+
+def test_generated_config_file_loads_back_to_the_same_config(tmp_path: Path) -> None:
+    config = embedded_config(
+        load_config(None, {}), tmp_path, [Broker(1, "127.0.0.1", 19092)], "127.0.0.1:19093", 29092
+    )
+    path = tmp_path / "kpmon.yaml"
+    path.write_text(config_yaml(config))
+    assert load_config(path, {}) == config
+
+
+def _config(**raw: object) -> KpmonConfig:
+    return KpmonConfig.model_validate(raw)
+
+
+LISTENER = {"listen": "0.0.0.0:9092", "broker": "kafka-1:9092", "broker_id": 1}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"kafka": {"bootstrap_servers": "kafka-1:9092"}}, "tap.listeners is empty"),
+        ({"tap": {"listeners": [LISTENER]}}, "no cluster for the tap topic"),
+        (
+            {"tap": {"listeners": [LISTENER, LISTENER], "cluster": {"bootstrap_servers": "kafka-1:9093"}}},
+            "listen more than once on 0.0.0.0:9092",
+        ),
+        (
+            {"tap": {"listeners": [LISTENER], "cluster": {"bootstrap_servers": "0.0.0.0:9092"}}},
+            "reached through the tap",
+        ),
+    ],
+)
+def test_external_config_errors_say_what_is_missing(
+    tmp_path: Path, raw: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        external_config(_config(**raw), tmp_path, "config x.yaml")
+
+
+def test_external_config_keeps_the_users_settings(tmp_path: Path) -> None:
+    raw = {
+        "kafka": {"bootstrap_servers": "kafka-1:9092"},
+        "tap": {"listeners": [LISTENER], "topic": "frames"},
+        "checks": {"watermark_seconds": 30},
+    }
+    config = external_config(_config(**raw), tmp_path / "s")
+    assert config.tap_cluster.bootstrap_servers == "kafka-1:9092"
+    assert config.tap.topic == "frames" and config.checks.watermark_seconds == 30
+    assert config.stream.shuffle_partitions == 4  # no demo tuning for someone else's cluster
+    assert Path(config.state_dir) == (tmp_path / "s").resolve()
+
+
+def test_state_dir_is_kpmon_home_unless_the_config_sets_it(tmp_path: Path) -> None:
+    assert default_state_dir(load_config(None, {}), tmp_path) == tmp_path
+    assert default_state_dir(load_config(None, {"KPMON__STATE_DIR": "/srv/kpmon"}), tmp_path) == Path(
+        "/srv/kpmon"
+    )
+    layout = RunLayout(tmp_path)
+    assert layout.report == tmp_path / "run" / "report" / "index.html"
+    assert layout.stack_home == tmp_path / "run" / "stack"
+    assert tap_ports(29092, 3) == [29092, 29093, 29094]
+
+
+def test_cli_rejects_an_unusable_config_with_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("kafka:\n  bootstrap_servers: kafka-1:9092\n")
+    assert main(["run", "--config", str(path), "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "kpmon run: config" in err and "tap.listeners is empty" in err
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--duration", "-5"])
+
+
+# ----- the demo schedule ------------------------------------------------------------------------------
+
+
+def test_schedule_rotates_every_scenario_once_per_period() -> None:
+    schedule = DemoSchedule(every=60)
+    names = [schedule.scenario(i).name for i in range(len(SCENARIOS) + 1)]
+    assert names[: len(SCENARIOS)] == [
+        "zombie_producer",
+        "mixed_protocol_group",
+        "out_of_range_versions",
+        "envelope_from_client",
+        "malformed_frame",
+    ]
+    assert names[-1] == names[0]
+    assert schedule.first == 20.0  # half a period, at most 20 s
+    assert [schedule.due_at(i) for i in range(3)] == [20.0, 80.0, 140.0]
+    assert DemoSchedule(every=20).first == 10.0
+    assert DemoSchedule(every=20, first_after=0).due_at(2) == 40.0
+
+
+def test_an_overrunning_step_delays_the_next_without_a_burst() -> None:
+    schedule = DemoSchedule(every=20)
+    assert schedule.due_at(1, previous_end=15.0) == 30.0  # on time
+    assert schedule.due_at(1, previous_end=95.0) == 95.0  # late: right after, then back on the grid
+    assert schedule.due_at(5, previous_end=95.0) == 110.0
+
+
+def test_schedule_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        DemoSchedule(every=0)
+    with pytest.raises(ValueError):
+        DemoSchedule(every=10, scenarios=())
+
+
+# ----- live figures -------------------------------------------------------------------------------
+
+
+def test_parse_the_stream_lines() -> None:
+    # Lines as `kpmon stream` prints them (streaming/observe.py, streaming/job.py).
+    assert parse_line("batch 12: 340 frames, 85.2 frames/s, 812 ms, lag 0 records\n") == BatchLine(
+        12, 340, 85.2, 812, 0
+    )
+    assert parse_line("batch 3: 1 frames, 0.5 frames/s, None ms, lag ? records") == BatchLine(
+        3, 1, 0.5, None, None
+    )
+    line = "  ALERT firing critical: envelope.untrusted_source conn:kpmon-run-105: Envelope carrying CreateTopics v7"
+    alert = parse_line(line)
+    assert alert == AlertLine(
+        "firing",
+        "critical",
+        "envelope.untrusted_source",
+        "conn:kpmon-run-105: Envelope carrying CreateTopics v7",
+    )
+    assert isinstance(alert, AlertLine)
+    assert format_alert(alert).startswith("ALERT firing   critical envelope.untrusted_source  conn:")
+    assert parse_line("kpmon stream: running (query 42)") == InfoLine("running (query 42)")
+    assert parse_line("   \n") is None
+
+
+def test_progress_rates_and_status_line() -> None:
+    progress = Progress(window=10)
+    assert progress.status_line(0.0) == "monitor: waiting for the streaming job's first batch"
+    assert progress.on_batch(BatchLine(0, 1000, 50.0, 30_000, 0), now=100.0) is True
+    assert progress.on_batch(BatchLine(1, 100, 80.0, 900, 5), now=104.0) is False
+    assert progress.frames_per_second(105.0) == pytest.approx(1100 / 5)
+    assert progress.frames_per_second(112.0) == pytest.approx(100 / 10)  # the first batch left the window
+    progress.on_alert(AlertLine("firing", "warning", "r", ""))
+    line = progress.status_line(112.0, watermark_delay_s=4.2)
+    assert line == (
+        "monitor: batch 1 | 10.0 frames/s | batch lag 5 records | last batch 900 ms | watermark 4 s behind "
+        "| alerts 1 fired, 0 resolved"
+    )
+
+
+def test_watermark_delay_from_the_progress_file() -> None:
+    assert watermark_delay({"eventTime": {"watermark": "2026-01-01T00:00:00.000Z"}}, 1767225610.0) == 10.0
+    assert watermark_delay({"eventTime": {"watermark": "1970-01-01T00:00:00.000Z"}}, 5.0) is None
+    assert watermark_delay({"eventTime": {}}, 5.0) is None
+    assert watermark_delay(None, 5.0) is None
+
+
+# ----- process groups ---------------------------------------------------------------------------------
+
+
+def test_stop_ends_the_whole_group_even_when_the_leader_is_gone(tmp_path: Path) -> None:
+    # The leader starts a grandchild (as `kpmon stream` starts a JVM) and exits on SIGTERM at once.
+    child = Child("sh", ["sh", "-c", "sleep 300 & wait"], dict(os.environ), tmp_path / "sh.log").start()
+    deadline = time.monotonic() + 10
+    while len(group_members(child.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(child.pid)) == 2
+    child.stop(None, grace=5)
+    assert group_members(child.pid) == []
+
+
+def test_a_leader_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(300)"
+    child = Child(
+        "stubborn", [sys.executable, "-c", code], dict(os.environ), tmp_path / "s.log", pipe_stdout=True
+    )
+    child.start()
+    assert child.proc is not None and child.proc.stdout is not None
+    assert child.proc.stdout.readline().strip() == "up"
+    started = time.monotonic()
+    assert child.stop(None, grace=0.5, term_grace=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 15
+    assert group_members(child.pid) == []
+
+
+def test_a_graceful_request_is_used_first(tmp_path: Path) -> None:
+    marker = tmp_path / "STOP"
+    code = (
+        f"import os, time\nwhile not os.path.exists({str(marker)!r}): time.sleep(0.05)\nraise SystemExit(0)"
+    )
+    child = Child("polite", [sys.executable, "-c", code], dict(os.environ), tmp_path / "p.log").start()
+    assert child.stop(marker.touch, grace=30) == 0
+
+
+# ----- the whole thing ----------------------------------------------------------------------------------
+
+
+def _free_base(count: int) -> int:
+    """A base port with ``count`` consecutive free ports after it (the stack's contiguous layout)."""
+    from deploy.local.process import port_is_free
+
+    for _ in range(200):
+        base = 20000 + int.from_bytes(os.urandom(2), "big") % 30000
+        if all(port_is_free(p) for p in range(base, base + count)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _processes_with(marker: str) -> dict[int, str]:
+    """Live processes whose environment carries ``marker`` (pid -> command line): what a run left behind."""
+    found = {}
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+                if state not in ("Z", "X"):
+                    found[int(entry.name)] = (
+                        (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+                    )
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """`kpmon run` for real: local Kafka, the tap, Spark on local[*], demo clients; then a clean stop."""
+    state = tmp_path / "state"
+    base = _free_base(4)
+    tag = uuid.uuid4().hex
+    marker = f"KPMON_RUN_TEST={tag}"
+    env = {
+        **os.environ,
+        "KPMON_RUN_TEST": tag,
+        "KPMON__STACK__BASE_PORT": str(base),  # broker base, base+1 inter-broker, base+2 controller
+        "KPMON__TAP__METRICS_PORT": "null",
+        "KPMON__STREAM__METRICS_PORT": "null",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        *(sys.executable, "-m", "kpmon.cli", "run"),
+        *("--state-dir", str(state), "--duration", "150", "--violation-every", "20"),
+        *("--tap-port", str(base + 3), "--report-every", "60"),
+    ]
+    log = tmp_path / "run.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=780)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            code = proc.wait(timeout=120)
+    output = log.read_text()
+    leftovers = _processes_with(marker)
+    for pid in leftovers:  # whatever happened, never leave them running into the next test
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert code == 0, output[-4000:]
+    assert leftovers == {}, leftovers
+
+    # Real alerts from the demo, both live in the terminal and in the job's batch results.
+    from streaming.paths import StreamPaths
+    from streaming.sink import read_batches
+
+    rules = {a["rule"] for batch in read_batches(StreamPaths(state / "stream")) for a in batch["alerts"]}
+    demo_rules = {"producer.stale_epoch_rejected", "group.protocol_type_mismatch", "apiversions.out_of_range"}
+    assert demo_rules & rules, (rules, output[-4000:])
+    assert "ALERT firing" in output
+    assert "demo: zombie producer (tx-" in output and "expect producer.stale_epoch_rejected" in output
+    assert "streaming monitor up: first batch" in output
+    assert "frames/s" in output and "batch lag" in output
+
+    # The report: heatmap, groups, producers, the alert timeline and the Data Docs link.
+    report = state / "run" / "report" / "index.html"
+    page = report.read_text()
+    assert "data:image/png;base64," in page and (report.with_suffix(".png")).stat().st_size > 1000
+    for section in ("Alert timeline", "ApiVersions coverage", "Consumer groups", "Producers"):
+        assert f">{section}<" in page, section
+    assert "<svg" in page and "producer.stale_epoch_rejected" in page
+    assert "../../stream/data-docs/site/index.html" in page
+    assert f"report: {report}" in output
+    assert json.loads((state / "stream" / "progress.json").read_text())["kpmon"]["state"] == "stopped"
