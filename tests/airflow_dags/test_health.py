@@ -157,3 +157,36 @@ def test_kip896_report_from_the_tap_topic(kafka_stack: Any, tmp_path: Path) -> N
     assert (out / "latest.html").read_text() == Path(summary["html"]).read_text()
     assert "Fleet readiness" in (out / "latest.html").read_text()
     assert (out / "latest.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.integration
+def test_the_health_dag_runs_every_task(kafka_stack: Any, airflow_db: Path, tmp_path: Path) -> None:
+    """``dag.test()`` of kpmon_health on a tap topic with a stopped job: nothing to heal, reports written."""
+    from airflow.dag_processing.dagbag import DagBag
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.airflow_dags.conftest import DAGS
+    from tests.airflow_dags.traffic import round_frames
+
+    topic = f"kpmon-health-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    produce(kafka_stack.bootstrap_servers, topic, round_frames(0, 10**18))
+    path = config_file(
+        tmp_path, kafka={"bootstrap_servers": kafka_stack.bootstrap_servers}, tap={"topic": topic}
+    )
+    paths = StreamPaths.of(load_config(path))
+    write_progress(paths, time.time() - 30, batch=5, state="stopped")
+
+    dag = DagBag(str(DAGS)).dags["kpmon_health"]
+    run = dag.test(run_conf={"config": path, "report_minutes": 5})
+    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
+    assert states == dict.fromkeys(
+        ("check_and_heal", "storage_report", "data_docs", "kip896_report"), "success"
+    )
+    assert (paths.root / "reports" / "storage.json").is_file()
+    assert (paths.data_docs / "site" / "index.html").is_file()
+    summary = json.loads((paths.root / "reports" / "kip896" / "latest.json").read_text())
+    assert summary["frames"] == len(round_frames(0, 10**18))
+    assert summary["ready_for_4_0"] == (summary["removed_in_4_0"] == [])
+    assert not (paths.root.parent / "airflow").exists()  # a stopped job is left alone: no alert spooled

@@ -36,12 +36,17 @@ def round_frames(k: int, base_ns: int) -> list[Frame]:
 def produce(bootstrap: str, topic: str, frames: list[Frame], producer: Any = None) -> None:
     from confluent_kafka import Producer
 
+    own = producer is None
     producer = producer or Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for frame in frames:
-        headers, value, _partition, _offset = tap_record(frame)
-        producer.produce(topic, key=frame.conn.encode(), value=value, headers=list(headers.items()))
-    if producer.flush(30) != 0:
-        raise AssertionError("tap records not delivered")
+    try:
+        for frame in frames:
+            headers, value, _partition, _offset = tap_record(frame)
+            producer.produce(topic, key=frame.conn.encode(), value=value, headers=list(headers.items()))
+        if producer.flush(30) != 0:
+            raise AssertionError("tap records not delivered")
+    finally:
+        if own:
+            producer.close()
 
 
 class TapTraffic:
@@ -76,6 +81,8 @@ class TapTraffic:
                 self.next_round += 1
         except BaseException as exc:
             self.errors.append(exc)
+        finally:
+            producer.close()
 
     def start(self) -> TapTraffic:
         self._stop.clear()
