@@ -7,10 +7,10 @@ Two stages, both driving the same ``Monitor`` and rules as a single-process run:
    with responses, runs the connection-scoped rules (ApiVersions ranges, KIP-482, Envelope trust,
    read-committed fetches), notices tap gaps and decode errors, and decides where each exchange goes
    next: a *route* per (rule, state key) of every other rule, computed by that rule's own ``keys``.
-2. **Keyed shard** (one per route key ``"<rule name>|<state key>"``: a group, a producer id, a
+2. **Keyed shard** (one per route key ``"<key kind>|<state key>"``: a group, a producer id, a
    transactional id, the cluster). It receives the routed frames of many connections, which a caller
-   must hand over in event-time order once the watermark has passed them, and runs that one rule for
-   that one key.
+   must hand over in event-time order once the watermark has passed them, and runs the rules of that
+   key kind for that one key.
 
 A route carries the frame bytes, not a decoded message, so the two stages can run in different
 processes. Routes are only sent for the frames a rule needs: a request when it is sent, and its
@@ -32,10 +32,10 @@ from checks.serde import export_state, import_state
 from kpmon.config import ChecksConfig
 
 API_VERSIONS = 18
-#: Rules that see every request (the fleet matrix). Routing all traffic to their single key would
-#: funnel the whole stream through one task, so they get each connection's first use of each
-#: (api, version) only, plus ApiVersions exchanges in full: fleet counts become connection counts.
-FIRST_USE_ONLY = frozenset({"apiversions.cluster"})
+#: Key kinds whose rules see every request (the fleet matrix, one key for the whole cluster). Routing
+#: all traffic to that key would funnel the stream through one task, so it gets each connection's first
+#: use of each (api, version) only, plus ApiVersions exchanges in full: fleet counts become connections.
+FIRST_USE_ONLY = frozenset({"cluster"})
 
 
 def is_connection_scoped(rule: Rule) -> bool:
@@ -43,7 +43,9 @@ def is_connection_scoped(rule: Rule) -> bool:
 
 
 def route_key(rule: Rule, key: str) -> str:
-    return f"{rule.name}|{key}"
+    """One shard per (key kind, key): rules of one kind (producer epochs and producer-id ownership)
+    share a shard, so a frame they both need is routed, stored and decoded once."""
+    return f"{rule.key_kind}|{key}"
 
 
 def split_route_key(value: str) -> tuple[str, str]:
@@ -110,7 +112,7 @@ class ConnectionShard:
         inner = unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == 58 else None
         out: dict[str, None] = {}
         for rule in self.keyed_rules:
-            if rule.name in FIRST_USE_ONLY and ex.api_key != API_VERSIONS and not first_use:
+            if rule.key_kind in FIRST_USE_ONLY and ex.api_key != API_VERSIONS and not first_use:
                 continue
             for exchange in (ex, inner):
                 if exchange is None:
@@ -158,13 +160,13 @@ class ConnectionShard:
 
 
 class KeyedShard:
-    """Stage two for one route key: one rule, one state key, frames from any connection."""
+    """Stage two for one route key: the rules of one key kind, one state key, frames from any connection."""
 
     def __init__(self, config: ChecksConfig, key: str, saved: dict[str, Any] | None = None) -> None:
-        rule_name, state_key = split_route_key(key)
-        rules = [r for r in all_rules() if r.name == rule_name]
+        kind, state_key = split_route_key(key)
+        rules = [r for r in all_rules() if r.key_kind == kind and not is_connection_scoped(r)]
         if not rules:
-            raise KeyError(f"no rule named {rule_name!r} (route key {key!r})")
+            raise KeyError(f"no rule keyed by {kind!r} (route key {key!r})")
         self.ctx = Context(_stage_config(config))
         # Only some of a connection's frames come here, so its seq numbers have holes by design: gaps
         # are judged by the connection shard, which flags its routes ``incomplete``.

@@ -141,7 +141,7 @@ class ConnectionProcessor(StatefulProcessor):
 
 
 class KeyedProcessor(StatefulProcessor):
-    """Stage two, keyed by route key (``"<rule>|<state key>"``), plus the pass-through key."""
+    """Stage two, keyed by route key (``"<key kind>|<state key>"``), plus the pass-through key."""
 
     def __init__(self, config: ChecksConfig) -> None:
         self.config = config

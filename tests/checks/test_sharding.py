@@ -64,7 +64,49 @@ def scenario() -> list[Frame]:
     gap.seq += 3  # the tap dropped three frames here
     frames += pr.write(gap, 10 * SECOND, epoch=0, seq=5, count=1)
     frames += pr.write(gap, 11 * SECOND, epoch=0, seq=9, count=1)
+    frames += more_rules()
     frames.sort(key=lambda f: (f.ts_ns, f.conn, f.seq))
+    return frames
+
+
+def more_rules() -> list[Frame]:
+    """The rest of the catalogue's families, each on connections of its own."""
+    from tests.checks import test_flexible as fl
+
+    frames: list[Frame] = []
+    outside = tx.Producer(name="outside", txn_id="outside-tx", pid=8100)
+    frames += [*outside.init(12 * SECOND, epoch=0), *outside.add(13 * SECOND, [0])]
+    frames += [*outside.produce(13 * SECOND + 10_000_000, 0), *outside.produce(13 * SECOND + 20_000_000, 2)]
+    owner = tx.Producer(name="owner", txn_id="owner-tx", pid=8200)
+    other = tx.Producer(name="other", txn_id="other-tx", pid=8200)
+    frames += [
+        *owner.init(14 * SECOND, epoch=0),
+        *owner.add(15 * SECOND, [0]),
+        *owner.end(15 * SECOND + 10_000_000),
+    ]
+    other.epoch = 0
+    frames += other.add(16 * SECOND, [1])  # txn.pid_hijack
+    dup = Conversation(conn="tap1-dup", client="10.0.0.9:40000")
+    dup_req = pr.produce(dup, 17 * SECOND, [(3, pr.batch(0, 7, pid=9300))])
+    frames += [dup_req, pr.answer(dup, dup_req, 17 * SECOND + 2_000_000, [(3, pr.DUPLICATE, -1)])]
+    b1 = Conversation(conn="tap1-b1", broker="10.0.0.1:9092", broker_id=11)
+    b2 = Conversation(conn="tap1-b2", broker="10.0.0.2:9092", broker_id=12)
+    frames += av.handshake(b1, 18 * SECOND)
+    frames += av.handshake(b2, 18 * SECOND + 1_000_000, {**av.STANDARD, "Fetch": (4, 16)})  # cluster_skew
+    legacy = Conversation(conn="tap1-legacy", client_id="legacy")
+    frames += av.handshake(legacy, 19 * SECOND, {**av.STANDARD, "Fetch": (0, 17)}, software="kafka-python")
+    frames += legacy.exchange(
+        av.FETCH,
+        3,
+        {"ReplicaId": -1, "MaxWaitMs": 1, "MinBytes": 1, "Topics": []},
+        {},
+        19 * SECOND + 1_000_000,
+    )  # removed_in_4_0
+    flex = Conversation(conn="tap1-flex", client_id=fl.CLIENT_ID)
+    raw = fl.metadata_raw(12)
+    frames.append(flex.garbage("req", raw[: fl.HEADER_END] + raw[fl.HEADER_END + 1 :], 20 * SECOND))
+    tags = bytes([2, 7, 1, ord("a"), 3, 1, ord("b")])
+    frames.append(flex.garbage("req", raw[: fl.HEADER_END] + tags + raw[fl.HEADER_END + 1 :], 21 * SECOND))
     return frames
 
 
@@ -138,7 +180,14 @@ def test_the_scenario_raises_every_family() -> None:
         "frame.decode_error",
         "envelope.untrusted_source",
         "tap.gap",
-    } <= rules
+        "txn.produce_outside_txn",
+        "txn.pid_hijack",
+        "producer.sequence_duplicate",
+        "apiversions.cluster_skew",
+        "apiversions.removed_in_4_0",
+        "flex.header_version",
+        "flex.tagged_fields",
+    } <= rules, sorted(rules)
 
 
 def test_one_batch_matches_the_single_monitor() -> None:

@@ -93,13 +93,23 @@ def test_real_traffic_through_the_stages() -> None:
 
 
 def test_aggregates_count_frames_and_errors() -> None:
-    rows = run_stages(scenario(), 1000)
+    frames = scenario()
+    rows = run_stages(frames, 1000)
     aggs = [json.loads(r["payload"]) for r in rows if r["kind"] == "agg"]
-    frames = [f for f in scenario() if f.direction in ("req", "resp")]
-    assert sum(a["frames"] for a in aggs) == len(frames)
-    assert sum(a["decode_errors"] for a in aggs) == 1  # the one garbage request
+    wire = [f for f in frames if f.direction in ("req", "resp")]
+    assert sum(a["frames"] for a in aggs) == len(wire)
+    assert sum(a["decode_errors"] for a in aggs) == sum(1 for f in wire if f.error is not None) >= 1
+    failed_writes = sum(
+        1
+        for f in wire
+        if f.api_key == 0
+        and f.response is not None
+        and any(p["ErrorCode"] for t in f.response.body["Responses"] for p in t["PartitionResponses"])
+    )
     produce_answers = [a for a in aggs if a["dir"] == "resp" and a["api_key"] == 0]
-    assert sum(a["error_responses"] for a in produce_answers) == 1  # the fenced zombie write
+    assert (
+        sum(a["error_responses"] for a in produce_answers) == failed_writes >= 2
+    )  # fenced zombie, duplicate
 
 
 def test_join_group_answer_without_protocol_type_is_counted() -> None:
