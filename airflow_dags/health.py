@@ -78,6 +78,12 @@ def check_and_heal(
     config = load_config(params.config)
     paths = StreamPaths.of(config)
     now = time.time() if now is None else now
+    from airflow_dags.redeploy import active_run
+
+    redeploying = active_run(paths, now=now)
+    if redeploying is not None:
+        log.info("health: redeploy %s is under way; not judging the job", redeploying)
+        return {"status": "redeploying", "reason": f"redeploy {redeploying} is under way", "pid": None}
     pid = jobctl.running_pid(paths)
     status, reason, batch = diagnose(read_progress(paths.progress), pid is not None, now, config)
     result: dict[str, Any] = {"status": status, "reason": reason, "batch_id": batch, "pid": pid}

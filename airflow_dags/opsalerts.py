@@ -60,9 +60,18 @@ def spool_dir(config: KpmonConfig) -> Path:
 def publish(config: KpmonConfig, alerts: list[Alert], timeout: float = 30.0) -> dict[str, Any]:
     """Deliver through ``config.alerts.hooks``; waits up to ``timeout`` for delivery. What is not delivered
     by then stays in the spool and goes out with the next DAG run's alerts."""
-    from streaming.hooks import AlertHooks
+    from streaming.hooks import AlertHooks, SpoolLockedError
 
-    hooks = AlertHooks(config, spool_dir(config))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            hooks = AlertHooks(config, spool_dir(config))
+            break
+        except SpoolLockedError:
+            # Another DAG task is publishing (a health check during a rollback): it is done in seconds.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     try:
         hooks.publish(alerts)
         delivered = hooks.flush(timeout)

@@ -98,6 +98,22 @@ class Journal:
         return value if isinstance(value, dict) else None
 
 
+def active_run(paths: StreamPaths, max_age: float = 3 * 3600.0, now: float | None = None) -> str | None:
+    """The journal of a redeploy still under way on these paths (validated, neither through its health
+    gate nor rolled back), so ``kpmon_health`` does not restart a job in the middle of a swap. A journal
+    untouched for ``max_age`` seconds belongs to a run that died with its worker."""
+    now = time.time() if now is None else now
+    for path in sorted(
+        (paths.root / "redeploy").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
+    ):
+        if now - path.stat().st_mtime > max_age:
+            break
+        steps = Journal(path).read()
+        if "validate" in steps and "health_gate" not in steps and "rollback" not in steps:
+            return path.stem
+    return None
+
+
 def _journaled(journal: Journal, step: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run a step; its result or its failure goes in the journal either way."""
     try:

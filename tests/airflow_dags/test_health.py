@@ -89,6 +89,13 @@ def test_a_stalled_job_raises_one_alert_per_episode(tmp_path: Path) -> None:
     sent.clear()
     assert health.check_and_heal(params, publish=publish)["status"] == "healthy" and sent == []
 
+    # In the middle of a redeploy the job is the DAG's business: no verdict, no alert, no restart.
+    from airflow_dags.redeploy import Journal
+
+    write_progress(paths, time.time() - 300, batch=9)
+    Journal(paths.root / "redeploy" / "run1.json").write("validate", {})
+    assert health.check_and_heal(params, publish=publish)["status"] == "redeploying" and sent == []
+
 
 def test_storage_report_measures_the_checkpoint(tmp_path: Path) -> None:
     path = config_file(tmp_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,20 @@ def test_rollback_after_a_failure_before_the_swap_touches_nothing(
     finally:
         job.kill()
         job.wait(5)
+
+
+def test_a_redeploy_under_way_is_visible_until_its_gate_or_rollback(tmp_path: Path) -> None:
+    paths = StreamPaths(tmp_path / "stream")
+    assert redeploy.active_run(paths) is None
+    j = Journal(paths.root / "redeploy" / "run1.json")
+    j.write("validate", {"current": {}})
+    assert redeploy.active_run(paths) == "run1"
+    assert redeploy.active_run(paths, now=time.time() + 4 * 3600) is None  # its worker died long ago
+    j.write("health_gate", {"outcome": "pass"})
+    assert redeploy.active_run(paths) is None
+    failed = Journal(paths.root / "redeploy" / "run2.json")
+    failed.write("validate", {"current": {}})
+    failed.write("health_gate.failed", {"error": "stalled"})
+    assert redeploy.active_run(paths) == "run2"  # the rollback is still to come
+    failed.write("rollback", {"rolled_back": True})
+    assert redeploy.active_run(paths) is None
