@@ -34,6 +34,9 @@ from kpmon.runner.progress import (
     watermark_delay,
 )
 
+#: With ``--duration``, a streaming query that is not running after this long starts the clock anyway.
+STARTUP_CAP = 600.0
+
 
 class RunFailed(RuntimeError):
     """A part of the run could not start or died; the message says which and where its log is."""
@@ -98,6 +101,7 @@ class Orchestrator:
         self._saved_stderr_fd: int | None = None
         self._saved_stderr: TextIO = sys.stderr
         self._stream_started = time.monotonic()
+        self._query_running_at: float | None = None
 
     # ----- output -----------------------------------------------------------------------------------
 
@@ -167,7 +171,7 @@ class Orchestrator:
             self._start_demo()
         self._start_reporting()
         if o.duration:
-            self.say(f"running for {o.duration:.0f} s (--duration), then stopping")
+            self.say(f"will stop {o.duration:.0f} s after the streaming query is running (--duration)")
 
     # ----- parts --------------------------------------------------------------------------------------
 
@@ -260,7 +264,8 @@ class Orchestrator:
         self.say(self._timed("tap listening", since) + f": {routes}")
         self.say(
             f"tap: mirroring every frame to topic {self.config.tap.topic!r} on "
-            f"{self.config.tap_cluster.bootstrap_servers}; clients use {self.config.kafka.bootstrap_servers}"
+            f"{self.config.tap_cluster.bootstrap_servers}; clients connect to "
+            + ", ".join(listener.advertise or listener.listen for listener in listeners)
         )
 
     def _start_stream(self) -> None:
@@ -288,6 +293,7 @@ class Orchestrator:
             event = parse_line(line)
             now = time.monotonic()
             if isinstance(event, BatchLine):
+                self._query_running_at = self._query_running_at or now
                 if self.progress.on_batch(event, now):
                     self.say(
                         self._timed("streaming monitor up: first batch", self._stream_started)
@@ -299,6 +305,8 @@ class Orchestrator:
                 self.progress.on_alert(event)
                 self.say(format_alert(event))
             elif isinstance(event, InfoLine):
+                if event.text.startswith("running (query"):
+                    self._query_running_at = self._query_running_at or now
                 if event.text.startswith("{") and not self.options.verbose:
                     continue  # the log hook's JSON copy of an alert already shown as an ALERT line
                 # The job's own hint ("Ctrl-C or `kpmon stream stop`") is not how this run stops.
@@ -373,7 +381,6 @@ class Orchestrator:
         from streaming.status import read_progress
 
         paths = StreamPaths.of(self.config)
-        deadline = time.monotonic() + self.options.duration if self.options.duration else None
         next_status = time.monotonic() + self.options.status_every
         while not self._stop.wait(0.5):
             now = time.monotonic()
@@ -384,44 +391,66 @@ class Orchestrator:
                         f"the {child.name} exited unexpectedly (code {child.returncode}); see {log}:\n"
                         + child.tail(15, log)
                     )
+            deadline = self._deadline()
             if deadline is not None and now >= deadline:
                 self.request_stop(f"--duration {self.options.duration:.0f} s reached")
                 break
             if now >= next_status:
                 next_status = now + self.options.status_every
-                if self.progress.last is None:
-                    waited = now - self._stream_started
-                    self.say(f"monitor: waiting for Spark's first batch ({waited:.0f} s so far)")
+                waited = now - self._stream_started
+                if self._query_running_at is None:
+                    self.say(f"monitor: Spark starting ({waited:.0f} s so far)")
+                elif self.progress.last is None:
+                    self.say(f"monitor: query running, its first batch in progress ({waited:.0f} s so far)")
                 else:
                     delay = watermark_delay(read_progress(paths.progress), time.time())
                     self.say(self.progress.status_line(now, delay))
 
+    def _deadline(self) -> float | None:
+        """``--duration`` counts from when the streaming query runs: Spark's start-up (30-150 s on a
+        loaded small machine) is not monitoring time. A Spark that never starts does not hold the run
+        beyond ``STARTUP_CAP`` seconds more."""
+        if not self.options.duration:
+            return None
+        start = self._query_running_at or self._stream_started + STARTUP_CAP
+        return start + self.options.duration
+
     # ----- stopping ---------------------------------------------------------------------------------
 
     def _stop_all(self) -> None:
-        reason = self._stop_reason or (self.failure and "a part failed") or "start-up ended"
+        reason = self._stop_reason or ("a part failed" if self.failure else "start-up ended")
         since = time.monotonic()
         self._stop.set()
-        self.say(
-            f"stopping ({reason}): demo traffic, streaming monitor, tap{', Kafka' if self._stops_stack() else ''}"
-        )
-        self._step("demo traffic", self._stop_demo)
-        self._step("streaming monitor", self._stop_stream)
-        self._step("tap", self._stop_tap)
-        if self.report is not None:
-            self._write_report(final=True)
-            self.report.close()
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if self.demo is not None:
+            steps.append(("demo traffic", self._stop_demo))
+        if self.stream is not None:
+            steps.append(("streaming monitor", self._stop_stream))
+        if self.tap is not None:
+            steps.append(("tap", self._stop_tap))
         if self._stops_stack():
-            self._step("Kafka", self.stack.down)
-        elif self.stack is not None:
+            steps.append(("Kafka", self.stack.down))
+        self.say(f"stopping ({reason}): {', '.join(name for name, _ in steps) or 'nothing was running'}")
+        for name, action in steps:
+            if name == "Kafka" and self.report is not None:
+                # The last report reads the tap topic: before the broker holding it goes.
+                self._write_report(final=True)
+            self._step(name, action)
+        if self.report is not None and not self._stops_stack():
+            self._write_report(final=True)
+        if self.report is not None:
+            self.report.close()
+        if self.stack is not None and self.options.keep_stack:
             self.say(
-                f"Kafka left running (--keep-stack): {self.stack.bootstrap_servers}; `kpmon stack down --home {self.layout.stack_home}` stops it"
+                f"Kafka left running (--keep-stack) in {self.layout.stack_home}: it advertises the tap's "
+                f"address, so clients reach it with the next `kpmon run`; `kpmon stack down --home "
+                f"{self.layout.stack_home}` stops it"
             )
         for thread in self._threads:
             thread.join(5)
         self._restore_stderr()
         self.say(self._timed("stopped", since))
-        if self.report is not None and self.layout.report.exists():
+        if self.layout.report.exists():
             self.say(f"report: {self.layout.report}")
 
     def _stops_stack(self) -> bool:
@@ -447,6 +476,11 @@ class Orchestrator:
             return
         marker = StreamPaths.of(self.config).stop_marker
         grace = self.config.stream.stop_timeout_seconds + 60
+        if self.stream.running() and not self._hurry:
+            self.say(
+                f"streaming monitor: finishing its running batch (up to {grace:.0f} s; Ctrl-C again to stop "
+                "at once: the next start replays that batch from the checkpoint)"
+            )
         code = self.stream.stop(lambda: marker.touch(), grace, lambda: self._hurry)
         if code not in (0, None) and self.failure is None and not self._hurry:
             self.say(f"streaming monitor exited with {code}; see {StreamPaths.of(self.config).spark_log}")

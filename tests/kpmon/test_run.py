@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,18 @@ def test_watermark_delay_from_the_progress_file() -> None:
     assert watermark_delay(None, 5.0) is None
 
 
+def test_duration_counts_from_the_running_query_not_from_sparks_start_up(tmp_path: Path) -> None:
+    from kpmon.runner.orchestrator import STARTUP_CAP, Orchestrator, RunOptions
+
+    run = Orchestrator(load_config(None, {}), RunOptions(tmp_path, embedded=True, duration=60))
+    run._stream_started = 1000.0
+    assert run._deadline() == 1000.0 + STARTUP_CAP + 60  # a Spark that never starts still ends
+    run._query_running_at = 1090.0
+    assert run._deadline() == 1150.0
+    no_duration = Orchestrator(load_config(None, {}), RunOptions(tmp_path, embedded=True))
+    assert no_duration._deadline() is None
+
+
 # ----- process groups ---------------------------------------------------------------------------------
 
 
@@ -301,67 +314,90 @@ def _processes_with(marker: str) -> dict[int, str]:
     return found
 
 
+DEMO_RULES = ("producer.stale_epoch_rejected", "group.protocol_type_mismatch", "apiversions.out_of_range")
+
+
+def _wait_for(log: Path, proc: subprocess.Popen[bytes], done: Callable[[str], bool], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        output = log.read_text(errors="replace")
+        if done(output):
+            return output
+        time.sleep(1)
+    raise AssertionError(f"not seen within {timeout:.0f} s (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+
+
+def _seen_demo_alert_and_status(output: str) -> bool:
+    alerted = any(f"ALERT firing   warning  {rule}" in output for rule in DEMO_RULES)
+    return alerted and "frames/s | batch lag" in output
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_leaves_nothing(
+@pytest.mark.timeout(1200)
+def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_ctrl_c_leaves_nothing(
     tmp_path: Path,
 ) -> None:
-    """`kpmon run` for real: local Kafka, the tap, Spark on local[*], demo clients; then a clean stop."""
+    """`kpmon run` for real: local Kafka, the tap, Spark on local[*], demo clients; Ctrl-C once the
+    demo's first alert is on screen; then everything must be stopped and the report written."""
     state = tmp_path / "state"
     base = _free_base(4)
     tag = uuid.uuid4().hex
-    marker = f"KPMON_RUN_TEST={tag}"
     env = {
         **os.environ,
-        "KPMON_RUN_TEST": tag,
+        "KPMON_RUN_TEST": tag,  # inherited by every process the run starts: how leftovers are found
         "KPMON__STACK__BASE_PORT": str(base),  # broker base, base+1 inter-broker, base+2 controller
         "KPMON__TAP__METRICS_PORT": "null",
         "KPMON__STREAM__METRICS_PORT": "null",
         "PYTHONUNBUFFERED": "1",
     }
+    # --duration only bounds a run whose Ctrl-C never comes.
     cmd = [
-        *(sys.executable, "-m", "kpmon.cli", "run"),
-        *("--state-dir", str(state), "--duration", "150", "--violation-every", "20"),
-        *("--tap-port", str(base + 3), "--report-every", "60"),
+        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state)),
+        *("--violation-every", "20", "--tap-port", str(base + 3), "--duration", "600"),
     ]
     log = tmp_path / "run.out"
-    with log.open("w") as out:
+    with log.open("wb") as out:
+        # Its own session, as a shell's foreground job: Ctrl-C is SIGINT to that process group.
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-        try:
-            code = proc.wait(timeout=780)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            code = proc.wait(timeout=120)
+    try:
+        _wait_for(log, proc, _seen_demo_alert_and_status, timeout=600)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
+        for pid in leftovers:  # whatever happened, never leave them running into the next test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     output = log.read_text()
-    leftovers = _processes_with(marker)
-    for pid in leftovers:  # whatever happened, never leave them running into the next test
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
     assert code == 0, output[-4000:]
     assert leftovers == {}, leftovers
+    assert "stopping (SIGINT received): demo traffic, streaming monitor, tap, Kafka" in output
+    assert "Kafka stopped" in output
 
     # Real alerts from the demo, both live in the terminal and in the job's batch results.
     from streaming.paths import StreamPaths
     from streaming.sink import read_batches
 
     rules = {a["rule"] for batch in read_batches(StreamPaths(state / "stream")) for a in batch["alerts"]}
-    demo_rules = {"producer.stale_epoch_rejected", "group.protocol_type_mismatch", "apiversions.out_of_range"}
-    assert demo_rules & rules, (rules, output[-4000:])
-    assert "ALERT firing" in output
+    assert set(DEMO_RULES) & rules, (rules, output[-4000:])
     assert "demo: zombie producer (tx-" in output and "expect producer.stale_epoch_rejected" in output
     assert "streaming monitor up: first batch" in output
-    assert "frames/s" in output and "batch lag" in output
 
     # The report: heatmap, groups, producers, the alert timeline and the Data Docs link.
     report = state / "run" / "report" / "index.html"
     page = report.read_text()
-    assert "data:image/png;base64," in page and (report.with_suffix(".png")).stat().st_size > 1000
+    assert "data:image/png;base64," in page and report.with_suffix(".png").stat().st_size > 1000
     for section in ("Alert timeline", "ApiVersions coverage", "Consumer groups", "Producers"):
         assert f">{section}<" in page, section
-    assert "<svg" in page and "producer.stale_epoch_rejected" in page
+    assert "<svg" in page and 'aria-label="alert timeline"' in page
+    assert any(f"<td>{rule}</td>" in page for rule in DEMO_RULES)
+    assert "final report" in page
     assert "../../stream/data-docs/site/index.html" in page
     assert f"report: {report}" in output
     assert json.loads((state / "stream" / "progress.json").read_text())["kpmon"]["state"] == "stopped"
