@@ -77,6 +77,8 @@ def more_rules() -> list[Frame]:
     outside = tx.Producer(name="outside", txn_id="outside-tx", pid=8100)
     frames += [*outside.init(12 * SECOND, epoch=0), *outside.add(13 * SECOND, [0])]
     frames += [*outside.produce(13 * SECOND + 10_000_000, 0), *outside.produce(13 * SECOND + 20_000_000, 2)]
+    # Transactions end, so no hanging timer fires later than the rest of the scenario.
+    frames += outside.end(13 * SECOND + 30_000_000)
     owner = tx.Producer(name="owner", txn_id="owner-tx", pid=8200)
     other = tx.Producer(name="other", txn_id="other-tx", pid=8200)
     frames += [
@@ -85,7 +87,7 @@ def more_rules() -> list[Frame]:
         *owner.end(15 * SECOND + 10_000_000),
     ]
     other.epoch = 0
-    frames += other.add(16 * SECOND, [1])  # txn.pid_hijack
+    frames += [*other.add(16 * SECOND, [1]), *other.end(16 * SECOND + 10_000_000)]  # txn.pid_hijack
     dup = Conversation(conn="tap1-dup", client="10.0.0.9:40000")
     dup_req = pr.produce(dup, 17 * SECOND, [(3, pr.batch(0, 7, pid=9300))])
     frames += [dup_req, pr.answer(dup, dup_req, 17 * SECOND + 2_000_000, [(3, pr.DUPLICATE, -1)])]
