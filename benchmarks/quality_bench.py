@@ -49,23 +49,15 @@ import pandas as pd  # noqa: E402
 import codec  # noqa: E402
 from checks.model import Finding, Severity  # noqa: E402
 from kpmon.config import QualityConfig  # noqa: E402
+from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "quality_bench.json"
 CORPUS = ROOT / "tests" / "data" / "tap_frames.jsonl"
 #: Copies of each corpus frame per API, so the mix looks like a busy cluster: mostly data plane.
 WEIGHTS = {0: 40, 1: 40, 12: 8, 8: 6, 3: 4, 2: 3}
 DECODE_ERROR_EVERY = 1000
-AGG_COLUMNS = [
-    "dir",
-    "api_key",
-    "api_name",
-    "api_version",
-    "frames",
-    "decode_errors",
-    "null_protocol_type",
-    "error_responses",
-]
-FINDING_COLUMNS = ["id", "rule", "severity", "subject", "summary", "ts_ns", "incomplete"]
+AGG_COLUMNS = list(FRAMES_AGG_COLUMNS)
+FINDING_COLUMNS = list(FINDINGS_COLUMNS)
 
 
 # -- workload --------------------------------------------------------------------------------------

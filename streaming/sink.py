@@ -24,20 +24,13 @@ import pandas as pd
 from checks.alerts import Alert, AlertBook
 from checks.model import Finding, Severity
 from streaming.paths import StreamPaths
+from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS
 
 log = logging.getLogger("kpmon.stream")
 
-AGG_COLUMNS = [
-    "dir",
-    "api_key",
-    "api_name",
-    "api_version",
-    "frames",
-    "decode_errors",
-    "null_protocol_type",
-    "error_responses",
-]
-FINDING_COLUMNS = ["id", "rule", "severity", "subject", "summary", "ts_ns", "incomplete"]
+#: The quality gate's input contract (streaming/quality_suites.py): the sink builds exactly these.
+AGG_COLUMNS = list(FRAMES_AGG_COLUMNS)
+FINDING_COLUMNS = list(FINDINGS_COLUMNS)
 
 
 class Publisher(Protocol):
