@@ -90,14 +90,17 @@ class Progress:
         self.last = batch
         self.batches += 1
         self.frames += batch.frames
-        self._recent.append((now, batch.frames))
+        if not first:
+            # The first batch is everything written during Spark's start-up: not a rate.
+            self._recent.append((now, batch.frames))
         return first
 
     def on_alert(self, alert: AlertLine) -> None:
         self.alerts[alert.status] = self.alerts.get(alert.status, 0) + 1
 
     def frames_per_second(self, now: float) -> float:
-        """Frames the job took in over the last ``window`` seconds (or since its first batch), per second."""
+        """Frames the job took in over the last ``window`` seconds (or since its first batch), per second;
+        the first batch (the backlog of Spark's start-up) does not count."""
         while self._recent and self._recent[0][0] < now - self.window:
             self._recent.popleft()
         if self.first_batch_at is None:
@@ -109,9 +112,14 @@ class Progress:
         if self.last is None:
             return "monitor: waiting for the streaming job's first batch"
         last = self.last
+        rate = (
+            f"{self.frames_per_second(now):.1f} frames/s"
+            if self.batches > 1
+            else f"frames/s after the start-up backlog ({last.frames} frames)"
+        )
         parts = [
             f"batch {last.batch}",
-            f"{self.frames_per_second(now):.1f} frames/s",
+            rate,
             f"batch lag {last.lag_records if last.lag_records is not None else '?'} records",
             f"last batch {last.ms if last.ms is not None else '?'} ms",
         ]

@@ -7,7 +7,6 @@ The timeline renderer it adds to the report is tested in tests/checks/test_repor
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -213,16 +212,22 @@ def test_parse_the_stream_lines() -> None:
 def test_progress_rates_and_status_line() -> None:
     progress = Progress(window=10)
     assert progress.status_line(0.0) == "monitor: waiting for the streaming job's first batch"
-    assert progress.on_batch(BatchLine(0, 1000, 50.0, 30_000, 0), now=100.0) is True
-    assert progress.on_batch(BatchLine(1, 100, 80.0, 900, 5), now=104.0) is False
-    assert progress.frames_per_second(105.0) == pytest.approx(1100 / 5)
-    assert progress.frames_per_second(112.0) == pytest.approx(100 / 10)  # the first batch left the window
+    assert progress.on_batch(BatchLine(0, 5000, 50.0, 60_000, 0), now=100.0) is True
+    assert progress.status_line(101.0).startswith(
+        "monitor: batch 0 | frames/s after the start-up backlog (5000 frames) | batch lag 0 records"
+    )
+    assert progress.frames_per_second(101.0) == 0.0  # the backlog is not a rate
+    assert progress.on_batch(BatchLine(1, 100, 80.0, 900, 5), now=102.0) is False
+    assert progress.on_batch(BatchLine(2, 300, 80.0, 900, 5), now=104.0) is False
+    assert progress.frames_per_second(105.0) == pytest.approx(400 / 5)
+    assert progress.frames_per_second(113.0) == pytest.approx(300 / 10)  # batch 1 left the window
     progress.on_alert(AlertLine("firing", "warning", "r", ""))
-    line = progress.status_line(112.0, watermark_delay_s=4.2)
+    line = progress.status_line(113.0, watermark_delay_s=4.2)
     assert line == (
-        "monitor: batch 1 | 10.0 frames/s | batch lag 5 records | last batch 900 ms | watermark 4 s behind "
+        "monitor: batch 2 | 30.0 frames/s | batch lag 5 records | last batch 900 ms | watermark 4 s behind "
         "| alerts 1 fired, 0 resolved"
     )
+    assert (progress.batches, progress.frames) == (3, 5400)
 
 
 def test_watermark_delay_from_the_progress_file() -> None:
@@ -400,4 +405,4 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
     assert "final report" in page
     assert "../../stream/data-docs/site/index.html" in page
     assert f"report: {report}" in output
-    assert json.loads((state / "stream" / "progress.json").read_text())["kpmon"]["state"] == "stopped"
+    assert "stream: stopped (ok)" in output  # the job's own word: it stopped gracefully
