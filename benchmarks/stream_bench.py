@@ -124,7 +124,8 @@ def session(index: int, start_ns: int, zombie: bool = False) -> Iterator[tuple]:
 API_VERSIONS = {
     "ErrorCode": 0,
     "ApiKeys": [
-        {"ApiKey": k, "MinVersion": 0, "MaxVersion": codec.supported_versions(k)[1]} for k in (0, 1, 3, 18, 22)
+        {"ApiKey": k, "MinVersion": 0, "MaxVersion": codec.supported_versions(k)[1]}
+        for k in (0, 1, 3, 18, 22)
     ],
 }
 
@@ -183,63 +184,38 @@ def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None)
     )
 
 
-class Progress:
-    """Collects query progress events of one query."""
-
-    def __init__(self) -> None:
-        from pyspark.sql.streaming import StreamingQueryListener
-
-        outer = self
-
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None: ...
-
-            def onQueryProgress(self, event: Any) -> None:
-                outer.events.append(json.loads(event.progress.json))
-
-            def onQueryIdle(self, event: Any) -> None: ...
-
-            def onQueryTerminated(self, event: Any) -> None: ...
-
-        self.events: list[dict[str, Any]] = []
-        self.listener = Listener()
-
-    def summary(self) -> dict[str, Any]:
-        rows = sum(e.get("numInputRows") or 0 for e in self.events)
-        busy = [e for e in self.events if e.get("numInputRows")]
-        ms = sum((e.get("durationMs") or {}).get("triggerExecution", 0) for e in busy)
-        state_ms = sum(
-            op.get("allUpdatesTimeMs", 0) + op.get("commitTimeMs", 0)
-            for e in busy
-            for op in e.get("stateOperators") or []
-        )
-        add_ms = sum((e.get("durationMs") or {}).get("addBatch", 0) for e in busy)
-        return {
-            "rows": rows,
-            "batches": len(busy),
-            "busy_seconds": ms / 1000,
-            "rows_per_second": rows / (ms / 1000) if ms else 0.0,
-            "add_batch_seconds": add_ms / 1000,
-            "state_operator_seconds": state_ms / 1000,
-        }
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rates over the batches that read rows: start-up and empty batches excluded."""
+    busy = [e for e in events if e.get("numInputRows")]
+    rows = sum(e["numInputRows"] for e in busy)
+    ms = sum((e.get("durationMs") or {}).get("triggerExecution", 0) for e in busy)
+    state_ms = sum(
+        op.get("allUpdatesTimeMs", 0) + op.get("commitTimeMs", 0)
+        for e in busy
+        for op in e.get("stateOperators") or []
+    )
+    add_ms = sum((e.get("durationMs") or {}).get("addBatch", 0) for e in busy)
+    return {
+        "rows": rows,
+        "batches": len(busy),
+        "busy_seconds": ms / 1000,
+        "rows_per_second": rows / (ms / 1000) if ms else 0.0,
+        "add_batch_seconds": add_ms / 1000,
+        "state_operator_seconds": state_ms / 1000,
+    }
 
 
-def run_available_now(spark: Any, df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
-    progress = Progress()
-    spark.streams.addListener(progress.listener)
-    try:
-        query = (
-            df.writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        if query.exception():
-            raise RuntimeError(str(query.exception()))
-    finally:
-        spark.streams.removeListener(progress.listener)
-    return progress.summary()
+def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
+    query = (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception():
+        raise RuntimeError(str(query.exception()))
+    return summarize([json.loads(p.json) if hasattr(p, "json") else p for p in query.recentProgress])
 
 
 def measure_latency(
@@ -357,12 +333,12 @@ def main() -> int:
             raw = raw.option(key, value)
         print("1/3 raw read ...", flush=True)
         out["raw"] = run_available_now(
-            spark, raw.load().select("value", "headers", "partition", "offset"), count, home / "ck-raw"
+            raw.load().select("value", "headers", "partition", "offset"), count, home / "ck-raw"
         )
         print(f"    {out['raw']['rows_per_second']:,.0f} frames/s")
         print("2/3 raw + decode ...", flush=True)
         decoded = decoded_frames(spark, config).select(F.col("conn"), F.col("decode_error"))
-        out["decode"] = run_available_now(spark, decoded, count, home / "ck-decode")
+        out["decode"] = run_available_now(decoded, count, home / "ck-decode")
         print(f"    {out['decode']['rows_per_second']:,.0f} frames/s")
         print("3/3 the whole job ...", flush=True)
         paths = StreamPaths(home / "state" / "stream")
@@ -372,7 +348,7 @@ def main() -> int:
         quality_seconds: list[float] = []
         sink = BatchSink(paths, hooks, gate, on_result=lambda r: quality_seconds.append(r.quality_seconds))
         out["job"] = run_available_now(
-            spark, checks_pipeline(decoded_frames(spark, config), config), sink, home / "ck-job"
+            checks_pipeline(decoded_frames(spark, config), config), sink, home / "ck-job"
         )
         out["job"]["quality_seconds"] = round(sum(quality_seconds), 3)
         hooks.close()
