@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         report_every=args.report_every,
         tap_port=args.tap_port,
         verbose=args.verbose,
+        fresh=args.fresh,
     )
     return Orchestrator(base, options).run()
 
@@ -108,6 +109,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--tap-port", type=_port, default=29092, help="first tap port clients connect to (default 29092)"
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start the streaming job on a new checkpoint (its old state is moved aside, not deleted)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="also show every micro-batch line")
     parser.set_defaults(func=run)

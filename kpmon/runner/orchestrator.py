@@ -58,6 +58,7 @@ class RunOptions:
     tap_port: int = 29092
     status_every: float = 10.0
     verbose: bool = False
+    fresh: bool = False
 
 
 def child_env() -> dict[str, str]:
@@ -74,7 +75,7 @@ class Orchestrator:
         self,
         base: KpmonConfig,
         options: RunOptions,
-        out: TextIO = sys.stdout,
+        out: TextIO | None = None,
         stack_config: StackConfig | None = None,
     ) -> None:
         self.base = base
@@ -108,7 +109,11 @@ class Orchestrator:
     def say(self, message: str) -> None:
         elapsed = int(time.monotonic() - self._started)
         with self._print_lock:
-            print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", file=self._out, flush=True)
+            print(
+                f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}",
+                file=self._out or sys.stdout,
+                flush=True,
+            )
 
     def _timed(self, what: str, since: float) -> str:
         return f"{what} in {time.monotonic() - since:.1f} s"
@@ -166,6 +171,7 @@ class Orchestrator:
         self.layout.config_file.write_text(config_yaml(self.config))
         self._prefetch_connector()
         self._start_tap()
+        self._check_checkpoint()
         self._start_stream()
         if o.embedded and o.demo:
             self._start_demo()
@@ -267,6 +273,29 @@ class Orchestrator:
             f"{self.config.tap_cluster.bootstrap_servers}; clients connect to "
             + ", ".join(listener.advertise or listener.listen for listener in listeners)
         )
+
+    def _check_checkpoint(self) -> None:
+        """``--fresh`` moves the job's old state aside; otherwise a checkpoint this build cannot resume
+        (streaming.compat: source, stages, state schemas, partitions) stops the run before Spark starts."""
+        from streaming.compat import check_compatible, query_shape, read_shape, shape_path
+        from streaming.paths import StreamPaths
+
+        paths = StreamPaths.of(self.config)
+        if self.options.fresh and paths.root.exists():
+            aside = paths.root.with_name(f"stream.{time.strftime('%Y%m%d-%H%M%S')}")
+            paths.root.rename(aside)
+            self.say(f"--fresh: the streaming job's old state (checkpoint, batch results) moved to {aside}")
+            return
+        saved = read_shape(shape_path(paths))
+        if saved is None or not Path(paths.checkpoint(self.config)).exists():
+            return
+        problems = check_compatible(saved["shape"], query_shape(self.config))
+        if problems:
+            raise RunFailed(
+                f"the streaming checkpoint {paths.checkpoint(self.config)} was written by a build this one "
+                "cannot resume:\n  " + "\n  ".join(problems) + "\nRun again with --fresh to start a new "
+                "checkpoint (the old state is moved aside, not deleted)."
+            )
 
     def _start_stream(self) -> None:
         from streaming.paths import StreamPaths
@@ -387,9 +416,16 @@ class Orchestrator:
             for child in (self.tap, self.stream):
                 if child is not None and not child.running():
                     log = paths.spark_log if child is self.stream else child.log_path
+                    hint = (
+                        "\n(a checkpoint written by an older kpmon can do this: `kpmon run --fresh` starts "
+                        "a new one)"
+                        if child is self.stream
+                        else ""
+                    )
                     raise RunFailed(
                         f"the {child.name} exited unexpectedly (code {child.returncode}); see {log}:\n"
                         + child.tail(15, log)
+                        + hint
                     )
             deadline = self._deadline()
             if deadline is not None and now >= deadline:

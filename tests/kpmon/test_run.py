@@ -249,6 +249,33 @@ def test_duration_counts_from_the_running_query_not_from_sparks_start_up(tmp_pat
     assert no_duration._deadline() is None
 
 
+def test_an_unresumable_checkpoint_stops_the_run_before_spark_and_fresh_moves_it_aside(
+    tmp_path: Path,
+) -> None:
+    from kpmon.runner.orchestrator import Orchestrator, RunFailed, RunOptions
+    from streaming.compat import shape_path, write_shape
+    from streaming.paths import StreamPaths
+
+    old = load_config(None, {"KPMON__STATE_DIR": str(tmp_path), "KPMON__STREAM__SHUFFLE_PARTITIONS": "4"})
+    write_shape(old)
+    paths = StreamPaths.of(old)
+    Path(paths.checkpoint(old)).mkdir(parents=True)
+    new = old.model_copy(update={"stream": old.stream.model_copy(update={"shuffle_partitions": 2})})
+
+    run = Orchestrator(new, RunOptions(tmp_path, embedded=True))
+    run.config = new
+    with pytest.raises(RunFailed, match=r"(?s)shuffle_partitions changed 4 -> 2.*--fresh"):
+        run._check_checkpoint()
+    Orchestrator(old, RunOptions(tmp_path, embedded=True))._check_checkpoint()  # same shape: resumes
+
+    fresh = Orchestrator(new, RunOptions(tmp_path, embedded=True, fresh=True))
+    fresh.config = new
+    fresh._check_checkpoint()
+    assert not paths.root.exists()
+    [aside] = tmp_path.glob("stream.*")
+    assert shape_path(StreamPaths(aside)).exists()  # moved, not deleted
+
+
 # ----- process groups ---------------------------------------------------------------------------------
 
 
