@@ -6,6 +6,7 @@ The timeline renderer it adds to the report is tested in tests/checks/test_repor
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -148,6 +149,21 @@ def test_cli_rejects_an_unusable_config_with_a_clear_error(
     assert "cannot read config" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "--duration", "-5"])
+
+
+def test_the_quickstart_documents_every_flag_and_scenario() -> None:
+    import re
+
+    from kpmon.cli import build_parser
+
+    doc = (REPO / "docs" / "quickstart.md").read_text()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run_parser = sub.choices["run"]
+    flags = {s for a in run_parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+    documented = set(re.findall(r"^\| `(--[a-z-]+)", doc, re.M)) | {"--config", "--verbose"}
+    assert flags == documented
+    for scenario in SCENARIOS:
+        assert f"`{scenario.label}" in doc and f"`{scenario.expect}`" in doc, scenario
 
 
 # ----- the demo schedule ------------------------------------------------------------------------------
