@@ -84,9 +84,20 @@ class TapConfig(_Section):
     #: Frames larger than this are mirrored truncated to their header and flagged.
     max_mirrored_frame_bytes: int = 900_000
     rewrite_broker_addresses: bool = False
+    #: With rewriting: a broker id that has no listener gets one on the fly (docs/tap.md)...
+    dynamic_listeners: bool = True
+    #: ...on a free port of this inclusive range, e.g. [29100, 29199]; unset: an ephemeral port.
+    dynamic_listener_ports: tuple[int, int] | None = None
     clamp_api_versions: bool = False
     metrics_port: int | None = 9464
     instance_id: str | None = None
+
+    @field_validator("dynamic_listener_ports")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1] <= 65535:
+            raise ValueError("must be [low, high] with 1 <= low <= high <= 65535")
+        return value
 
 
 class StreamConfig(_Section):

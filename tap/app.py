@@ -101,6 +101,8 @@ def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
         instance_id=instance,
         rewrite_broker_addresses=tap_cfg.rewrite_broker_addresses,
         clamp_api_versions=tap_cfg.clamp_api_versions,
+        dynamic_listeners=tap_cfg.dynamic_listeners,
+        dynamic_listener_ports=tap_cfg.dynamic_listener_ports,
     )
     return Tap(listener_specs(tap_cfg), sink, settings, metrics)
 

@@ -64,6 +64,12 @@ class TapMetrics:
         self.rewritten = Counter(
             "kpmon_tap_rewritten", "Responses rewritten (addresses, clamped versions)", registry=r
         )
+        self.dynamic_listeners = Counter(
+            "kpmon_tap_dynamic_listeners",
+            "Listeners opened on the fly for new broker ids (result: opened, retargeted, failed)",
+            ["result"],
+            registry=r,
+        )
         self.truncated = Counter(
             "kpmon_tap_mirror_truncated", "Frames mirrored truncated to their header", registry=r
         )

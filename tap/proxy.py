@@ -10,6 +10,7 @@ the other side stops reading until it drains.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -35,6 +36,7 @@ from tap.framing import (
     Pending,
     SaslState,
 )
+from tap.listeners import DynamicListeners, ListenerSpec, client_address
 from tap.metrics import TapMetrics
 from tap.mirror import Headers, MirrorRecord, MirrorSink, NullMirror
 from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_response
@@ -65,25 +67,6 @@ _ERROR_OFFSETS: dict[int, tuple[int, int]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class ListenerSpec:
-    listen_host: str
-    listen_port: int
-    broker_host: str
-    broker_port: int
-    broker_id: int | None = None
-    listener_name: str = "PLAINTEXT"
-    #: TLS towards clients (the tap terminates it) and towards the broker; None = plaintext.
-    server_ssl: ssl.SSLContext | None = None
-    broker_ssl: ssl.SSLContext | None = None
-    #: The address clients should use for this broker (address rewriting); default: the bound one.
-    advertise: tuple[str, int] | None = None
-
-    @property
-    def broker(self) -> str:
-        return f"{self.broker_host}:{self.broker_port}"
-
-
-@dataclass(frozen=True, slots=True)
 class TapSettings:
     capture: Policy = "headers"
     #: False turns mirroring off entirely (benchmark baseline): frames are only counted.
@@ -97,6 +80,11 @@ class TapSettings:
     rewrite_broker_addresses: bool = False
     #: Clamp ApiVersions responses to the versions the codec knows.
     clamp_api_versions: bool = False
+    #: When rewriting: open a listener on the fly for a broker id that has none (tap/listeners.py)...
+    dynamic_listeners: bool = True
+    #: ...on a port of this inclusive range (None: an ephemeral port), at most this many.
+    dynamic_listener_ports: tuple[int, int] | None = None
+    max_dynamic_listeners: int = 256
 
 
 def _tls_info(transport: asyncio.BaseTransport) -> dict[str, object] | None:
@@ -178,6 +166,11 @@ class TapConnection:
         self._static: Headers = []
         # Response rewriting (opt-in): frames of these APIs are held whole, rewritten, re-framed.
         self.hold_apis = held_apis(settings.rewrite_broker_addresses, settings.clamp_api_versions)
+        self._resolve = (
+            functools.partial(tap.dynamic.resolve, spec)
+            if settings.rewrite_broker_addresses and settings.dynamic_listeners
+            else None
+        )
         self._rbuf = bytearray()
         self._rleft = 0
         self._rhold = -1
@@ -401,6 +394,7 @@ class TapConnection:
             pending.api_version,
             self.tap.addresses,
             self.tap.settings.clamp_api_versions,
+            self._resolve,
         )
         if new is None:
             return framed
@@ -542,12 +536,22 @@ class Tap:
         self.metrics = metrics or TapMetrics()
         self.metrics.set_depth_source(self.sink.depth)
         self.connections: set[TapConnection] = set()
-        #: Broker id -> the tap's address for it (for address rewriting).
+        #: Configured broker id -> the tap's address for it (for address rewriting).
         self.addresses: dict[int, tuple[str, int]] = {}
+        #: Listeners opened on the fly for broker ids with no configured one (rewriting only).
+        self.dynamic = DynamicListeners(
+            self._serve_dynamic,
+            self._own_addresses,
+            self.settings.dynamic_listener_ports,
+            self.settings.max_dynamic_listeners,
+            self._dynamic_event,
+        )
         self.servers: list[asyncio.Server] = []
         self.bound: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unserved: set[socket.socket] = set()
+        self._stopping = False
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -562,29 +566,76 @@ class Tap:
         if log.isEnabledFor(logging.INFO):
             log.info(json.dumps({"event": event, "tap": self.settings.instance_id, **fields}, default=str))
 
+    def _accept(self, spec: ListenerSpec) -> asyncio.Protocol:
+        conn = TapConnection(self, spec, f"{self.settings.instance_id}-{next(self._ids)}")
+        return _Side(conn, client=True)
+
     async def start(self) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
         for spec in self.listeners:
-
-            def factory(spec: ListenerSpec = spec) -> asyncio.Protocol:
-                conn = TapConnection(self, spec, f"{self.settings.instance_id}-{next(self._ids)}")
-                return _Side(conn, client=True)
-
             server = await loop.create_server(
-                factory, spec.listen_host, spec.listen_port, reuse_address=True, ssl=spec.server_ssl
+                functools.partial(self._accept, spec),
+                spec.listen_host,
+                spec.listen_port,
+                reuse_address=True,
+                ssl=spec.server_ssl,
             )
             self.servers.append(server)
             addr = server.sockets[0].getsockname()
             self.bound.append((addr[0], addr[1]))
             if spec.broker_id is not None:
-                host = spec.listen_host
-                if host in ("", "0.0.0.0", "::"):
-                    host = socket.getfqdn()  # a wildcard bind is no address a client can dial
-                self.addresses[spec.broker_id] = spec.advertise or (host, addr[1])
+                self.addresses[spec.broker_id] = client_address(spec, addr[1])
             self.log_event("listen", listen=f"{addr[0]}:{addr[1]}", broker=spec.broker)
         return self.bound
 
+    def _own_addresses(self) -> list[tuple[str, int]]:
+        return [*self.addresses.values(), *self.bound]
+
+    def _serve_dynamic(self, spec: ListenerSpec, sock: socket.socket) -> None:
+        """Start accepting on a socket ``DynamicListeners`` bound (it already queues connections)."""
+        if self._stopping:
+            sock.close()
+            return
+        self._unserved.add(sock)
+        broker_id = spec.broker_id
+        assert broker_id is not None
+
+        def factory() -> asyncio.Protocol:
+            # Looked up per connection: the broker's address may have moved since the listener opened.
+            return self._accept(self.dynamic.specs[broker_id])
+
+        async def serve() -> None:
+            try:
+                server = await asyncio.get_running_loop().create_server(
+                    factory, sock=sock, ssl=spec.server_ssl
+                )
+            except OSError as exc:
+                sock.close()
+                self.log_event("dynamic_listener_failed", broker_id=broker_id, reason=str(exc))
+                return
+            finally:
+                self._unserved.discard(sock)
+            if self._stopping:
+                server.close()
+                return
+            self.servers.append(server)
+
+        self.spawn(serve())
+
+    def _dynamic_event(self, event: str, **fields: object) -> None:
+        result = {"dynamic_listener": "opened", "dynamic_listener_retarget": "retargeted"}.get(
+            event, "failed"
+        )
+        self.metrics.dynamic_listeners.labels(result).inc()
+        if result == "failed":
+            log.warning(json.dumps({"event": event, "tap": self.settings.instance_id, **fields}, default=str))
+        else:
+            self.log_event(event, **fields)
+
     async def stop(self) -> None:
+        self._stopping = True
+        for sock in list(self._unserved):
+            sock.close()
         for server in self.servers:
             server.close()
         for conn in list(self.connections):

@@ -1,13 +1,13 @@
 """Opt-in response rewriting (pure): broker addresses to the tap's, and ApiVersions clamped to the codec.
 
-Only small control-plane responses are rewritten, so the tap can hold them whole. Brokers that have
-no tap listener keep their own address (clients would then bypass the tap for them, which the
-static advertised-listener setup avoids).
+Only small control-plane responses are rewritten, so the tap can hold them whole. A broker id with
+no configured tap listener goes to ``resolve`` (the tap opens a listener for it on the fly, see
+tap/listeners.py); without one, or when it returns None, the broker keeps its own address.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import codec
@@ -22,33 +22,40 @@ ENDPOINT_APIS = frozenset({PRODUCE, FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE})
 ENDPOINT_MAX_HELD = 1 << 20
 
 Addresses = Mapping[int, tuple[str, int]]
+#: (broker id, host, port as the broker reported them) -> the tap's address for it, or None.
+Resolver = Callable[[int, str, int], tuple[str, int] | None]
 
 
-def _swap(node: dict[str, Any], id_field: str, addresses: Addresses) -> bool:
-    target = addresses.get(node.get(id_field, -1))
+def _swap(node: dict[str, Any], id_field: str, addresses: Addresses, resolve: Resolver | None) -> bool:
+    node_id = node.get(id_field, -1)
+    target = addresses.get(node_id)
+    if target is None and resolve is not None and node_id >= 0 and node.get("Host"):
+        target = resolve(node_id, node["Host"], node["Port"])
     if target is None or (node.get("Host"), node.get("Port")) == target:
         return False
     node["Host"], node["Port"] = target
     return True
 
 
-def _rewrite_addresses(api_key: int, body: dict[str, Any], addresses: Addresses) -> bool:
+def _rewrite_addresses(
+    api_key: int, body: dict[str, Any], addresses: Addresses, resolve: Resolver | None
+) -> bool:
     changed = False
     if api_key == METADATA:
         for broker in body.get("Brokers") or ():
-            changed = _swap(broker, "NodeId", addresses) or changed
+            changed = _swap(broker, "NodeId", addresses, resolve) or changed
     elif api_key == DESCRIBE_CLUSTER:
         for broker in body.get("Brokers") or ():
-            changed = _swap(broker, "BrokerId", addresses) or changed
+            changed = _swap(broker, "BrokerId", addresses, resolve) or changed
     elif api_key in ENDPOINT_APIS:
         for endpoint in body.get("NodeEndpoints") or ():
-            changed = _swap(endpoint, "NodeId", addresses) or changed
+            changed = _swap(endpoint, "NodeId", addresses, resolve) or changed
     elif api_key == FIND_COORDINATOR:
         if "Coordinators" in body:  # v4+: one entry per key
             for coordinator in body.get("Coordinators") or ():
-                changed = _swap(coordinator, "NodeId", addresses) or changed
+                changed = _swap(coordinator, "NodeId", addresses, resolve) or changed
         elif body.get("ErrorCode", 0) == 0:
-            changed = _swap(body, "NodeId", addresses)
+            changed = _swap(body, "NodeId", addresses, resolve)
     return changed
 
 
@@ -85,7 +92,12 @@ def held_apis(rewrite_addresses: bool, clamp_api_versions: bool) -> frozenset[in
 
 
 def rewrite_response(
-    frame: bytes, api_key: int, api_version: int, addresses: Addresses, clamp: bool = False
+    frame: bytes,
+    api_key: int,
+    api_version: int,
+    addresses: Addresses,
+    clamp: bool = False,
+    resolve: Resolver | None = None,
 ) -> bytes | None:
     """The rewritten frame (no size prefix), or None to forward the original unchanged.
 
@@ -98,7 +110,7 @@ def rewrite_response(
     if api_key == API_VERSIONS:
         changed = clamp and _clamp(message.body)
     else:
-        changed = _rewrite_addresses(api_key, message.body, addresses)
+        changed = _rewrite_addresses(api_key, message.body, addresses, resolve)
     if not changed:
         return None
     try:

@@ -24,6 +24,16 @@ def _listener(text: str) -> TapListenerConfig:
     return TapListenerConfig(listen=listen, broker=broker, broker_id=broker_id)
 
 
+def _port_range(text: str) -> tuple[int, int]:
+    """``LOW-HIGH``, e.g. ``29100-29199``."""
+    low, sep, high = text.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535, e.g. 29100-29199, got {text!r}"
+        )
+    return int(low), int(high)
+
+
 def configure(args: argparse.Namespace) -> KpmonConfig:
     config = load_config(getattr(args, "config", None))
     tap: dict[str, Any] = {}
@@ -37,6 +47,10 @@ def configure(args: argparse.Namespace) -> KpmonConfig:
         tap["cluster"] = KafkaClusterConfig(bootstrap_servers=args.tap_bootstrap_servers)
     if args.rewrite_broker_addresses:
         tap["rewrite_broker_addresses"] = True
+    if args.dynamic_listener_ports:
+        tap["dynamic_listener_ports"] = args.dynamic_listener_ports
+    if args.no_dynamic_listeners:
+        tap["dynamic_listeners"] = False
     if args.clamp_api_versions:
         tap["clamp_api_versions"] = True
     if args.no_metrics:
@@ -108,6 +122,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="rewrite broker addresses in Metadata/FindCoordinator/DescribeCluster to the tap's listeners "
         "(needs --listen ...@ID; otherwise make brokers advertise the tap)",
+    )
+    parser.add_argument(
+        "--dynamic-listener-ports",
+        type=_port_range,
+        metavar="LOW-HIGH",
+        help="with --rewrite-broker-addresses: ports for listeners opened on the fly for broker ids "
+        "that have none (default: ephemeral ports)",
+    )
+    parser.add_argument(
+        "--no-dynamic-listeners",
+        action="store_true",
+        help="with --rewrite-broker-addresses: leave brokers without a --listen ...@ID at their own address",
     )
     parser.add_argument(
         "--clamp-api-versions",

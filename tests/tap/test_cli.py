@@ -12,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from kpmon.cli import build_parser
 from kpmon.commands.tap import configure
+from kpmon.config import TapConfig
 from tests.tap.helpers import FakeBroker, api_versions_request, frame
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +47,18 @@ def test_listen_args_override_config(tmp_path: Path) -> None:
     assert config.tap.listeners[0].broker_id == 3
     assert config.tap_cluster.bootstrap_servers == "mon:9092"
     assert config.tap.rewrite_broker_addresses and config.tap.clamp_api_versions
+
+
+def test_dynamic_listener_options(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["tap", "--listen", "127.0.0.1:29092=127.0.0.1:19092@1", "--rewrite-broker-addresses"]
+    config = configure(build_parser().parse_args([*base, "--dynamic-listener-ports", "29100-29199"]))
+    assert config.tap.dynamic_listeners and config.tap.dynamic_listener_ports == (29100, 29199)
+    assert not configure(build_parser().parse_args([*base, "--no-dynamic-listeners"])).tap.dynamic_listeners
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--dynamic-listener-ports", "29199-29100"])
+    assert "LOW <= HIGH" in capsys.readouterr().err
+    with pytest.raises(ValidationError, match="dynamic_listener_ports"):
+        TapConfig(dynamic_listener_ports=(0, 10))
 
 
 def _free_port() -> int:
