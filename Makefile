@@ -18,13 +18,20 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) jars tools
 
 # kubeconform validates the Kubernetes manifests (deploy/k8s); built once from the Go module proxy.
+# A real Prometheus Alertmanager receives the alertmanager hook's payloads in the tests (docs/alerting.md).
 KUBECONFORM := $(KPMON_HOME)/bin/kubeconform
-tools: $(KUBECONFORM)
+ALERTMANAGER := $(KPMON_HOME)/cache/alertmanager-0.28.1/alertmanager
+tools: $(KUBECONFORM) $(ALERTMANAGER)
 $(KUBECONFORM):
 	@if command -v go >/dev/null; then \
 		echo "kpmon: building kubeconform v0.7.0 (once)"; \
 		GOBIN=$(KPMON_HOME)/bin go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0; \
 	else echo "kpmon: go not found: manifest schema checks will be skipped (docs/cluster-mode.md)"; fi
+$(ALERTMANAGER):
+	@if command -v go >/dev/null; then \
+		echo "kpmon: building Alertmanager v0.28.1 for the hook tests (once, a few minutes)"; \
+		GOBIN=$(dir $(ALERTMANAGER)) CGO_ENABLED=0 go install github.com/prometheus/alertmanager/cmd/alertmanager@v0.28.1; \
+	else echo "kpmon: go not found: the real-Alertmanager hook test will be skipped"; fi
 
 # Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
 jars: $(STAMP)
