@@ -1,0 +1,105 @@
+"""Health verdicts, the progress file and the metrics the job exports per batch."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from checks.alerts import Alert
+from checks.model import Severity
+from kpmon.config import StreamConfig
+from streaming.observe import ProgressListener, StreamMetrics, watermark_lag_seconds
+from streaming.paths import StreamPaths
+from streaming.sink import BatchResult
+from streaming.status import judge, lag_records, read_progress
+
+CONFIG = StreamConfig(stall_seconds=60, max_lag_records=1000)
+
+
+def progress(batch: int = 7, latest: int = 500, end: int = 400, **extra: Any) -> dict[str, Any]:
+    return {
+        "batchId": batch,
+        "numInputRows": 100,
+        "inputRowsPerSecond": 50.0,
+        "processedRowsPerSecond": 80.0,
+        "batchDuration": 1500,
+        "eventTime": {"watermark": "2026-11-23T06:00:00.000Z"},
+        "stateOperators": [{"operatorName": "transformWithStateInPandasExec", "numRowsTotal": 12}],
+        "sources": [
+            {
+                "endOffset": json.dumps({"tap": {"0": end, "1": 10}}),
+                "latestOffset": json.dumps({"tap": {"0": latest, "1": 10}}),
+            }
+        ],
+        **extra,
+    }
+
+
+def test_lag_is_what_the_topic_has_beyond_the_batch() -> None:
+    assert lag_records(progress(latest=500, end=400)) == 100
+    assert lag_records({"sources": []}) is None
+
+
+def test_verdicts() -> None:
+    now = 10_000.0
+    fresh = {"written_at": now - 5, "state": "running"}
+    assert judge(None, now, CONFIG).status == "stopped"
+    assert judge(progress(kpmon=fresh), now, CONFIG).status == "healthy"
+    lagging = judge(progress(latest=5000, end=400, kpmon=fresh), now, CONFIG)
+    assert lagging.status == "lagging" and lagging.lag_records == 4600
+    stale = {"written_at": now - 120, "state": "running"}
+    assert judge(progress(kpmon=stale), now, CONFIG).status == "stalled"
+    assert judge(progress(kpmon={**fresh, "state": "stopped"}), now, CONFIG).status == "stopped"
+    failed = judge(progress(kpmon={**fresh, "state": "failed", "error": "boom"}), now, CONFIG)
+    assert (failed.status, failed.reason) == ("failed", "boom")
+
+
+def test_watermark_lag() -> None:
+    ts = 1_795_000_000.0
+    mark = datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    p = {"eventTime": {"watermark": mark}}
+    assert watermark_lag_seconds(p, ts + 30) == 30.0
+    assert watermark_lag_seconds({"eventTime": {}}, ts) is None
+
+
+def test_listener_writes_progress_and_metrics(tmp_path: Path) -> None:
+    paths = StreamPaths(tmp_path / "stream")
+    paths.make()
+    registry = CollectorRegistry()
+    metrics = StreamMetrics(registry)
+    lines: list[str] = []
+    listener = ProgressListener(paths, metrics, lambda: {"findings": {"tap.gap": 1}}, lines.append)
+    event = SimpleNamespace(progress=SimpleNamespace(json=json.dumps(progress())))
+    listener.onQueryProgress(event)
+    saved = read_progress(paths.progress)
+    assert saved is not None and saved["batchId"] == 7 and saved["kpmon"]["state"] == "running"
+    assert saved["kpmon"]["findings"] == {"tap.gap": 1}
+    assert registry.get_sample_value("kpmon_stream_input_rows_per_second") == 50.0
+    assert registry.get_sample_value("kpmon_stream_lag_records") == 100
+    assert (
+        registry.get_sample_value("kpmon_stream_state_rows", {"operator": "0:transformWithStateInPandasExec"})
+        == 12
+    )
+    assert lines and "batch 7: 100 frames" in lines[0]
+    listener.onQueryTerminated(SimpleNamespace(exception=None))
+    assert read_progress(paths.progress)["kpmon"]["state"] == "stopped"  # type: ignore[index]
+
+
+def test_batch_results_count_findings_and_alerts() -> None:
+    registry = CollectorRegistry()
+    metrics = StreamMetrics(registry)
+    alert = Alert("a" * 24, "tap.gap", Severity.WARNING, "firing", 1, 1, 1, "conn:x", "gap")
+    metrics.on_result(BatchResult(3, [], [alert], {"late_frames": 2}, 10, findings_by_rule={"tap.gap": 1}))
+    assert registry.get_sample_value("kpmon_stream_findings_total", {"rule": "tap.gap"}) == 1
+    assert (
+        registry.get_sample_value(
+            "kpmon_stream_alerts_published_total", {"severity": "warning", "status": "firing"}
+        )
+        == 1
+    )
+    assert registry.get_sample_value("kpmon_stream_engine_events_total", {"event": "late_frames"}) == 2
