@@ -80,7 +80,7 @@ class Child:
         if self.running():
             os.kill(self.pid, sig)
 
-    def _signal_group(self, sig: signal.Signals) -> None:
+    def signal_group(self, sig: signal.Signals) -> None:
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -108,7 +108,7 @@ class Child:
         for sig, wait in ((signal.SIGTERM, term_grace), (signal.SIGKILL, 10.0)):
             if not self.running() and not group_members(self.pid):
                 break
-            self._signal_group(sig)
+            self.signal_group(sig)
             self._wait(wait, hurry if sig == signal.SIGTERM else lambda: False, whole_group=True)
         try:
             return self.proc.wait(5)

@@ -391,11 +391,12 @@ class Orchestrator:
     def _write_report(self, final: bool) -> None:
         from kpmon.runner.reporting import InputError
 
-        if self.report is None:
+        report = self.report
+        if report is None:
             return
         since = time.monotonic()
         try:
-            path = self.report.write(final=final)
+            path = report.write(final=final)
         except InputError as exc:
             self.say(f"report: not written ({exc})")
         except Exception as exc:  # a report is a view: its failure must never stop the monitor
@@ -468,14 +469,11 @@ class Orchestrator:
             steps.append(("Kafka", self.stack.down))
         self.say(f"stopping ({reason}): {', '.join(name for name, _ in steps) or 'nothing was running'}")
         for name, action in steps:
-            if name == "Kafka" and self.report is not None:
+            if name == "Kafka":
                 # The last report reads the tap topic: before the broker holding it goes.
-                self._write_report(final=True)
+                self._final_report()
             self._step(name, action)
-        if self.report is not None and not self._stops_stack():
-            self._write_report(final=True)
-        if self.report is not None:
-            self.report.close()
+        self._final_report()
         if self.stack is not None and self.options.keep_stack:
             self.say(
                 f"Kafka left running (--keep-stack) in {self.layout.stack_home}: it advertises the tap's "
@@ -488,6 +486,12 @@ class Orchestrator:
         self.say(self._timed("stopped", since))
         if self.layout.report.exists():
             self.say(f"report: {self.layout.report}")
+
+    def _final_report(self) -> None:
+        if self.report is not None:
+            self._write_report(final=True)
+            self.report.close()
+            self.report = None
 
     def _stops_stack(self) -> bool:
         return self.stack is not None and not self.options.keep_stack
@@ -510,14 +514,20 @@ class Orchestrator:
 
         if self.stream is None:
             return
+        stream = self.stream
+        if self._query_running_at is None:
+            # Still starting Spark: no batch to finish and nothing in the checkpoint to protect yet.
+            self.say("streaming monitor: still starting, stopped without waiting")
+            stream.stop(lambda: stream.signal_group(signal.SIGTERM), 15, lambda: self._hurry)
+            return
         marker = StreamPaths.of(self.config).stop_marker
         grace = self.config.stream.stop_timeout_seconds + 60
-        if self.stream.running() and not self._hurry:
+        if stream.running() and not self._hurry:
             self.say(
                 f"streaming monitor: finishing its running batch (up to {grace:.0f} s; Ctrl-C again to stop "
                 "at once: the next start replays that batch from the checkpoint)"
             )
-        code = self.stream.stop(lambda: marker.touch(), grace, lambda: self._hurry)
+        code = stream.stop(marker.touch, grace, lambda: self._hurry)
         if code not in (0, None) and self.failure is None and not self._hurry:
             self.say(f"streaming monitor exited with {code}; see {StreamPaths.of(self.config).spark_log}")
 

@@ -33,6 +33,7 @@ class LiveReport:
         self.records = 0
         self._reader: TapTopicReader | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def _read_new(self) -> None:
         cluster = self.config.tap_cluster
@@ -72,6 +73,8 @@ class LiveReport:
         from streaming.sink import read_batches
 
         with self._lock:
+            if self._closed:
+                raise InputError("the report is closed (the run is stopping)")
             self._read_new()
             if final:
                 self.findings.extend(self.monitor.flush())
@@ -88,6 +91,7 @@ class LiveReport:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
