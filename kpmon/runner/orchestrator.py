@@ -83,7 +83,8 @@ class Orchestrator:
         self.layout = RunLayout(options.state_dir.resolve())
         self.stack_config = stack_config or base.stack
         self._out = out
-        self._print_lock = threading.Lock()
+        # Re-entrant: the signal handler prints, and may run while the main thread is inside say().
+        self._print_lock = threading.RLock()
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._stop_reason = ""
@@ -123,9 +124,9 @@ class Orchestrator:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1
         name = signal.Signals(signum).name
-        if self._signals > 1:
+        if self._signals > 1 or self._stop.is_set():  # already stopping: this one means "hurry"
             self._hurry = True
-            self.say(f"{name} again: stopping without waiting")
+            self.say(f"{name} while stopping: stopping without waiting")
             return
         self.request_stop(f"{name} received")
         if self._starting:

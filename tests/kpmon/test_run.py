@@ -292,6 +292,29 @@ def test_an_unresumable_checkpoint_stops_the_run_before_spark_and_fresh_moves_it
     assert shape_path(StreamPaths(aside)).exists()  # moved, not deleted
 
 
+def test_signals_stop_then_hurry_and_abandon_a_start_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kpmon.runner.orchestrator import Orchestrator, RunOptions, _Interrupted
+
+    run = Orchestrator(load_config(None, {}), RunOptions(tmp_path, embedded=True))
+    run._on_signal(signal.SIGTERM, None)
+    assert run._stop.is_set() and not run._hurry and run._stop_reason == "SIGTERM received"
+    run._on_signal(signal.SIGINT, None)
+    assert run._hurry
+    assert "SIGINT while stopping: stopping without waiting" in capsys.readouterr().out
+
+    starting = Orchestrator(load_config(None, {}), RunOptions(tmp_path, embedded=True))
+    starting._starting = True
+    with pytest.raises(_Interrupted):
+        starting._on_signal(signal.SIGINT, None)
+
+    by_duration = Orchestrator(load_config(None, {}), RunOptions(tmp_path, embedded=True, duration=5))
+    by_duration.request_stop("--duration 5 s reached")
+    by_duration._on_signal(signal.SIGINT, None)  # a Ctrl-C during a stop already under way hurries it
+    assert by_duration._hurry
+
+
 # ----- process groups ---------------------------------------------------------------------------------
 
 
