@@ -35,3 +35,28 @@ def test_referenced_files_exist(doc: str) -> None:
     assert paths, f"docs/{doc} names no file: the pattern is broken"
     missing = sorted(p for p in paths if not (ROOT / p).exists() and not (ROOT / "docs" / p).exists())
     assert not missing, f"docs/{doc} points at files that do not exist: {missing}"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+def test_slug_matches_github() -> None:
+    assert slug("`apiversions.out_of_range`") == "apiversionsout_of_range"
+    assert slug("Differences from ARCHITECTURE.md") == "differences-from-architecturemd"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_links_to_sections_resolve(doc: str) -> None:
+    text = (ROOT / "docs" / doc).read_text()
+    broken = []
+    for target, anchor in re.findall(r"\]\(([\w.-]*\.md)?#([\w-]+)\)", text):
+        linked = (ROOT / "docs" / target).read_text() if target else text
+        if anchor not in anchors(linked):
+            broken.append(f"{target or doc}#{anchor}")
+    assert not broken, f"docs/{doc} links to sections that do not exist: {broken}"
