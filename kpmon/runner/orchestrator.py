@@ -489,10 +489,14 @@ class Orchestrator:
             self.say(f"report: {self.layout.report}")
 
     def _final_report(self) -> None:
-        if self.report is not None:
+        if self.report is None:
+            return
+        if self._hurry:
+            self.say("report: not rewritten (stopping without waiting)")
+        else:
             self._write_report(final=True)
-            self.report.close()
-            self.report = None
+        self.report.close()
+        self.report = None
 
     def _stops_stack(self) -> bool:
         return self.stack is not None and not self.options.keep_stack
