@@ -56,7 +56,15 @@ def frame_from_record(
         offset=offset,
         capture=headers.get("capture", "full"),
     )
-    return decode_frame(frame, value, truncated=bool(headers.get("truncated")), fields=fields)
+    return decode_frame(frame, value, truncated=header_only(headers), fields=fields)
+
+
+def header_only(headers: Mapping[str, str]) -> bool:
+    """The tap mirrored this frame without its body: too large, a redaction it could not do (fail
+    closed), a payload strip that fell back to ``meta``, or a raw SASL token. Not a decode error."""
+    if headers.get("truncated") or headers.get("redaction_failed") or headers.get("capture_fallback"):
+        return True
+    return "sasl_token" in (headers.get("redacted") or "").split(",")
 
 
 def connection_of(conn: str | None, partition: int) -> str:

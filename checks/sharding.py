@@ -36,6 +36,9 @@ API_VERSIONS = 18
 #: all traffic to that key would funnel the stream through one task, so it gets each connection's first
 #: use of each (api, version) only, plus ApiVersions exchanges in full: fleet counts become connections.
 FIRST_USE_ONLY = frozenset({"cluster"})
+#: How route keys are formed; state stored under another scheme's keys cannot be read by this one.
+#: 1: "<rule name>|<key>"; 2: "<key kind>|<key>".
+ROUTE_SCHEME = 2
 
 
 def is_connection_scoped(rule: Rule) -> bool:

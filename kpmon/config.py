@@ -292,7 +292,10 @@ def _apply_env(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
             node = child
-        node[path[-1]] = yaml.safe_load(value) if value else value
+        try:
+            node[path[-1]] = yaml.safe_load(value) if value else value
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not a valid YAML scalar (quote it): {exc}") from exc
     return raw
 
 

@@ -77,6 +77,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     """What a checkpoint written by this build with ``config`` depends on. Pure: no Spark session, no I/O."""
     from checks.rules import all_rules
     from checks.serde import STATE_FORMAT
+    from checks.sharding import ROUTE_SCHEME
     from streaming.job import STAGE_ONE_COLUMNS
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
@@ -108,6 +109,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "source": {"format": "kafka", "topic": config.tap.topic},
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_format": STATE_FORMAT,
+        "route_scheme": ROUTE_SCHEME,
         "stages": stages,
         "rules": sorted({rule.name for rule in all_rules()}),
     }
@@ -161,6 +163,11 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         problems.append(
             f"monitor state format {saved['state_format']} is newer than this build reads "
             f"({new['state_format']})"
+        )
+    if saved.get("route_scheme") != new.get("route_scheme"):
+        problems.append(
+            f"stage two's route keys changed (scheme {saved.get('route_scheme')!r} -> "
+            f"{new.get('route_scheme')!r}): its state is stored under keys this build does not form"
         )
     old_stages = {s["name"]: s for s in saved["stages"]}
     new_stages = {s["name"]: s for s in new["stages"]}

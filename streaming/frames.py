@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 import codec
-from checks.ingest import connection_of
+from checks.ingest import connection_of, header_only
 from codec.errors import DecodeError
 from codec.records import RecordBatches
 
@@ -179,7 +179,7 @@ def decode_row(headers: dict[str, str], value: bytes | None, partition: int, off
         "listener": headers.get("listener"),
         "tap": headers.get("tap"),
         "capture": headers.get("capture"),
-        "truncated": bool(headers.get("truncated")),
+        "truncated": header_only(headers),
         "tap_partition": partition,
         "tap_offset": offset,
         "size": len(value) if value is not None else None,

@@ -201,10 +201,16 @@ def start(
     job = RunningJob(spark, query, paths, config)
     job.closers.append(lambda: paths.pid_file.unlink(missing_ok=True))
     job.closers.append(lambda: spark.streams.removeListener(listener))
+    job.closers.append(lambda: listener.mark_ended(_query_error(query)))
     job.closers.append(lambda: hooks.close(10.0))
     if config.quality.data_docs:
         job.closers.append(gate.build_docs)
     return job
+
+
+def _query_error(query: StreamingQuery) -> str | None:
+    failed = query.exception()
+    return str(failed) if failed is not None else None
 
 
 def run_until_stopped(job: RunningJob, poll_seconds: float = 0.5) -> int:

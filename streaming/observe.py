@@ -165,8 +165,12 @@ class ProgressListener(StreamingQueryListener):
             self._write(self.last, "running")
 
     def onQueryTerminated(self, event: Any) -> None:
-        state = "failed" if event.exception else "stopped"
-        self._write(self.last or {}, state, error=str(event.exception) if event.exception else None)
+        self.mark_ended(str(event.exception) if event.exception else None)
+
+    def mark_ended(self, error: str | None = None) -> None:
+        """Record that the query ended. Also called by the job itself: Spark delivers listener events
+        asynchronously, and the listener may be gone before ``onQueryTerminated`` arrives."""
+        self._write(self.last or {}, "failed" if error else "stopped", error=error)
 
     def _write(self, progress: dict[str, Any], state: str, error: str | None = None) -> None:
         progress = {k: v for k, v in progress.items() if k != "kpmon"}

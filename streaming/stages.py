@@ -268,7 +268,13 @@ def keyed_step(
     """Stage two for one route key: release what the watermark passed, in event-time order."""
     ready = sorted((b for b in buffer if b.at_ms <= watermark_ms), key=lambda b: (b.ts_ns, b.conn, b.seq))
     waiting = [b for b in buffer if b.at_ms > watermark_ms]
-    shard = KeyedShard(config, key, json.loads(saved) if saved else None)
+    try:
+        shard = KeyedShard(config, key, json.loads(saved) if saved else None)
+    except KeyError:
+        # A key no rule of this build forms (state from an older route scheme): drop it, counted.
+        dropped = {"unknown_route_keys": 1, "dropped_routes": len(buffer)}
+        row = _row("stat", max(watermark_ms, 0), 0, route_key=PASS_KEY, payload=json.dumps(dropped))
+        return KeyedResult(None, [row], None, [])
     findings = shard.feed(
         Route(
             key,

@@ -111,7 +111,9 @@ class ApiVersionsRule(Rule):
         elif (
             not state.get("handshake")
             and not state.get("no_handshake_reported")
-            and int(state["first_seq"]) <= 1
+            # Judged only when the connection was seen from its start: the tap numbers its ``open``
+            # record 1, so a connection's first frame is seq 2 (seq 0/1 where no open record came).
+            and int(state["first_seq"]) <= 2
         ):
             state["no_handshake_reported"] = True
             ctx.emit(

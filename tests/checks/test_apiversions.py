@@ -309,3 +309,10 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected
     assert monitor.stats.late_frames == 0
+
+
+def test_no_handshake_judged_on_tap_numbering() -> None:
+    """The tap's open record is seq 1, so a connection's first request is seq 2."""
+    conv = Conversation(seq=1)
+    findings, _ = run([conv.open(0), *metadata(conv, 12, SECOND)])
+    assert rules_of(findings) == ["apiversions.no_handshake"]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import pytest
+
+import checks
 from checks.engine import Monitor
 from checks.model import Exchange, Finding, Frame, Severity
 from checks.rule import Context, Rule, State
@@ -223,3 +226,19 @@ def test_timers_fire_in_deadline_order_with_many_pending() -> None:
     restored.advance(10 * SECOND + 100 * SECOND)
     assert Alarm.fired == expected
     assert restored.ctx.timers == {} and restored.ctx.timer_heap == []
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [{"truncated": "1"}, {"redaction_failed": "1"}, {"capture_fallback": "meta"}, {"redacted": "sasl_token"}],
+)
+def test_header_only_records_are_not_decode_errors(flag: dict[str, str]) -> None:
+    """Frames the tap mirrors without a body on purpose are counted, never reported as undecodable."""
+    from checks.ingest import frame_from_record
+
+    headers = {"dir": "req", "conn": "c1", "seq": "2", "ts_ns": "5", "capture": "headers", **flag}
+    frame = frame_from_record(headers, b"\x00\x11\x00", 0, 3)
+    assert frame.error is None and frame.message is None
+    monitor = checks.new_monitor()
+    assert monitor.feed_all([frame]) + monitor.flush() == []
+    assert monitor.stats.header_only == 1

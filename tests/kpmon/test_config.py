@@ -29,3 +29,8 @@ def test_errors_name_the_bad_key(tmp_path: Path) -> None:
         load_config(None, environ={"KPMON__TAP__NOPE": "1"})
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_an_environment_value_that_is_not_yaml_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="KPMON__TAP__TOPIC"):
+        load_config(environ={"KPMON__TAP__TOPIC": "*not-an-alias"})

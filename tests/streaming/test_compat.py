@@ -109,6 +109,10 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
 
     assert check_compatible(shape, {**shape, "shape_version": 99})[0].startswith("query shape format")
 
+    # A checkpoint from before stage two was keyed by key kind has no route scheme: refused.
+    older = {k: v for k, v in shape.items() if k != "route_scheme"}
+    assert any("route keys changed" in p for p in check_compatible(older, shape))
+
 
 def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
     var = keyed_variable(shape)

@@ -139,3 +139,10 @@ def test_a_closed_connection_leaves_no_state() -> None:
     rows = [decode_row(*tap_record(f)) for f in [*frames, closing.close(frames[-1].ts_ns + 1)]]
     assert connection_step(CONFIG, None, rows[:-1], 0).state is not None
     assert connection_step(CONFIG, None, rows, 0).state is None
+
+
+def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
+    buffered = [Buffered(1, 1, "c", 1, "{}", 0)]
+    result = keyed_step(CONFIG, "apiversions.cluster|cluster", "{}", buffered, 10)
+    assert result.state is None and result.buffer == [] and result.next_timer_ms is None
+    assert [json.loads(r["payload"]) for r in result.rows] == [{"unknown_route_keys": 1, "dropped_routes": 1}]
