@@ -251,6 +251,9 @@ class AlertsConfig(_Section):
     """Where alerts go. Every hook delivers independently: a dead one never holds up the others."""
 
     hooks: list[HookConfig] = Field(default_factory=lambda: [HookConfig(kind="log")])
+    #: An open alert with no new finding for this long (event time) is resolved: most rules have no
+    #: "cleared" event of their own, and receivers such as Alertmanager keep firing alerts forever.
+    resolve_after_seconds: float = Field(default=3600.0, gt=0)
 
     @field_validator("hooks")
     @classmethod

@@ -178,7 +178,9 @@ def start(
                         f"  ALERT {alert.status} {alert.severity.value}: {alert.rule} {alert.subject}: {alert.summary}"
                     )
 
-    sink = BatchSink(paths, hooks, gate, config.stream.keep_batches, on_result)
+    sink = BatchSink(
+        paths, hooks, gate, config.stream.keep_batches, on_result, config.alerts.resolve_after_seconds
+    )
     spark = spark or build_session(config)
     listener = ProgressListener(paths, metrics, lambda: {**last, "hooks": hooks.stats()}, terminal)
     spark.streams.addListener(listener)

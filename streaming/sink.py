@@ -113,6 +113,7 @@ class BatchSink:
         gate: Gate | None,
         keep_batches: int = 1000,
         on_result: Callable[[BatchResult], None] | None = None,
+        resolve_after_seconds: float = 3600.0,
     ) -> None:
         self.paths = paths
         self.hooks = hooks
@@ -120,6 +121,7 @@ class BatchSink:
         self.keep = keep_batches
         self.books = AlertBookStore(paths.alert_books, keep_batches)
         self.on_result = on_result
+        self.resolve_after_ns = int(resolve_after_seconds * 1e9)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.process(batch_id, [row.asDict() for row in df.collect()])
@@ -130,7 +132,9 @@ class BatchSink:
         resolves: list[tuple[str, str, int]] = []
         aggs: list[dict[str, Any]] = []
         stats: Counter[str] = Counter()
+        newest_ns = 0
         for row in rows:
+            newest_ns = max(newest_ns, int(row.get("ts_ns") or 0))
             payload = json.loads(row["payload"]) if row.get("payload") else {}
             kind = row["kind"]
             if kind == "finding":
@@ -169,6 +173,12 @@ class BatchSink:
             resolved = book.resolve(rule, subject, ts)
             if resolved is not None:
                 touched[resolved.id] = resolved
+        # Quiet alerts resolve by themselves, in event time, so a replayed batch resolves the same ones.
+        for alert in [a for a in book.open.values() if a.last_seen < newest_ns - self.resolve_after_ns]:
+            resolved = book.resolve(alert.rule, alert.subject, newest_ns)
+            if resolved is not None:
+                touched[resolved.id] = resolved
+                result.stats["quiet_resolved"] = result.stats.get("quiet_resolved", 0) + 1
         result.alerts = list(touched.values())
         result.findings_by_rule = dict(Counter(f.rule for f in findings))
         self._write_batch(result)

@@ -138,3 +138,17 @@ def test_batch_files_are_kept_bounded(tmp_path: Path) -> None:
     kept = read_batches(s.paths)
     assert [b["batch_id"] for b in kept] == [3, 4, 5]
     assert len(list(s.paths.alert_books.glob("book-*.json"))) == 3
+
+
+def test_a_quiet_alert_resolves_after_its_window(tmp_path: Path) -> None:
+    paths = StreamPaths(tmp_path / "stream")
+    paths.make()
+    s = BatchSink(paths, Recorder(), None, resolve_after_seconds=10)
+    s.process(0, [finding_row("apiversions.out_of_range", "conn:a", 1)])
+    tick = {"kind": "stat", "ts_ns": 1000 + 11 * 10**9, "payload": json.dumps({"frames": 1})}
+    result = s.process(1, [tick])
+    assert [(a.rule, a.status) for a in result.alerts] == [("apiversions.out_of_range", "resolved")]
+    assert result.stats["quiet_resolved"] == 1
+    # A fresh finding for the same subject opens a new alert (a new id).
+    again = s.process(2, [finding_row("apiversions.out_of_range", "conn:a", 99)])
+    assert again.alerts[0].status == "firing" and again.alerts[0].id != result.alerts[0].id
