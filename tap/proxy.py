@@ -609,9 +609,13 @@ class Tap:
                 server = await asyncio.get_running_loop().create_server(
                     factory, sock=sock, ssl=spec.server_ssl
                 )
-            except OSError as exc:
+            except (OSError, RuntimeError) as exc:
+                # Clients already given this address get a refused connection, as from a dead broker;
+                # later responses leave the broker at its own address.
                 sock.close()
-                self.log_event("dynamic_listener_failed", broker_id=broker_id, reason=str(exc))
+                self.dynamic.specs.pop(broker_id, None)
+                self.dynamic.failed.add(broker_id)
+                self._dynamic_event("dynamic_listener_failed", broker_id=broker_id, reason=str(exc))
                 return
             finally:
                 self._unserved.discard(sock)
