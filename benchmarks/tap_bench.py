@@ -1,4 +1,4 @@
-"""Tap overhead: kafka-producer-perf-test direct vs through the tap, alternating, per capture policy.
+"""Tap overhead: Kafka's perf tools direct vs through the tap, alternating, per capture policy.
 
 Starts a local single-broker stack that advertises the tap's port, and runs the tap as its own
 process (``kpmon tap``) so its CPU can be read from /proc. "Direct" runs bootstrap from the broker's
@@ -6,10 +6,25 @@ inter-broker listener, which advertises the broker itself; "tap" runs bootstrap 
 Capture ``off`` forwards and counts only (``--no-mirror``); the others mirror to a tap topic on the
 same broker (through the internal listener, never through the tap).
 
-    python benchmarks/tap_bench.py [--records 200000] [--rounds 2] [--policies off,meta,headers,full]
+Per policy and round, each step runs direct and through the tap back to back (the order flips
+every policy and round, so drift hits both sides alike):
 
-Writes ``benchmarks/results/tap_bench.json``: throughput, p50/p99 latency, and the tap's CPU
-(seconds, mean cores, and milli-cores per MB/s).
+- ``produce``: kafka-producer-perf-test at full speed (1 KiB records, acks=all, linger.ms=5);
+- ``consume``: kafka-consumer-perf-test reading twice that many records from the start;
+- ``produce_half``: the producer throttled (``--throughput``) to half of this policy's measured
+  direct saturation rate, for the "added p99 at 50 % load" target.
+
+Each run lasts about ``--seconds``: the record count comes from a warm-up run's rate. Afterwards
+one more tap (policy ``--profile``) runs a produce and a consume step under py-spy (attached by pid,
+so it is not in the measured runs); the top frames go into the JSON.
+
+    .venv/bin/python benchmarks/tap_bench.py                     # 2 rounds of ~12 s runs: ~10 minutes
+    .venv/bin/python benchmarks/tap_bench.py --seconds 30        # the issue's 30 s runs, ~20 minutes
+    .venv/bin/pip install py-spy                                 # once, for the profile (else skipped)
+
+Writes ``benchmarks/results/tap_bench.json``: per run throughput, producer p50/p99, the tap's CPU
+(seconds, mean cores, milli-cores per MB/s and that figure over Kroxylicious's published ~25 mcores
+per MB/s for pass-through), a per-policy summary with a verdict per target, and the profile.
 """
 
 from __future__ import annotations
@@ -19,12 +34,16 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +55,19 @@ from deploy.local.tools import run_tool  # noqa: E402
 from deploy.versions import KAFKA_LATEST, KAFKA_LEGACY  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "tap_bench.json"
+RECORD_SIZE = 1024
+#: Kroxylicious's published pass-through cost, the named comparison for the tap's CPU figure.
+KROXYLICIOUS_MCORES_PER_MB_S = 25.0
+TARGETS = {"headers_ratio": 0.90, "full_ratio": 0.75, "added_p99_ms_at_half": 2.0}
+TOPIC_CONFIG = ["retention.bytes=3221225472", "segment.bytes=268435456"]
 _PERF = re.compile(
     r"(?P<n>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\), "
     r"(?P<avg>[\d.]+) ms avg latency, (?P<max>[\d.]+) ms max latency, (?P<p50>\d+) ms 50th, "
     r"(?P<p95>\d+) ms 95th, (?P<p99>\d+) ms 99th"
 )
 _TICKS = os.sysconf("SC_CLK_TCK")
+#: Frames of the tap and the codec (including the codec's generated decoders, ``<kpmon:...>``).
+_OURS = re.compile(r"\((tap|codec)/|\(<kpmon:")
 
 
 def _free_port() -> int:
@@ -52,20 +78,28 @@ def _free_port() -> int:
 
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime, all threads
 
 
-def _perf(version: str, bootstrap: str, topic: str, records: int) -> dict[str, float]:
-    args = ["--topic", topic, "--num-records", str(records), "--record-size", "1024", "--throughput", "-1"]
-    args += ["--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "linger.ms=5"]
-    done = run_tool(version, "kafka-producer-perf-test", args, timeout=600)
+def _tool(version: str, tool: str, args: list[str], timeout: float) -> str:
+    done = run_tool(version, tool, args, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
+        raise RuntimeError(f"{tool} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def produce(
+    version: str, bootstrap: str, topic: str, records: int, throughput: float = -1
+) -> dict[str, float]:
+    args = ["--topic", topic, "--num-records", str(records), "--record-size", str(RECORD_SIZE)]
+    args += ["--throughput", str(int(throughput)) if throughput > 0 else "-1"]
+    args += ["--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "linger.ms=5"]
+    out = _tool(version, "kafka-producer-perf-test", args, timeout=900)
     match = None
-    for line in done.stdout.splitlines():
+    for line in out.splitlines():
         match = _PERF.search(line) or match
     if match is None:
-        raise RuntimeError(f"no summary in perf-test output:\n{done.stdout[-2000:]}")
+        raise RuntimeError(f"no summary in producer perf-test output:\n{out[-2000:]}")
     return {
         "records_per_sec": float(match["rps"]),
         "mb_per_sec": float(match["mbps"]),
@@ -75,29 +109,87 @@ def _perf(version: str, bootstrap: str, topic: str, records: int) -> dict[str, f
     }
 
 
+def consume(version: str, bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    count = "--num-records" if version == KAFKA_LATEST else "--messages"
+    args = ["--bootstrap-server", bootstrap, "--topic", topic, count, str(records), "--timeout", "60000"]
+    args += ["--group", f"tap-bench-{time.monotonic_ns()}"]
+    out = _tool(version, "kafka-consumer-perf-test", args, timeout=900)
+    return parse_consumer(out)
+
+
+def parse_consumer(out: str) -> dict[str, float]:
+    """The summary line of kafka-consumer-perf-test (header, then one CSV row)."""
+    lines = [line for line in out.splitlines() if line.count(",") >= 5]
+    header = next((line for line in lines if "MB.sec" in line), None)
+    rows = [line for line in lines if line is not header]
+    if header is None or not rows:
+        raise RuntimeError(f"no summary in consumer perf-test output:\n{out[-2000:]}")
+    names, values = header.split(","), rows[-1].split(",")
+    if len(names) != len(values):
+        raise RuntimeError(f"consumer perf-test summary does not match its header:\n{header}\n{rows[-1]}")
+    row = {n.strip(): v.strip() for n, v in zip(names, values, strict=True)}
+    # fetch.* exclude the group join (rebalance.time.ms), which is the same work with or without a tap.
+    return {
+        "records_consumed": float(row["data.consumed.in.nMsg"]),
+        "mb_per_sec": float(row["fetch.MB.sec"]),
+        "records_per_sec": float(row["fetch.nMsg.sec"]),
+        "overall_mb_per_sec": float(row["MB.sec"]),
+        "rebalance_ms": float(row["rebalance.time.ms"]),
+    }
+
+
+Buckets = dict[float, float]
+
+
+def histograms(metrics_port: int, api_key: int) -> dict[str, Buckets]:
+    """Cumulative bucket counts of the tap's two latency histograms for one API."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, Buckets] = {"inside": {}, "broker": {}}
+    names = {"kpmon_tap_inside_seconds": "inside", "kpmon_tap_broker_seconds": "broker"}
+    for family in text_string_to_metric_families(text):
+        kind = names.get(family.name)
+        if kind is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels.get("api_key") == str(api_key):
+                out[kind][float(sample.labels["le"])] = sample.value
+    return out
+
+
+def quantile_le_ms(before: Buckets, after: Buckets, q: float) -> float | None:
+    """The upper bound (ms) of the histogram bucket holding quantile ``q`` of what was observed between."""
+    delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for le in sorted(delta):
+        if delta[le] >= q * total:
+            return le * 1000 if le != float("inf") else None
+    return None
+
+
 class TapProcess:
     def __init__(self, listen: int, broker: str, policy: str, mirror_bootstrap: str) -> None:
+        self.metrics_port = _free_port()
         cmd = [sys.executable, "-m", "kpmon.cli", "tap", "--listen", f"127.0.0.1:{listen}={broker}@1"]
-        cmd += ["--no-metrics", "--log-level", "WARNING"]
+        cmd += ["--metrics-port", str(self.metrics_port), "--log-level", "WARNING"]
         if policy == "off":
             cmd.append("--no-mirror")
         else:
-            cmd += [
-                "--capture",
-                policy,
-                "--tap-bootstrap-servers",
-                mirror_bootstrap,
-                "--topic",
-                f"kpmon.bench.{policy}",
-            ]
+            cmd += ["--capture", policy, "--tap-bootstrap-servers", mirror_bootstrap]
+            cmd += ["--topic", f"kpmon.bench.{policy}"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while True:
             try:
                 socket.create_connection(("127.0.0.1", listen), 0.5).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
                     raise RuntimeError("tap did not start") from None
                 time.sleep(0.1)
 
@@ -105,103 +197,330 @@ class TapProcess:
         return _cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+
+
+class Bench:
+    def __init__(self, version: str, direct: str, via_tap: str, topic: str) -> None:
+        self.version, self.direct, self.via_tap, self.topic = version, direct, via_tap, topic
+        self.runs: list[dict[str, Any]] = []
+
+    def step(
+        self,
+        tap: TapProcess,
+        policy: str,
+        round_no: int,
+        step: str,
+        order: tuple[str, str],
+        records: int,
+        throughput: float = -1,
+    ) -> None:
+        for mode in order:
+            bootstrap = self.direct if mode == "direct" else self.via_tap
+            api_key = 1 if step == "consume" else 0
+            hist0 = histograms(tap.metrics_port, api_key) if mode == "tap" else {}
+            cpu0, t0 = tap.cpu(), time.monotonic()
+            if step == "consume":
+                result = consume(self.version, bootstrap, self.topic, records)
+            else:
+                result = produce(self.version, bootstrap, self.topic, records, throughput)
+            wall = time.monotonic() - t0
+            cpu = tap.cpu() - cpu0
+            entry: dict[str, Any] = {"policy": policy, "step": step, "mode": mode, "round": round_no}
+            entry.update(wall_s=round(wall, 3), records=records, **result)
+            if throughput > 0:
+                entry["target_records_per_sec"] = int(throughput)
+            if mode == "tap":
+                # Per MB moved, not per wall second: the wall time includes the tool's JVM start-up,
+                # when the tap idles. cpu / MB is the same as cores / (MB/s), over the active time.
+                moved = result.get("records_consumed", records)
+                mcores = 1000 * cpu / (moved * RECORD_SIZE / 2**20)
+                active = moved / max(result["records_per_sec"], 1e-9)
+                entry.update(
+                    tap_cpu_s=round(cpu, 3),
+                    tap_cores=round(cpu / active, 4),
+                    tap_mcores_per_mb_s=round(mcores, 3),
+                    vs_kroxylicious=round(mcores / KROXYLICIOUS_MCORES_PER_MB_S, 3),
+                )
+                # The tap's own view (bucket bounds): time a frame spends inside it before being
+                # written on, and request forwarded -> response received (the broker plus the network).
+                hist1 = histograms(tap.metrics_port, api_key)
+                for kind in ("inside", "broker"):
+                    for q, name in ((0.5, "p50"), (0.99, "p99")):
+                        entry[f"tap_{kind}_{name}_le_ms"] = quantile_le_ms(hist0[kind], hist1[kind], q)
+            self.runs.append(entry)
+            print(json.dumps(entry), flush=True)
+
+    def pairs(self, policy: str, step: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(direct, tap) runs of each round."""
+        out = []
+        for round_no in sorted({r["round"] for r in self.runs}):
+            by_mode = {
+                r["mode"]: r
+                for r in self.runs
+                if (r["policy"], r["step"], r["round"]) == (policy, step, round_no)
+            }
+            if len(by_mode) == 2:
+                out.append((by_mode["direct"], by_mode["tap"]))
+        return out
+
+    def mean(self, policy: str, step: str, mode: str, key: str) -> float:
+        values = [
+            r[key]
+            for r in self.runs
+            if (r["policy"], r["step"], r["mode"]) == (policy, step, mode) and key in r
+        ]
+        return sum(values) / len(values) if values else float("nan")
+
+
+def summarize(bench: Bench, policies: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for policy in policies:
+
+        def m(step: str, mode: str, key: str, policy: str = policy) -> float:
+            return bench.mean(policy, step, mode, key)
+
+        entry: dict[str, Any] = {}
+        for step in ("produce", "consume"):
+            direct, tapped = m(step, "direct", "mb_per_sec"), m(step, "tap", "mb_per_sec")
+            entry[step] = {
+                "direct_mb_per_sec": round(direct, 2),
+                "tap_mb_per_sec": round(tapped, 2),
+                "direct_records_per_sec": round(m(step, "direct", "records_per_sec")),
+                "tap_records_per_sec": round(m(step, "tap", "records_per_sec")),
+                "throughput_ratio": round(tapped / direct, 3),
+                "throughput_ratio_per_round": [
+                    round(t["mb_per_sec"] / d["mb_per_sec"], 3) for d, t in bench.pairs(policy, step)
+                ],
+                "tap_cores": round(m(step, "tap", "tap_cores"), 3),
+                "tap_mcores_per_mb_s": round(m(step, "tap", "tap_mcores_per_mb_s"), 2),
+                "vs_kroxylicious": round(
+                    m(step, "tap", "tap_mcores_per_mb_s") / KROXYLICIOUS_MCORES_PER_MB_S, 3
+                ),
+            }
+            if step == "produce":
+                entry[step].update(
+                    direct_p50_ms=m(step, "direct", "p50_ms"),
+                    tap_p50_ms=m(step, "tap", "p50_ms"),
+                    direct_p99_ms=m(step, "direct", "p99_ms"),
+                    tap_p99_ms=m(step, "tap", "p99_ms"),
+                )
+        half: dict[str, Any] = {
+            "target_records_per_sec": round(m("produce_half", "direct", "target_records_per_sec")),
+            "direct_records_per_sec": round(m("produce_half", "direct", "records_per_sec")),
+            "tap_records_per_sec": round(m("produce_half", "tap", "records_per_sec")),
+            "direct_p50_ms": m("produce_half", "direct", "p50_ms"),
+            "tap_p50_ms": m("produce_half", "tap", "p50_ms"),
+            "direct_p99_ms": m("produce_half", "direct", "p99_ms"),
+            "tap_p99_ms": m("produce_half", "tap", "p99_ms"),
+        }
+        half["added_p99_ms"] = half["tap_p99_ms"] - half["direct_p99_ms"]
+        half["added_p99_ms_per_round"] = [
+            t["p99_ms"] - d["p99_ms"] for d, t in bench.pairs(policy, "produce_half")
+        ]
+        half["added_p50_ms_per_round"] = [
+            t["p50_ms"] - d["p50_ms"] for d, t in bench.pairs(policy, "produce_half")
+        ]
+        inside = [
+            r.get("tap_inside_p99_le_ms")
+            for r in bench.runs
+            if (r["policy"], r["step"], r["mode"]) == (policy, "produce_half", "tap")
+        ]
+        half["tap_inside_p99_le_ms_max"] = max((v for v in inside if v is not None), default=None)
+        entry["produce_half"] = half
+        verdict: dict[str, bool] = {
+            "added_p99_at_half_ok": half["added_p99_ms"] <= TARGETS["added_p99_ms_at_half"]
+        }
+        if policy in ("headers", "full"):
+            verdict["throughput_ok"] = entry["produce"]["throughput_ratio"] >= TARGETS[f"{policy}_ratio"]
+        entry["verdict"] = verdict
+        summary[policy] = entry
+    return summary
+
+
+# ----- profile (py-spy) -------------------------------------------------------------------------------
+
+
+def _short(frame: str) -> str:
+    """``func (path:line)`` -> ``func (short/path)``: lines merged, site-packages and the repo trimmed."""
+    match = re.match(r"(?P<func>.*) \((?P<path>.*?)(?::\d+)?\)$", frame)
+    if match is None:
+        return frame
+    path = match["path"]
+    for marker in ("site-packages/", str(ROOT) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    if "/lib/python3" in path:
+        path = "stdlib/" + path.split("/lib/python3", 1)[1].split("/", 1)[-1]
+    return f"{match['func']} ({path})"
+
+
+def summarize_profile(raw: Iterable[str], top: int = 12) -> dict[str, Any]:
+    """Self and inclusive sample shares per frame from py-spy's raw (collapsed-stack) output."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw:
+        stack, _, count_text = line.rstrip("\n").rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_short(f) for f in stack.split(";") if not f.startswith("process ")]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+
+    def share(counter: Counter[str]) -> list[dict[str, Any]]:
+        return [{"frame": f, "share": round(n / total, 4)} for f, n in counter.most_common(top)]
+
+    # Inclusive shares only for kpmon's own code: the frames above it (runpy, the CLI, asyncio.run)
+    # hold every sample and say nothing.
+    ours = Counter({f: n for f, n in inclusive.items() if _OURS.search(f)})
+    return {"samples": total, "self": share(own), "inclusive": share(ours)} if total else {"samples": 0}
+
+
+def profile(bench: Bench, policy: str, args: argparse.Namespace, records: int, work: Path) -> dict[str, Any]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        return {"skipped": "py-spy is not installed (.venv/bin/pip install py-spy)"}
+    out = work / "tap.pyspy.txt"
+    tap = TapProcess(args.tap_port, args.broker, policy, bench.direct)
+    try:
+        command = [spy, "record", "--pid", str(tap.proc.pid), "--format", "raw", "--rate", "200"]
+        command += ["--nonblocking", "-o", str(out)]
+        recorder = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1)
+        if recorder.poll() is not None:
+            return {
+                "skipped": f"py-spy cannot attach: {(recorder.stderr.read() if recorder.stderr else '')[:300]}"
+            }
+        cpu0 = tap.cpu()
+        produce(bench.version, bench.via_tap, bench.topic, records)
+        consume(bench.version, bench.via_tap, bench.topic, 2 * records)
+        cpu = tap.cpu() - cpu0
+    finally:
+        tap.stop()  # py-spy writes its file when the process it watches exits
+    try:
+        recorder.wait(60)
+    except subprocess.TimeoutExpired:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(30)
+    if not out.exists():
+        return {
+            "skipped": f"py-spy wrote nothing: {(recorder.stderr.read() if recorder.stderr else '')[:300]}"
+        }
+    with out.open() as fh:
+        result = summarize_profile(fh)
+    return {"policy": policy, "steps": ["produce", "consume"], "tap_cpu_s": round(cpu, 2), **result}
+
+
+# ----- main -------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=12.0, help="approximate length of each run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--policies", default="off,meta,headers,full")
+    parser.add_argument("--profile", default="headers", help="policy to profile with py-spy, or 'none'")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
+    started = time.monotonic()
 
-    tap_port = _free_port()
+    args.tap_port = _free_port()
     home = Path(tempfile.mkdtemp(prefix="kpmon-tap-bench-"))
-    stack = LocalStack(home, advertised={1: ("127.0.0.1", tap_port)})
+    stack = LocalStack(home / "stack", advertised={1: ("127.0.0.1", args.tap_port)})
     stack.up()
-    runs: list[dict[str, Any]] = []
+    prof: dict[str, Any] = {"skipped": "--profile none"}
     try:
-        broker = stack.listen_endpoints[0].address
+        args.broker = stack.listen_endpoints[0].address
         direct = stack.internal_bootstrap_servers
         probe = run_tool(KAFKA_LATEST, "kafka-topics", ["--bootstrap-server", direct, "--list"], timeout=60)
         version = KAFKA_LEGACY if "NoClassDefFoundError" in probe.stderr else KAFKA_LATEST
         topic = "tap-bench"
-        run_tool(
-            version, "kafka-topics", ["--bootstrap-server", direct, "--create", "--topic", topic], timeout=60
-        )
-        _perf(version, direct, topic, min(args.records, 20_000))  # warm the broker up
-        for policy in policies:
-            tap = TapProcess(tap_port, broker, policy, direct)
+        for name in [topic] + [f"kpmon.bench.{p}" for p in policies if p != "off"]:
+            create = ["--bootstrap-server", direct, "--create", "--topic", name]
+            for setting in TOPIC_CONFIG:
+                create += ["--config", setting]
+            _tool(version, "kafka-topics", create, timeout=60)
+        bench = Bench(version, direct, f"127.0.0.1:{args.tap_port}", topic)
+        # Warm the broker up, and size every run from its rate so runs last about --seconds.
+        warm = produce(version, direct, topic, 50_000)
+        records = max(20_000, int(warm["records_per_sec"] * args.seconds))
+        print(json.dumps({"warm_up": warm, "records_per_run": records}), flush=True)
+        for index, policy in enumerate(policies):
+            tap = TapProcess(args.tap_port, args.broker, policy, direct)
             try:
                 for round_no in range(args.rounds):
-                    # Alternate, so drift (page cache, JIT, log segments) hits both sides alike.
-                    for mode in ("direct", "tap") if round_no % 2 == 0 else ("tap", "direct"):
-                        cpu0, t0 = tap.cpu(), time.monotonic()
-                        result = _perf(
-                            version,
-                            direct if mode == "direct" else f"127.0.0.1:{tap_port}",
-                            topic,
-                            args.records,
-                        )
-                        wall = time.monotonic() - t0
-                        cpu = tap.cpu() - cpu0
-                        entry = {"policy": policy, "mode": mode, "round": round_no, "wall_s": wall, **result}
-                        if mode == "tap":
-                            entry["tap_cpu_s"] = cpu
-                            entry["tap_cores"] = cpu / wall
-                            entry["tap_mcores_per_mb_s"] = (
-                                1000 * (cpu / wall) / max(result["mb_per_sec"], 1e-9)
-                            )
-                        runs.append(entry)
-                        print(json.dumps(entry), flush=True)
+                    order = ("direct", "tap") if (index + round_no) % 2 == 0 else ("tap", "direct")
+                    bench.step(tap, policy, round_no, "produce", order, records)
+                    # Twice as many: consuming is several times faster than producing here, and the
+                    # topic holds the warm-up and both produce runs before the first consume step.
+                    bench.step(tap, policy, round_no, "consume", order, 2 * records)
+                    half = 0.5 * bench.mean(policy, "produce", "direct", "records_per_sec")
+                    bench.step(
+                        tap,
+                        policy,
+                        round_no,
+                        "produce_half",
+                        order,
+                        max(1000, int(half * args.seconds)),
+                        half,
+                    )
             finally:
                 tap.stop()
+        if args.profile != "none":
+            prof = profile(bench, args.profile, args, records, home)
+            print(json.dumps({"profile": prof}), flush=True)
     finally:
         stack.down()
+        shutil.rmtree(home, ignore_errors=True)
 
-    summary: dict[str, Any] = {}
-    for policy in policies:
-
-        def mean(mode: str, key: str, policy: str = policy) -> float:
-            values = [r[key] for r in runs if r["policy"] == policy and r["mode"] == mode and key in r]
-            return sum(values) / len(values) if values else float("nan")
-
-        summary[policy] = {
-            "direct_mb_per_sec": mean("direct", "mb_per_sec"),
-            "tap_mb_per_sec": mean("tap", "mb_per_sec"),
-            "throughput_ratio": mean("tap", "mb_per_sec") / mean("direct", "mb_per_sec"),
-            "direct_p50_ms": mean("direct", "p50_ms"),
-            "tap_p50_ms": mean("tap", "p50_ms"),
-            "direct_p99_ms": mean("direct", "p99_ms"),
-            "tap_p99_ms": mean("tap", "p99_ms"),
-            "tap_cores": mean("tap", "tap_cores"),
-            "tap_mcores_per_mb_s": mean("tap", "tap_mcores_per_mb_s"),
-        }
+    summary = summarize(bench, policies)
     report = {
         "benchmark": "tap_bench",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "duration_s": round(time.monotonic() - started),
         "machine": {
             "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
         "params": {
-            "records": args.records,
-            "record_size": 1024,
+            "seconds_per_run": args.seconds,
+            "records_per_run": records,
+            "record_size": RECORD_SIZE,
             "acks": "all",
+            "linger_ms": 5,
             "rounds": args.rounds,
             "tools": version,
         },
+        "comparison": {
+            "direct": "the same tool against the broker's own listener, in the same run",
+            "kroxylicious_mcores_per_mb_s": KROXYLICIOUS_MCORES_PER_MB_S,
+        },
+        "targets": TARGETS,
         "summary": summary,
-        "runs": runs,
+        "profile": prof,
+        "runs": bench.runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
