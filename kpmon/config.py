@@ -116,6 +116,11 @@ class StreamConfig(_Section):
     #: Partitions of the two stateful stages (Spark's spark.sql.shuffle.partitions); fixed by the first
     #: start of a checkpoint.
     shuffle_partitions: int = Field(default=4, gt=0)
+    #: Buckets each stateful stage groups its connections or route keys into: Spark calls the Python
+    #: stage once per bucket and batch. Default (None): 4 x ``shuffle_partitions``, so every partition
+    #: gets buckets despite hash collisions while a batch still makes only tens of calls. Raise it to at
+    #: least the tap topic's partition count on a wide topic. Fixed by the first start of a checkpoint.
+    state_buckets: int | None = Field(default=None, gt=0)
     #: A graceful stop waits for the running batch, then this long for the query to end.
     stop_timeout_seconds: float = Field(default=60.0, gt=0)
     #: ``kpmon stream status``: no progress for this long is "stalled"...
@@ -126,6 +131,11 @@ class StreamConfig(_Section):
     keep_batches: int = Field(default=1000, gt=1)
     #: Extra Spark properties (``spark.*``), applied last.
     spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def buckets(self) -> int:
+        """``state_buckets``, or its default."""
+        return self.state_buckets or 4 * self.shuffle_partitions
 
 
 class ChecksConfig(_Section):

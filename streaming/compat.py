@@ -78,7 +78,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.rules import all_rules
     from checks.serde import STATE_FORMAT
     from checks.sharding import ROUTE_SCHEME
-    from streaming.job import STAGE_ONE_COLUMNS
+    from streaming.job import BUCKET, STAGE_ONE_COLUMNS
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
@@ -86,7 +86,8 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         {
             "name": "connection",
             "processor": ConnectionProcessor.__name__,
-            "group_by": ["conn"],
+            "group_by": [BUCKET],
+            "bucket_of": "conn",
             "output_mode": "Append",
             "time_mode": "EventTime",
             "input": list(STAGE_ONE_COLUMNS),
@@ -96,7 +97,8 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         {
             "name": "keyed",
             "processor": KeyedProcessor.__name__,
-            "group_by": ["route_key"],
+            "group_by": [BUCKET],
+            "bucket_of": "route_key",
             "output_mode": "Append",
             "time_mode": "EventTime",
             "input": "stage connection output",
@@ -108,6 +110,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "shape_version": SHAPE_VERSION,
         "source": {"format": "kafka", "topic": config.tap.topic},
         "shuffle_partitions": config.stream.shuffle_partitions,
+        "state_buckets": config.stream.buckets,
         "state_format": STATE_FORMAT,
         "route_scheme": ROUTE_SCHEME,
         "stages": stages,
@@ -159,6 +162,11 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             f"stream.shuffle_partitions changed {saved['shuffle_partitions']} -> {new['shuffle_partitions']}: "
             "a checkpoint keeps the partition count of its first start"
         )
+    if saved.get("state_buckets") != new.get("state_buckets"):
+        problems.append(
+            f"stream.state_buckets changed {saved.get('state_buckets')} -> {new.get('state_buckets')}: "
+            "each connection's and route key's state is stored under its bucket"
+        )
     if saved["state_format"] > new["state_format"]:
         problems.append(
             f"monitor state format {saved['state_format']} is newer than this build reads "
@@ -175,9 +183,9 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         problems.append(f"stateful stages changed {list(old_stages)} -> {list(new_stages)}")
     for name in old_stages.keys() & new_stages.keys():
         old, cur = old_stages[name], new_stages[name]
-        for key in ("group_by", "output_mode", "time_mode"):
-            if old[key] != cur[key]:
-                problems.append(f"stage {name}: {key} changed {old[key]} -> {cur[key]}")
+        for key in ("group_by", "bucket_of", "output_mode", "time_mode"):
+            if old.get(key) != cur.get(key):
+                problems.append(f"stage {name}: {key} changed {old.get(key)} -> {cur.get(key)}")
         for var, declared in old["state"].items():
             if var not in cur["state"]:
                 problems.append(f"stage {name}: state variable {var!r} was removed")

@@ -3,8 +3,8 @@
     Kafka source (includeHeaders, bounded maxOffsetsPerTrigger)
       -> mapInArrow(streaming.frames.decode_batches)          projected decode, one row per frame
       -> withWatermark(event_time, checks.watermark_seconds)
-      -> groupBy(conn).transformWithStateInPandas(ConnectionProcessor)     stage one (checks.sharding)
-      -> groupBy(route_key).transformWithStateInPandas(KeyedProcessor)     stage two
+      -> groupBy(bucket of conn).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
+      -> groupBy(bucket of route_key).transformWithStateInPandas(KeyedProcessor)   stage two
       -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
 
 The job stays on micro-batch triggers: Spark's real-time mode supports neither foreachBatch nor Python
@@ -28,7 +28,7 @@ from kpmon.config import ConfigError, KpmonConfig, load_config
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("kpmon.stream")
@@ -91,14 +91,37 @@ def decoded_frames(spark: SparkSession, config: KpmonConfig) -> DataFrame:
     return decoded.withColumn("event_time", event_time)
 
 
-def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
-    from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
+#: The grouping column of both stateful stages.
+BUCKET = "bucket"
 
+
+def bucket_of(column: str, buckets: int) -> Column:
+    """A stable bucket of a string column: xxhash64 is seeded and fixed, so a key keeps its bucket
+    across restarts and releases (the checkpoint's state is stored per bucket)."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(F.col(column)), F.lit(buckets)).cast("int")
+
+
+def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    from streaming.processors import (
+        OUTPUT_DDL,
+        PASS_BUCKET,
+        STAGE_ROWS_DDL,
+        ConnectionProcessor,
+        KeyedProcessor,
+    )
+    from streaming.stages import PASS_KEY
+
+    buckets = config.stream.buckets
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
     stage_one = (
         frames.select(*STAGE_ONE_COLUMNS)
+        .withColumn(BUCKET, bucket_of("conn", buckets))
         .withWatermark("event_time", lateness)
-        .groupBy("conn")
+        .groupBy(BUCKET)
         .transformWithStateInPandas(
             ConnectionProcessor(config.checks),
             STAGE_ROWS_DDL,
@@ -107,7 +130,11 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
             eventTimeColumnName="event_time",
         )
     )
-    return stage_one.groupBy("route_key").transformWithStateInPandas(
+    routed = stage_one.withColumn(
+        BUCKET,
+        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(bucket_of("route_key", buckets)),
+    )
+    return routed.groupBy(BUCKET).transformWithStateInPandas(
         KeyedProcessor(config.checks), OUTPUT_DDL, "Append", "EventTime"
     )
 

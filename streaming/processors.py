@@ -1,20 +1,25 @@
 """``transformWithStateInPandas`` adapters around ``streaming.stages``: state in, state out, nothing else.
 
-State lives in Spark's RocksDB state store as JSON text in one value per key (plus, in stage two, a list
-of buffered routes), so a new release can read the old layout: the JSON carries its own format number
-(``checks.serde.STATE_FORMAT``) and the store's Avro encoding lets the columns evolve. Idle keys expire
-through the state TTL, on top of the rules' own event-time TTLs.
+Both stages are grouped by a *bucket* (a hash of the connection, or of the route key, modulo
+``stream.state_buckets``), so Spark makes one Python call per bucket and batch instead of one per
+connection or route key. Inside a bucket each connection or route key has its own entry in a
+``MapState``; the per-key steps in ``streaming.stages`` do the work. Each bucket arms one event-time
+timer, at or before the earliest entry that needs a call (TTL expiry, a rule's timer, routes waiting
+for the watermark).
+
+State lives in Spark's RocksDB state store. The shard state is JSON text carrying its own format number
+(``checks.serde.STATE_FORMAT``), and the store's Avro encoding lets the columns evolve.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
+    MapState,
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
@@ -24,31 +29,33 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from kpmon.config import ChecksConfig
 from streaming.stages import (
-    PASS_KEY,
     STAGE_ROW_FIELDS,
-    Buffered,
-    connection_step,
-    expired_row,
-    keyed_step,
+    BucketResult,
+    connection_bucket,
+    connection_bucket_expired,
+    keyed_bucket,
+    keyed_bucket_expired,
 )
 
-#: Stage one's state per connection: the shard (JSON), the armed timer and when the key expires.
-CONNECTION_STATE = StructType(
-    [
-        StructField("shard", StringType()),
-        StructField("timer", LongType()),
-        StructField("expires", LongType()),
-    ]
-)
-#: Stage two's state per route key: the shard (JSON), the routes waiting for the watermark (JSON) and
-#: the armed timer. One value, so a key costs one read and one write per call to the state server.
-KEYED_STATE = StructType(
+#: Stage two's bucket for rows that are already final (findings, aggregates, counters): passed through.
+PASS_BUCKET = -1
+
+#: Map-state key of stage one (a connection) and of stage two (a route key).
+ENTRY_KEY = StructType([StructField("key", StringType())])
+#: Stage one's entry per connection: the shard (JSON) and when the connection expires.
+CONNECTION_ENTRY = StructType([StructField("shard", StringType()), StructField("expires", LongType())])
+#: Stage two's entry per route key: the shard (JSON), the routes waiting for the watermark (JSON) and
+#: when the key next needs a call.
+KEYED_ENTRY = StructType(
     [
         StructField("shard", StringType()),
         StructField("buffer", StringType()),
-        StructField("timer", LongType()),
+        StructField("due", LongType()),
     ]
 )
+#: The bucket's one armed timer.
+BUCKET_TIMER = StructType([StructField("timer", LongType())])
+
 #: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
 STAGE_ROWS_DDL = (
     "kind string, route_key string, event_time timestamp, ts_ns long, at_ms long, conn string, "
@@ -58,20 +65,49 @@ STAGE_ROWS_DDL = (
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
 
 
-def _load(state: ValueState, width: int) -> tuple[Any, ...]:
-    value = state.get() if state.exists() else None
-    return tuple(value) if value else (None,) * width
+class MapStateStore:
+    """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string."""
+
+    def __init__(self, state: MapState) -> None:
+        self.state = state
+
+    def get(self, key: str) -> tuple[Any, ...] | None:
+        value = self.state.getValue((key,))
+        return tuple(value) if value is not None else None
+
+    def put(self, key: str, value: tuple[Any, ...]) -> None:
+        self.state.updateValue((key,), value)
+
+    def remove(self, key: str) -> None:
+        self.state.removeKey((key,))
+
+    def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
+        # Read the whole bucket before the caller changes it: the iterator reads the store lazily.
+        return [(key[0], tuple(value)) for key, value in self.state.iterator()]
 
 
-def _rearm(handle: StatefulProcessorHandle, armed: int | None, wanted: int | None) -> int | None:
-    """Move the key's one timer from ``armed`` to ``wanted`` (two state-server calls at most)."""
-    if armed == wanted:
-        return armed
-    if armed is not None:
-        handle.deleteTimer(armed)
-    if wanted is not None:
-        handle.registerTimer(wanted)
-    return wanted
+class BucketTimer:
+    """The bucket's one event-time timer, kept in a value state so it can be moved without a lookup."""
+
+    def __init__(self, handle: StatefulProcessorHandle, state: ValueState) -> None:
+        self.handle = handle
+        self.state = state
+
+    def armed(self) -> int | None:
+        value = self.state.get() if self.state.exists() else None
+        return int(value[0]) if value and value[0] is not None else None
+
+    def move(self, armed: int | None, wanted: int | None) -> None:
+        """From ``armed`` (None: none armed, or the one that just fired) to ``wanted``."""
+        if armed == wanted:
+            return
+        if armed is not None:
+            self.handle.deleteTimer(armed)
+        if wanted is None:
+            self.state.clear()
+            return
+        self.handle.registerTimer(wanted)
+        self.state.update((wanted,))
 
 
 def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
@@ -94,99 +130,78 @@ def _output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-class ConnectionProcessor(StatefulProcessor):
-    """Stage one, keyed by tap connection."""
+class _BucketProcessor(StatefulProcessor):
+    """One bucket's map state and timer; subclasses say which step runs."""
+
+    STATE_NAME = ""
+    ENTRY: StructType
 
     def __init__(self, config: ChecksConfig) -> None:
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        # Spark allows state TTLs only in processing-time mode; idle keys expire by event-time timers.
-        self.handle = handle
-        self.state = handle.getValueState("connection", CONNECTION_STATE)
+        # Spark allows state TTLs only in processing-time mode; idle entries expire by event-time timers.
+        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY))
+        self.timer = BucketTimer(handle, handle.getValueState(f"{self.STATE_NAME}_timer", BUCKET_TIMER))
 
-    def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
-        saved, timer, _ = _load(self.state, 3)
-        result = connection_step(self.config, saved, _records(rows), timerValues.getCurrentWatermarkInMs())
-        if result.state is None:
-            _rearm(self.handle, timer, None)
-            self.state.clear()
-        else:
-            # An armed timer earlier than the new expiry stays: when it fires it re-arms itself, so a
-            # busy connection does not move its timer every batch.
-            if timer is None:
-                timer = _rearm(self.handle, None, result.next_timer_ms)
-            self.state.update((result.state, timer, result.next_timer_ms))
-        if result.rows:
-            yield _stage_frame(result.rows)
-
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
-        saved, _, expires = _load(self.state, 3)
-        watermark = timerValues.getCurrentWatermarkInMs()
-        if saved is None:
-            return
-        if expires is not None and expires > watermark:
-            self.handle.registerTimer(expires)
-            self.state.update((saved, expires, expires))
-            return
-        self.state.clear()
-        yield _stage_frame([expired_row(watermark + 1)])
+    def _apply(self, armed: int | None, result: BucketResult) -> list[dict[str, Any]]:
+        self.timer.move(armed, result.timer_ms)
+        return result.rows
 
     def close(self) -> None:
         pass
 
 
-class KeyedProcessor(StatefulProcessor):
-    """Stage two, keyed by route key (``"<key kind>|<state key>"``), plus the pass-through key."""
+class ConnectionProcessor(_BucketProcessor):
+    """Stage one, grouped by a bucket of tap connections."""
 
-    def __init__(self, config: ChecksConfig) -> None:
-        self.config = config
+    STATE_NAME = "connections"
+    ENTRY = CONNECTION_ENTRY
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.state = handle.getValueState("keyed", KEYED_STATE)
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        armed = self.timer.armed()
+        result = connection_bucket(
+            self.config, self.store, _records(rows), timerValues.getCurrentWatermarkInMs(), armed
+        )
+        out = self._apply(armed, result)
+        if out:
+            yield _stage_frame(out)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        # The timer that fired is gone: nothing to delete.
+        out = self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
+        if out:
+            yield _stage_frame(out)
+
+
+class KeyedProcessor(_BucketProcessor):
+    """Stage two, grouped by a bucket of route keys (``"<key kind>|<state key>"``), plus ``PASS_BUCKET``."""
+
+    STATE_NAME = "route_keys"
+    ENTRY = KEYED_ENTRY
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         records = _records(rows)
-        if key[0] == PASS_KEY:
+        if int(key[0]) == PASS_BUCKET:
             if records:
                 yield _output_frame(records)
             return
-        arrived = [
-            Buffered(
-                int(r["at_ms"]), int(r["ts_ns"]), str(r["conn"]), int(r["seq"]), r["frame"], int(r["flags"])
-            )
-            for r in records
-        ]
-        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs(), arrived)
+        armed = self.timer.armed()
+        result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
+        out = self._apply(armed, result)
+        if out:
+            yield _output_frame(out)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        yield from self._step(key[0], timerValues.getCurrentWatermarkInMs(), [], fired=True)
-
-    def _step(
-        self, key: str, watermark_ms: int, arrived: list[Buffered], fired: bool = False
-    ) -> Iterator[pd.DataFrame]:
-        saved, buffer_json, timer = _load(self.state, 3)
-        if fired:
-            timer = None  # Spark removed the timer that fired
-        buffered = [Buffered(*item) for item in json.loads(buffer_json)] if buffer_json else []
-        result = keyed_step(self.config, key, saved, buffered + arrived, watermark_ms)
-        timer = _rearm(self.handle, timer, result.next_timer_ms)
-        if result.state is None and not result.buffer:
-            self.state.clear()
-        else:
-            waiting = json.dumps([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
-            self.state.update((result.state, waiting, timer))
-        if result.rows:
-            yield _output_frame(result.rows)
-
-    def close(self) -> None:
-        pass
+        watermark = timerValues.getCurrentWatermarkInMs()
+        out = self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
+        if out:
+            yield _output_frame(out)

@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from checks.ingest import decode_frame
 from checks.model import Finding, Frame
@@ -305,3 +305,173 @@ def keyed_step(
         return KeyedResult(None, out, None, waiting)
     timers.append(expiry_ms)
     return KeyedResult(json.dumps(shard.export()), out, min(timers), waiting)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Buckets: many connections (stage one) or route keys (stage two) under one Spark grouping key.
+#
+# Spark calls a stateful processor once per grouping key and batch, and each call costs pandas
+# conversions and round trips to the JVM. Keyed by connection or route key, a batch made thousands of
+# calls; keyed by a bucket of them it makes one per bucket. Each connection or route key keeps its own
+# entry in the bucket's map state and runs through the same per-key step as before, so bucketing
+# changes where state lives, never what the checks see.
+
+
+class BucketStore(Protocol):
+    """One bucket's per-key state: Spark's ``MapState`` in the job, a dict in tests and benchmarks."""
+
+    def get(self, key: str) -> tuple[Any, ...] | None: ...
+
+    def put(self, key: str, value: tuple[Any, ...]) -> None: ...
+
+    def remove(self, key: str) -> None: ...
+
+    def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]: ...
+
+
+class DictBucketStore:
+    """A ``BucketStore`` in memory."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[Any, ...]] = {}
+
+    def get(self, key: str) -> tuple[Any, ...] | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, value: tuple[Any, ...]) -> None:
+        self.entries[key] = value
+
+    def remove(self, key: str) -> None:
+        self.entries.pop(key, None)
+
+    def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
+        return list(self.entries.items())
+
+
+@dataclass
+class BucketResult:
+    rows: list[dict[str, Any]]
+    #: The bucket's one timer (event-time ms): never later than the earliest entry that needs a call,
+    #: so it may fire early (a call that finds nothing due re-arms it). None: no entry needs a timer.
+    timer_ms: int | None
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _group(rows: Iterable[dict[str, Any]], column: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(str(row[column]), []).append(row)
+    return out
+
+
+def connection_bucket(
+    config: ChecksConfig,
+    store: BucketStore,
+    rows: Iterable[dict[str, Any]],
+    watermark_ms: int,
+    armed_ms: int | None,
+) -> BucketResult:
+    """Stage one for one bucket's rows of a micro-batch: ``connection_step`` per connection.
+
+    Entries are ``(shard state, expiry ms)``. ``armed_ms`` is the bucket's timer as armed now; it stays
+    when it is earlier than every new expiry (a busy bucket does not move its timer every batch).
+    """
+    out: list[dict[str, Any]] = []
+    timer = armed_ms
+    for conn, conn_rows in _group(rows, "conn").items():
+        saved = store.get(conn)
+        result = connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms)
+        out.extend(result.rows)
+        if result.state is None:
+            if saved is not None:
+                store.remove(conn)
+            continue
+        store.put(conn, (result.state, result.next_timer_ms))
+        timer = _earliest(timer, result.next_timer_ms)
+    return BucketResult(out, timer)
+
+
+def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketResult:
+    """The bucket's timer fired: drop connections idle past their TTL (counted), re-arm for the rest."""
+    out: list[dict[str, Any]] = []
+    timer: int | None = None
+    for conn, (_, expires) in store.items():
+        if expires is not None and expires > watermark_ms:
+            timer = _earliest(timer, expires)
+            continue
+        store.remove(conn)
+        out.append(expired_row(watermark_ms + 1))
+    return BucketResult(out, timer)
+
+
+def buffered_of(row: dict[str, Any]) -> Buffered:
+    """A stage-one route row as stage two buffers it."""
+    return Buffered(
+        int(row["at_ms"]),
+        int(row["ts_ns"]),
+        str(row["conn"]),
+        int(row["seq"]),
+        row["frame"],
+        int(row["flags"]),
+    )
+
+
+def _keyed_entry_step(
+    config: ChecksConfig,
+    store: BucketStore,
+    key: str,
+    saved: tuple[Any, ...] | None,
+    arrived: list[Buffered],
+    watermark_ms: int,
+) -> KeyedResult:
+    shard, waiting_json = (saved[0], saved[1]) if saved else (None, None)
+    waiting = [Buffered(*item) for item in json.loads(waiting_json)] if waiting_json else []
+    result = keyed_step(config, key, shard, waiting + arrived, watermark_ms)
+    if result.state is None and not result.buffer:
+        if saved is not None:
+            store.remove(key)
+    else:
+        buffer = json.dumps([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
+        store.put(key, (result.state, buffer, result.next_timer_ms))
+    return result
+
+
+def keyed_bucket(
+    config: ChecksConfig,
+    store: BucketStore,
+    rows: Iterable[dict[str, Any]],
+    watermark_ms: int,
+    armed_ms: int | None,
+) -> BucketResult:
+    """Stage two for one bucket's routed rows: ``keyed_step`` per route key that received frames.
+
+    Entries are ``(shard state, buffered routes as JSON, next call ms)``.
+    """
+    out: list[dict[str, Any]] = []
+    timer = armed_ms
+    for key, key_rows in _group(rows, "route_key").items():
+        arrived = [buffered_of(r) for r in key_rows]
+        result = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
+        out.extend(result.rows)
+        timer = _earliest(timer, result.next_timer_ms)
+    return BucketResult(out, timer)
+
+
+def keyed_bucket_expired(config: ChecksConfig, store: BucketStore, watermark_ms: int) -> BucketResult:
+    """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
+    out: list[dict[str, Any]] = []
+    timer: int | None = None
+    for key, saved in store.items():
+        due = saved[2]
+        if due is not None and due > watermark_ms:
+            timer = _earliest(timer, due)
+            continue
+        result = _keyed_entry_step(config, store, key, saved, [], watermark_ms)
+        out.extend(result.rows)
+        timer = _earliest(timer, result.next_timer_ms)
+    return BucketResult(out, timer)

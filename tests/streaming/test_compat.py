@@ -46,7 +46,9 @@ def test_the_shape_describes_the_query(shape: dict[str, Any]) -> None:
     from checks.serde import STATE_FORMAT
 
     connection, keyed = stage(shape, "connection"), stage(shape, "keyed")
-    assert connection["group_by"] == ["conn"] and keyed["group_by"] == ["route_key"]
+    assert connection["group_by"] == ["bucket"] and keyed["group_by"] == ["bucket"]
+    assert (connection["bucket_of"], keyed["bucket_of"]) == ("conn", "route_key")
+    assert shape["state_buckets"] == 16  # 4 x the default shuffle partitions
     for declared in (connection["state"], keyed["state"]):
         assert declared, "a stateful stage declares state"
         for var in declared.values():
@@ -94,6 +96,19 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
         "shuffle_partitions changed 4 -> 8" in p
         for p in check_compatible(shape, query_shape(config(shuffle_partitions=8)))
     )
+    assert any(
+        "state_buckets changed 16 -> 7" in p
+        for p in check_compatible(shape, query_shape(config(state_buckets=7)))
+    )
+    # The build before buckets grouped stage one by connection and stage two by route key.
+    unbucketed = copy.deepcopy(shape)
+    del unbucketed["state_buckets"]
+    for old_stage, column in zip(unbucketed["stages"], ("conn", "route_key"), strict=True):
+        old_stage["group_by"] = [column]
+        del old_stage["bucket_of"]
+    refused = check_compatible(unbucketed, shape)
+    assert any("group_by changed ['conn'] -> ['bucket']" in p for p in refused)
+    assert any("state_buckets changed None -> 16" in p for p in refused)
     moved = query_shape(KpmonConfig.model_validate({"tap": {"topic": "other"}}))
     assert any("'kpmon.tap' -> 'other'" in p for p in check_compatible(shape, moved))
 

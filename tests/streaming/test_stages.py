@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+import zlib
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 from checks.model import Frame
 from streaming.frames import decode_row
-from streaming.stages import PASS_KEY, Buffered, connection_step, keyed_step
+from streaming.stages import (
+    PASS_KEY,
+    BucketResult,
+    Buffered,
+    DictBucketStore,
+    connection_bucket,
+    connection_bucket_expired,
+    connection_step,
+    keyed_bucket,
+    keyed_bucket_expired,
+    keyed_step,
+)
 from tests.checks.test_sharding import CONFIG, LATENESS_NS, corpus_frames, scenario, single_run, summary
 
 NS_PER_MS = 1_000_000
@@ -72,6 +86,80 @@ def run_stages(frames: list[Frame], batch_size: int) -> list[dict[str, Any]]:
         # Spark moves the watermark after the batch: newest event time minus the lateness.
         watermark_ms = max(watermark_ms, (max_ts - LATENESS_NS) // NS_PER_MS)
     return out
+
+
+class SparkBuckets:
+    """What Spark does with one bucketed stage: a store and one armed timer per bucket, input rows first,
+    then every timer the batch's watermark passed (once per batch: a timer armed at or before the
+    watermark by that call fires in the next batch, as Spark's do)."""
+
+    def __init__(self, buckets: int) -> None:
+        self.buckets = buckets
+        self.stores = [DictBucketStore() for _ in range(buckets)]
+        self.timers: list[int | None] = [None] * buckets
+        self.calls = 0
+
+    def bucket(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.buckets
+
+    def batch(
+        self,
+        rows: list[dict[str, Any]],
+        column: str,
+        watermark_ms: int,
+        on_input: Any,
+        on_timer: Any,
+    ) -> list[dict[str, Any]]:
+        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_bucket[self.bucket(row[column])].append(row)
+        out: list[dict[str, Any]] = []
+        for b, bucket_rows in by_bucket.items():
+            self.calls += 1
+            result: BucketResult = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
+            self.timers[b] = result.timer_ms
+            out.extend(result.rows)
+        for b, armed in enumerate(self.timers):
+            if armed is not None and armed <= watermark_ms:
+                self.calls += 1
+                result = on_timer(self.stores[b], watermark_ms)
+                self.timers[b] = result.timer_ms
+                out.extend(result.rows)
+        return out
+
+
+def run_bucketed(frames: list[Frame], batch_size: int, buckets: int) -> tuple[list[dict[str, Any]], int]:
+    """``run_stages`` through the bucketed steps the job's processors run; the rows and the Python calls."""
+    stage_one, stage_two = SparkBuckets(buckets), SparkBuckets(buckets)
+    out: list[dict[str, Any]] = []
+    watermark_ms = 0
+    max_ts = 0
+    batches = [frames[i : i + batch_size] for i in range(0, len(frames), batch_size)] + [[]]
+    for n, batch in enumerate(batches):
+        if n == len(batches) - 1:
+            watermark_ms = max_ts // NS_PER_MS + 1
+        rows = [decode_row(*tap_record(frame)) for frame in batch]
+        routed = stage_one.batch(
+            rows,
+            "conn",
+            watermark_ms,
+            lambda store, r, wm, armed: connection_bucket(CONFIG, store, r, wm, armed),
+            connection_bucket_expired,
+        )
+        assert all(r["event_ms"] > watermark_ms for r in routed), "stage one emits rows after the watermark"
+        out.extend(r for r in routed if r["route_key"] == PASS_KEY)
+        out.extend(
+            stage_two.batch(
+                [r for r in routed if r["route_key"] != PASS_KEY],
+                "route_key",
+                watermark_ms,
+                lambda store, r, wm, armed: keyed_bucket(CONFIG, store, r, wm, armed),
+                lambda store, wm: keyed_bucket_expired(CONFIG, store, wm),
+            )
+        )
+        max_ts = max([max_ts, *(f.ts_ns for f in batch)])
+        watermark_ms = max(watermark_ms, (max_ts - LATENESS_NS) // NS_PER_MS)
+    return out, stage_one.calls + stage_two.calls
 
 
 def findings_of(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
@@ -146,3 +234,48 @@ def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
     result = keyed_step(CONFIG, "apiversions.cluster|cluster", "{}", buffered, 10)
     assert result.state is None and result.buffer == [] and result.next_timer_ms is None
     assert [json.loads(r["payload"]) for r in result.rows] == [{"unknown_route_keys": 1, "dropped_routes": 1}]
+
+
+@pytest.mark.parametrize("buckets", [1, 3, 16])
+def test_bucketed_stages_find_what_one_monitor_finds(buckets: int) -> None:
+    frames = scenario()
+    expected = summary(single_run(frames))
+    for batch_size in (1, 7, 1000):
+        rows, _ = run_bucketed(frames, batch_size, buckets)
+        assert findings_of(rows) == expected
+
+
+def test_bucketed_real_traffic() -> None:
+    frames = corpus_frames()
+    rows, _ = run_bucketed(frames, 9, 4)
+    assert findings_of(rows) == summary(single_run(frames))
+
+
+def test_a_batch_makes_a_call_per_bucket_not_per_key() -> None:
+    frames = scenario()
+    connections = len({f.conn for f in frames})
+    _, calls = run_bucketed(frames, len(frames), 2)
+    # One batch with everything, one empty batch that moves the watermark: at most 2 buckets x 2 stages
+    # of input calls, plus timers.
+    assert connections > 4 and calls <= 2 * 2 * 2
+
+
+def test_an_idle_connection_expires_by_the_bucket_timer() -> None:
+    frames = [f for f in scenario() if f.conn == "tap1-av"]
+    store = DictBucketStore()
+    rows = [decode_row(*tap_record(f)) for f in frames]
+    result = connection_bucket(CONFIG, store, rows, 0, None)
+    assert list(store.entries) == ["tap1-av"] and result.timer_ms is not None
+    ttl_ms = int(CONFIG.connection_ttl_seconds * 1000)
+    early = connection_bucket_expired(store, result.timer_ms - 1)
+    assert early.rows == [] and early.timer_ms == result.timer_ms and list(store.entries) == ["tap1-av"]
+    late = connection_bucket_expired(store, result.timer_ms)
+    assert store.entries == {} and late.timer_ms is None
+    assert [json.loads(r["payload"]) for r in late.rows] == [{"evicted_keys": 1}]
+    assert result.timer_ms >= max(f.ts_ns for f in frames) // NS_PER_MS + ttl_ms
+
+
+def test_a_bucket_keeps_an_earlier_armed_timer() -> None:
+    frames = [f for f in scenario() if f.conn == "tap1-av"]
+    rows = [decode_row(*tap_record(f)) for f in frames]
+    assert connection_bucket(CONFIG, DictBucketStore(), rows, 0, 5).timer_ms == 5
