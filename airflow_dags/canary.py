@@ -7,7 +7,7 @@ Run it with the interpreter of the build under test, so that build's code does t
     <old python> -m airflow_dags.canary --config CURRENT.yaml --window '{"topic": ..., "start": ..., "end": ...}'
 
 It prints one JSON object: the window it read (offsets per partition) and the alerts the checks raised
-(``checks.new_monitor`` fed ``checks.ingest.frame_from_record`` per record, flushed, folded by
+(``checks.new_monitor`` fed ``codec.taprecord.frame_from_record`` per record, flushed, folded by
 ``checks.alerts.AlertBook``: what the streaming job computes, proven in tests/streaming/test_stages.py).
 The tap topic is the one the running job reads (``--source-config``); the checks configuration is the
 build's own (``--config``).
@@ -56,7 +56,7 @@ def replay(records: Iterable[TapRecord], config: ChecksConfig) -> Replay:
     """The checks over ``records`` (in event-time order), flushed at the end, folded into alerts."""
     import checks
     from checks.alerts import Alert, AlertBook
-    from checks.ingest import frame_from_record
+    from codec.taprecord import frame_from_record
 
     monitor = checks.new_monitor(config)
     findings = []

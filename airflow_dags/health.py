@@ -213,8 +213,8 @@ def rebuild_data_docs(params: HealthParams) -> dict[str, Any]:
 def kip896_report(params: HealthParams, max_seconds: float = 600.0) -> dict[str, Any]:
     """The readiness report over the last ``report_minutes`` of the tap topic; ``latest.*`` is the newest."""
     from airflow_dags.tapwindow import choose_window, read_window
-    from checks.ingest import frame_from_record
     from checks.report import build_report, render_coverage_png, render_html, run_checks
+    from codec.taprecord import frame_from_record
 
     config = load_config(params.config)
     paths = StreamPaths.of(config)

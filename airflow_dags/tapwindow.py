@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from codec.taprecord import Header, int_header
 from kpmon.config import KafkaClusterConfig
 
 #: Records buffered per partition before that partition is paused.
@@ -34,11 +35,11 @@ class TapRecord:
 
     @property
     def ts_ns(self) -> int:
-        try:
-            return int(self.headers.get("ts_ns", ""))
-        except ValueError:
+        ts_ns = int_header(self.headers, Header.TS_NS)
+        if ts_ns is None:
             # Not a tap record: it sorts by when Kafka stored it, and the checks report it as undecodable.
             return self.timestamp_ms * 1_000_000
+        return ts_ns
 
 
 @dataclass
@@ -180,7 +181,7 @@ def read_window(cluster: KafkaClusterConfig, window: Window, timeout: float = 30
     """Every record of ``window``, merged by ``ts_ns`` across partitions."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    from checks.ingest import headers_dict
+    from codec.taprecord import headers_dict
 
     wanted = {p for p in window.start if window.end.get(p, 0) > window.start[p]}
     if not wanted:

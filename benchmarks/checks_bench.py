@@ -33,9 +33,10 @@ from typing import Any
 
 import codec
 from benchmarks.codec_bench import machine_info
-from checks import Frame, new_monitor
+from checks import new_monitor
 from codec.api import Request, Response
 from codec.records import build_record_batch
+from codec.taprecord import TapFrame
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "checks_bench.json"
@@ -154,7 +155,7 @@ class Fleet:
     """Tap records of a synthetic fleet, decoded up front. Identical frame bytes share one decode."""
 
     rng: random.Random
-    frames: list[Frame] = field(default_factory=list)
+    frames: list[TapFrame] = field(default_factory=list)
     _decoded: dict[tuple[bytes, int, int], Request | Response] = field(default_factory=dict)
     _conns: int = 0
     _offset: int = 0
@@ -181,12 +182,12 @@ class Fleet:
             self._decoded[key] = message
         return message
 
-    def add(self, frame: Frame) -> None:
+    def add(self, frame: TapFrame) -> None:
         self._offset += 1
         frame.partition, frame.offset = 0, self._offset
         self.frames.append(frame)
 
-    def arrival_order(self, jitter_ns: int = 500 * MS) -> list[Frame]:
+    def arrival_order(self, jitter_ns: int = 500 * MS) -> list[TapFrame]:
         """Event-time order, each frame delayed by up to ``jitter_ns`` (tap partitions interleave)."""
         rng = random.Random(7)
         keyed = sorted(self.frames, key=lambda f: (f.ts_ns + rng.randrange(jitter_ns), f.conn, f.seq))
@@ -204,9 +205,9 @@ class Conn:
     seq: int = 0
     corr: int = 0
 
-    def _frame(self, direction: str, **kw: Any) -> Frame:
+    def _frame(self, direction: str, **kw: Any) -> TapFrame:
         self.seq += 1
-        frame = Frame(
+        frame = TapFrame(
             conn=self.conn_id,
             seq=self.seq,
             ts_ns=self.ts_ns,
@@ -553,7 +554,7 @@ def consumer_group(fleet: Fleet, index: int, shape: Shape, start: int) -> None:
         m.close()
 
 
-def build_fleet(shape: Shape, seed: int = 1) -> list[Frame]:
+def build_fleet(shape: Shape, seed: int = 1) -> list[TapFrame]:
     """The fleet's tap records in arrival order; clients start staggered over a minute of event time."""
     fleet = Fleet(random.Random(seed))
     Make = Callable[[Fleet, int, Shape, int], None]
@@ -601,7 +602,7 @@ def scaled(shape: Shape, factor: float) -> Shape:
 # Measurements
 
 
-def run_trackers(frames: list[Frame]) -> tuple[float, int, dict[str, int]]:
+def run_trackers(frames: list[TapFrame]) -> tuple[float, int, dict[str, int]]:
     """Seconds to feed every frame through a fresh monitor and flush it; findings and their rules."""
     gc.collect()
     monitor = new_monitor()
@@ -612,7 +613,7 @@ def run_trackers(frames: list[Frame]) -> tuple[float, int, dict[str, int]]:
     return elapsed, len(findings), dict(monitor.stats.findings)
 
 
-def _decoders(frames: list[Frame], projected: bool) -> list[Callable[[], Any]]:
+def _decoders(frames: list[TapFrame], projected: bool) -> list[Callable[[], Any]]:
     calls: list[Callable[[], Any]] = []
     for f in frames:
         if f.raw is None or f.api_key is None or f.api_version is None:
@@ -681,7 +682,7 @@ def measure_mix(name: str, shape: Shape, reps: int) -> dict[str, Any]:
     return out
 
 
-def _memory(frames: list[Frame], closes: list[Frame]) -> dict[str, int]:
+def _memory(frames: list[TapFrame], closes: list[TapFrame]) -> dict[str, int]:
     """Bytes the monitor allocates while tracking ``frames`` (peak, and held after), then after ``closes``."""
     gc.collect()
     tracemalloc.start()
@@ -738,7 +739,7 @@ def memory_groups(count: int) -> dict[str, Any]:
     return _split_closes(fleet.frames)
 
 
-def _split_closes(frames: list[Frame]) -> dict[str, Any]:
+def _split_closes(frames: list[TapFrame]) -> dict[str, Any]:
     frames.sort(key=lambda f: (f.ts_ns, f.conn, f.seq))
     live = [f for f in frames if f.direction != "close"]
     closes = [f for f in frames if f.direction == "close"]

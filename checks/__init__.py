@@ -1,9 +1,10 @@
 """Sans-I/O protocol invariant checkers: per-key state machines fed decoded frames in event-time order."""
 
 from checks.engine import Monitor
-from checks.model import Exchange, Finding, Frame, Severity
+from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, Stats
 from checks.rules import all_rules
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 
 
@@ -17,11 +18,11 @@ __all__ = [
     "Context",
     "Exchange",
     "Finding",
-    "Frame",
     "Monitor",
     "Rule",
     "Severity",
     "Stats",
+    "TapFrame",
     "all_rules",
     "new_monitor",
 ]

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.model import Exchange, Finding, Frame, Severity
+from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, State, Stats
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
+from codec.taprecord import TapFrame
 
 PRODUCE = 0
 ENVELOPE = 58
@@ -26,7 +27,7 @@ _SWEEP_EVERY_NS = 10 * 1_000_000_000
 @dataclass
 class _ConnState:
     last_seq: int = -1
-    pending: dict[int, Frame] = field(default_factory=dict)
+    pending: dict[int, TapFrame] = field(default_factory=dict)
 
 
 #: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules.
@@ -59,7 +60,7 @@ class Monitor:
         self.states: dict[tuple[str, str], State] = {}
         self.last_seen: dict[tuple[str, str], int] = {}
         self.conns: dict[str, _ConnState] = {}
-        self._heap: list[tuple[int, str, int, int, Frame]] = []
+        self._heap: list[tuple[int, str, int, int, TapFrame]] = []
         self._tiebreak = 0
         self.max_ts = 0
         self.released_ts = 0
@@ -75,7 +76,7 @@ class Monitor:
     def watermark_ns(self) -> int:
         return self.max_ts - int(self.ctx.config.watermark_seconds * 1e9)
 
-    def feed(self, frame: Frame) -> list[Finding]:
+    def feed(self, frame: TapFrame) -> list[Finding]:
         """Accept one frame; return the findings that became final because of it."""
         self.stats.frames += 1
         if frame.ts_ns < self.released_ts:
@@ -86,13 +87,13 @@ class Monitor:
             self._drain(self.watermark_ns)
         return self.take_findings()
 
-    def push(self, frame: Frame) -> None:
+    def push(self, frame: TapFrame) -> None:
         """Buffer a frame until the watermark passes it (no draining: restoring saved state uses this)."""
         self._tiebreak += 1
         heapq.heappush(self._heap, (frame.ts_ns, frame.conn, frame.seq, self._tiebreak, frame))
         self.max_ts = max(self.max_ts, frame.ts_ns)
 
-    def feed_all(self, frames: Iterable[Frame]) -> list[Finding]:
+    def feed_all(self, frames: Iterable[TapFrame]) -> list[Finding]:
         out: list[Finding] = []
         for frame in frames:
             out.extend(self.feed(frame))
@@ -120,7 +121,7 @@ class Monitor:
         if upto is not None:
             self._fire_timers(upto)
 
-    def _release(self, frame: Frame) -> None:
+    def _release(self, frame: TapFrame) -> None:
         if frame.ts_ns > self.released_ts:
             self.released_ts = frame.ts_ns
             self._fire_timers(frame.ts_ns)
@@ -147,7 +148,7 @@ class Monitor:
         elif frame.direction == "resp":
             self._on_response(frame, conn)
 
-    def _on_request(self, frame: Frame, conn: _ConnState) -> None:
+    def _on_request(self, frame: TapFrame, conn: _ConnState) -> None:
         request = frame.request
         if request is None:
             return
@@ -160,7 +161,7 @@ class Monitor:
             del conn.pending[request.correlation_id]
             self._complete(exchange)
 
-    def _on_response(self, frame: Frame, conn: _ConnState) -> None:
+    def _on_response(self, frame: TapFrame, conn: _ConnState) -> None:
         response = frame.response
         if response is None:
             return
@@ -240,7 +241,7 @@ class Monitor:
             self.ctx._rule, self.ctx._key = skey
             rule.on_timer(state, skey[1], deadline, self.ctx)
 
-    def _close(self, frame: Frame, conn: _ConnState) -> None:
+    def _close(self, frame: TapFrame, conn: _ConnState) -> None:
         for rule in self.rules:
             skey = (rule.name, frame.conn)
             state = self.states.get(skey)
@@ -252,7 +253,7 @@ class Monitor:
         self.conns.pop(frame.conn, None)
         self.ctx.incomplete_conns.discard(frame.conn)
 
-    def _gap(self, frame: Frame, last_seq: int) -> None:
+    def _gap(self, frame: TapFrame, last_seq: int) -> None:
         missing = frame.seq - last_seq - 1
         self.stats.gaps += 1
         self.ctx.incomplete_conns.add(frame.conn)
@@ -266,7 +267,7 @@ class Monitor:
             {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
         )
 
-    def _decode_error(self, frame: Frame) -> None:
+    def _decode_error(self, frame: TapFrame) -> None:
         self.stats.decode_errors += 1
         error = frame.error
         self.ctx.emit(
@@ -327,7 +328,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
     if not isinstance(data, EmbeddedRequest) or data.request is None:
         return None
     outer = exchange.request
-    inner_request = Frame(
+    inner_request = TapFrame(
         conn=outer.conn,
         seq=outer.seq,
         ts_ns=outer.ts_ns,
@@ -350,7 +351,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
         wrapped = resp.body.get("ResponseData")
         if isinstance(wrapped, EmbeddedResponse) and wrapped.response is not None:
             r = exchange.response
-            inner_response = Frame(
+            inner_response = TapFrame(
                 conn=r.conn,
                 seq=r.seq,
                 ts_ns=r.ts_ns,

@@ -11,68 +11,34 @@ from enum import StrEnum
 from typing import Any
 
 from codec.api import Request, Response
-from codec.errors import DecodeError
+from codec.taprecord import TapFrame
 
 
 class Severity(StrEnum):
+    """How urgent a finding is; its ``rank`` orders them."""
+
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
 
     @property
     def rank(self) -> int:
-        return ("info", "warning", "critical").index(self.value)
+        """Order of urgency (info 0 < warning 1 < critical 2): the one ranking the alert book, the
+        report and the hooks' minimum severity all use. Members are declared in this order."""
+        return _SEVERITY_ORDER.index(self)
 
 
-@dataclass
-class Frame:
-    """One tap record: a request or response frame (decoded, or the error), or a lifecycle event."""
-
-    conn: str
-    seq: int
-    ts_ns: int
-    #: "req", "resp", "open" or "close" (the tap record's ``dir`` header).
-    direction: str
-    api_key: int | None = None
-    api_version: int | None = None
-    correlation_id: int | None = None
-    client: str = ""
-    broker: str = ""
-    broker_id: int | None = None
-    listener: str | None = None
-    #: Where the frame sits in the tap topic: the evidence a finding points at.
-    partition: int = -1
-    offset: int = -1
-    message: Request | Response | None = None
-    error: DecodeError | None = None
-    capture: str = "full"
-    #: The frame bytes as mirrored (None when not kept): the KIP-482 header check re-decodes them.
-    raw: bytes | None = None
-
-    @property
-    def request(self) -> Request | None:
-        return self.message if isinstance(self.message, Request) else None
-
-    @property
-    def response(self) -> Response | None:
-        return self.message if isinstance(self.message, Response) else None
-
-    @property
-    def client_host(self) -> str:
-        return self.client.rsplit(":", 1)[0]
-
-    def evidence(self) -> dict[str, Any]:
-        return {"conn": self.conn, "seq": self.seq, "partition": self.partition, "offset": self.offset}
+_SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 
 
 @dataclass
 class Exchange:
     """A request with its response (None when none came: acks=0 produce, or the connection closed)."""
 
-    request: Frame
-    response: Frame | None
+    request: TapFrame
+    response: TapFrame | None
     #: Set when this exchange was unwrapped from an Envelope (KIP-590): rules prefix their ids.
-    envelope: Frame | None = None
+    envelope: TapFrame | None = None
 
     @property
     def conn(self) -> str:

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.engine import Monitor
-from checks.ingest import frame_from_record
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context, State, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
 from codec.api import api_name
 from codec.schema import load_table
+from codec.taprecord import TapFrame, frame_from_record
 from kpmon.config import ChecksConfig
 
 # -- capture records ----------------------------------------------------------------------------------
@@ -50,8 +50,8 @@ def record_to_json(headers: Mapping[str, str], value: bytes | None, partition: i
     )
 
 
-def frame_from_json(line: str) -> Frame:
-    """Decode one capture line (the inverse of ``record_to_json``) to a Frame."""
+def frame_from_json(line: str) -> TapFrame:
+    """Decode one capture line (the inverse of ``record_to_json``) to a TapFrame."""
     record = json.loads(line)
     headers = {str(k): str(v) for k, v in (record.get("headers") or {}).items() if v is not None}
     value_hex = record.get("value_hex")
@@ -100,7 +100,9 @@ class ReportData:
 _SEV = {"info": 0, "warning": 1, "critical": 2}
 
 
-def run_checks(frames: Iterable[Frame], config: ChecksConfig | None = None) -> tuple[Monitor, list[Finding]]:
+def run_checks(
+    frames: Iterable[TapFrame], config: ChecksConfig | None = None
+) -> tuple[Monitor, list[Finding]]:
     """Every rule over the frames, flushed at the end (a capture is finite)."""
     monitor = Monitor(all_rules(), Context(config or ChecksConfig()))
     findings = monitor.feed_all(frames)

@@ -8,12 +8,11 @@ truth, and a decoded message is never serialized.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from checks.engine import Monitor, _ConnState
-from checks.ingest import decode_frame
-from checks.model import Frame
+from codec import taprecord
+from codec.taprecord import TapFrame
 
 #: Bumped when the layout below changes incompatibly; restoring a newer layout is refused.
 STATE_FORMAT = 1
@@ -23,47 +22,15 @@ class StateFormatError(ValueError):
     """Saved monitor state this version cannot read (written by a newer kpmon, or corrupt)."""
 
 
-def frame_to_dict(frame: Frame) -> dict[str, Any]:
-    return {
-        "conn": frame.conn,
-        "seq": frame.seq,
-        "ts_ns": frame.ts_ns,
-        "dir": frame.direction,
-        "api_key": frame.api_key,
-        "api_version": frame.api_version,
-        "corr_id": frame.correlation_id,
-        "client": frame.client,
-        "broker": frame.broker,
-        "broker_id": frame.broker_id,
-        "listener": frame.listener,
-        "partition": frame.partition,
-        "offset": frame.offset,
-        "capture": frame.capture,
-        "raw": base64.b64encode(frame.raw).decode("ascii") if frame.raw is not None else None,
-    }
+def frame_to_dict(frame: TapFrame) -> dict[str, Any]:
+    """A held frame as saved state: ``codec.taprecord``'s dict under the state format 1 keys (``dir``,
+    ``corr_id``), which every kpmon that reads format 1 understands, so a rollback can restore it."""
+    return taprecord.frame_to_dict(frame, keys=taprecord.STATE_KEYS)
 
 
-def frame_from_dict(data: dict[str, Any]) -> Frame:
-    frame = Frame(
-        conn=data["conn"],
-        seq=data["seq"],
-        ts_ns=data["ts_ns"],
-        direction=data["dir"],
-        api_key=data.get("api_key"),
-        api_version=data.get("api_version"),
-        correlation_id=data.get("corr_id"),
-        client=data.get("client", ""),
-        broker=data.get("broker", ""),
-        broker_id=data.get("broker_id"),
-        listener=data.get("listener"),
-        partition=data.get("partition", -1),
-        offset=data.get("offset", -1),
-        capture=data.get("capture", "full"),
-    )
-    raw = data.get("raw")
-    if raw is None:
-        return frame
-    return decode_frame(frame, base64.b64decode(raw))
+def frame_from_dict(data: dict[str, Any]) -> TapFrame:
+    """Saved state back to a frame, decoded again from its bytes (either key vocabulary reads)."""
+    return taprecord.frame_from_dict(data)
 
 
 def export_state(monitor: Monitor) -> dict[str, Any]:

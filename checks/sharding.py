@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks.engine import Monitor, unwrap_envelope
-from checks.model import Exchange, Finding, Frame
+from checks.model import Exchange, Finding
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.serde import export_state, import_state
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 
 API_VERSIONS = 18
@@ -61,7 +62,7 @@ class Route:
     """One frame sent on to one keyed shard."""
 
     key: str
-    frame: Frame
+    frame: TapFrame
     #: Event time of the frame that sent this route (a re-sent request travels with its response):
     #: what a caller's watermark must pass before the keyed shard may see it.
     at_ns: int
@@ -97,7 +98,7 @@ class ConnectionShard:
             self.sent = dict(saved.get("sent", {}))
             self.used = list(saved.get("used", []))
 
-    def feed(self, frames: Iterable[Frame]) -> list[Finding]:
+    def feed(self, frames: Iterable[TapFrame]) -> list[Finding]:
         """Frames of this connection, in seq order."""
         findings: list[Finding] = []
         for frame in frames:

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 
 import codec
-from checks.ingest import connection_of, header_only
 from codec.errors import DecodeError
+from codec.protocol import ApiKey
 from codec.records import RecordBatches
+from codec.taprecord import REQ, RESP, ROW_KEYS, Header, connection_of, header_only, headers_dict, int_header
 
 BATCH_TYPE = pa.struct(
     [
@@ -34,24 +35,24 @@ BATCH_TYPE = pa.struct(
 
 DECODED_FRAME_SCHEMA = pa.schema(
     [
-        ("conn", pa.string()),
-        ("seq", pa.int64()),
-        ("ts_ns", pa.int64()),
-        ("dir", pa.string()),
-        ("api_key", pa.int32()),
+        (Header.CONN, pa.string()),
+        (Header.SEQ, pa.int64()),
+        (Header.TS_NS, pa.int64()),
+        (Header.DIR, pa.string()),
+        (Header.API_KEY, pa.int32()),
         ("api_name", pa.string()),
-        ("api_version", pa.int32()),
-        ("corr_id", pa.int32()),
-        ("client", pa.string()),
+        (Header.API_VERSION, pa.int32()),
+        (Header.CORR_ID, pa.int32()),
+        (Header.CLIENT, pa.string()),
         ("client_id", pa.string()),
-        ("broker", pa.string()),
-        ("broker_id", pa.int32()),
-        ("listener", pa.string()),
-        ("tap", pa.string()),
-        ("capture", pa.string()),
-        ("truncated", pa.bool_()),
-        ("tap_partition", pa.int32()),
-        ("tap_offset", pa.int64()),
+        (Header.BROKER, pa.string()),
+        (Header.BROKER_ID, pa.int32()),
+        (Header.LISTENER, pa.string()),
+        (Header.TAP, pa.string()),
+        (Header.CAPTURE, pa.string()),
+        (Header.TRUNCATED, pa.bool_()),
+        (ROW_KEYS["partition"], pa.int32()),
+        (ROW_KEYS["offset"], pa.int64()),
         ("size", pa.int32()),
         ("decode_error", pa.string()),
         ("error_offset", pa.int32()),
@@ -76,47 +77,35 @@ DECODED_FRAME_SCHEMA = pa.schema(
 
 #: Per (direction, api key): the fields the decoded-frame columns need (dotted paths).
 PROJECTIONS: dict[tuple[str, int], frozenset[str]] = {
-    ("req", 0): frozenset(
+    (REQ, ApiKey.PRODUCE): frozenset(
         {"TransactionalId", "TopicData.Name", "TopicData.TopicId", "TopicData.PartitionData"}
     ),
-    ("resp", 0): frozenset({"Responses.Name", "Responses.PartitionResponses.ErrorCode"}),
-    ("req", 11): frozenset({"GroupId", "ProtocolType", "Protocols.Name"}),
-    ("resp", 11): frozenset({"ErrorCode", "ProtocolType", "ProtocolName"}),
-    ("req", 14): frozenset({"GroupId", "ProtocolType", "ProtocolName"}),
-    ("resp", 14): frozenset({"ErrorCode", "ProtocolType", "ProtocolName"}),
-    ("req", 18): frozenset({"ClientSoftwareName", "ClientSoftwareVersion"}),
-    ("resp", 18): frozenset({"ErrorCode"}),
-    ("req", 22): frozenset({"TransactionalId", "ProducerId", "ProducerEpoch"}),
-    ("resp", 22): frozenset({"ErrorCode", "ProducerId", "ProducerEpoch"}),
-    ("req", 26): frozenset({"TransactionalId", "ProducerId", "ProducerEpoch"}),
-    ("resp", 26): frozenset({"ErrorCode", "ProducerId", "ProducerEpoch"}),
+    (RESP, ApiKey.PRODUCE): frozenset({"Responses.Name", "Responses.PartitionResponses.ErrorCode"}),
+    (REQ, ApiKey.JOIN_GROUP): frozenset({"GroupId", "ProtocolType", "Protocols.Name"}),
+    (RESP, ApiKey.JOIN_GROUP): frozenset({"ErrorCode", "ProtocolType", "ProtocolName"}),
+    (REQ, ApiKey.SYNC_GROUP): frozenset({"GroupId", "ProtocolType", "ProtocolName"}),
+    (RESP, ApiKey.SYNC_GROUP): frozenset({"ErrorCode", "ProtocolType", "ProtocolName"}),
+    (REQ, ApiKey.API_VERSIONS): frozenset({"ClientSoftwareName", "ClientSoftwareVersion"}),
+    (RESP, ApiKey.API_VERSIONS): frozenset({"ErrorCode"}),
+    (REQ, ApiKey.INIT_PRODUCER_ID): frozenset({"TransactionalId", "ProducerId", "ProducerEpoch"}),
+    (RESP, ApiKey.INIT_PRODUCER_ID): frozenset({"ErrorCode", "ProducerId", "ProducerEpoch"}),
+    (REQ, ApiKey.END_TXN): frozenset({"TransactionalId", "ProducerId", "ProducerEpoch"}),
+    (RESP, ApiKey.END_TXN): frozenset({"ErrorCode", "ProducerId", "ProducerEpoch"}),
 }
 
 
-def _headers(raw: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in raw or ():
-        value = item["value"]
-        out[item["key"]] = value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
-    return out
-
-
-def _int(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
+def _spark_headers(raw: Any) -> dict[str, str]:
+    """The Kafka source's ``headers`` column: an array of ``{key, value}`` structs."""
+    return headers_dict((item["key"], item["value"]) for item in raw or ())
 
 
 def _first_error_code(body: dict[str, Any], direction: str, api_key: int) -> int | None:
-    if direction != "resp":
+    if direction != RESP:
         return None
     code = body.get("ErrorCode")
     if isinstance(code, int):
         return code
-    if api_key == 0:
+    if api_key == ApiKey.PRODUCE:
         for topic in body.get("Responses") or ():
             for part in topic.get("PartitionResponses") or ():
                 if part.get("ErrorCode"):
@@ -164,44 +153,50 @@ def _count_tags(value: Any) -> tuple[int, int]:
 
 
 def decode_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
-    direction = headers.get("dir", "")
+    direction = headers.get(Header.DIR, "")
+    # Header-derived columns are named after their headers; the record's own place gets ROW_KEYS.
     row: dict[str, Any] = {
-        "conn": connection_of(headers.get("conn"), partition),
-        "seq": _int(headers.get("seq")),
-        "ts_ns": _int(headers.get("ts_ns")),
-        "dir": direction,
-        "api_key": _int(headers.get("api_key")),
-        "api_version": _int(headers.get("api_version")),
-        "corr_id": _int(headers.get("corr_id")),
-        "client": headers.get("client"),
-        "broker": headers.get("broker"),
-        "broker_id": _int(headers.get("broker_id")),
-        "listener": headers.get("listener"),
-        "tap": headers.get("tap"),
-        "capture": headers.get("capture"),
-        "truncated": header_only(headers),
-        "tap_partition": partition,
-        "tap_offset": offset,
+        Header.CONN: connection_of(headers.get(Header.CONN), partition),
+        Header.SEQ: int_header(headers, Header.SEQ),
+        Header.TS_NS: int_header(headers, Header.TS_NS),
+        Header.DIR: direction,
+        Header.API_KEY: int_header(headers, Header.API_KEY),
+        Header.API_VERSION: int_header(headers, Header.API_VERSION),
+        Header.CORR_ID: int_header(headers, Header.CORR_ID),
+        Header.CLIENT: headers.get(Header.CLIENT),
+        Header.BROKER: headers.get(Header.BROKER),
+        Header.BROKER_ID: int_header(headers, Header.BROKER_ID),
+        Header.LISTENER: headers.get(Header.LISTENER),
+        Header.TAP: headers.get(Header.TAP),
+        Header.CAPTURE: headers.get(Header.CAPTURE),
+        Header.TRUNCATED: header_only(headers),
+        ROW_KEYS["partition"]: partition,
+        ROW_KEYS["offset"]: offset,
         "size": len(value) if value is not None else None,
         "value": value,
     }
-    if direction not in ("req", "resp") or value is None or row["capture"] == "meta" or row["truncated"]:
+    if (
+        direction not in (REQ, RESP)
+        or value is None
+        or row[Header.CAPTURE] == "meta"
+        or row[Header.TRUNCATED]
+    ):
         return row
-    api_key = row["api_key"]
+    api_key = row[Header.API_KEY]
     try:
-        if direction == "req":
-            fields = PROJECTIONS.get(("req", _peek_api_key(value)))
+        if direction == REQ:
+            fields = PROJECTIONS.get((REQ, _peek_api_key(value)))
             request = codec.decode_request(value, fields=fields or ())
-            row["api_key"], row["api_version"] = request.api_key, request.api_version
-            row["corr_id"] = request.correlation_id
+            row[Header.API_KEY], row[Header.API_VERSION] = request.api_key, request.api_version
+            row[Header.CORR_ID] = request.correlation_id
             row["client_id"] = request.client_id
             message: codec.Request | codec.Response = request
         else:
-            if api_key is None or row["api_version"] is None:
+            if api_key is None or row[Header.API_VERSION] is None:
                 raise DecodeError("response record without api_key/api_version headers", 0)
-            fields = PROJECTIONS.get(("resp", api_key))
-            message = codec.decode_response(value, api_key, row["api_version"], fields=fields or ())
-            row["corr_id"] = message.correlation_id
+            fields = PROJECTIONS.get((RESP, api_key))
+            message = codec.decode_response(value, api_key, row[Header.API_VERSION], fields=fields or ())
+            row[Header.CORR_ID] = message.correlation_id
     except DecodeError as exc:
         row["decode_error"] = exc.reason
         row["error_offset"] = exc.offset
@@ -220,7 +215,7 @@ def decode_row(headers: dict[str, str], value: bytes | None, partition: int, off
     row["transactional_id"] = body.get("TransactionalId")
     row["producer_id"] = body.get("ProducerId")
     row["producer_epoch"] = body.get("ProducerEpoch")
-    if key == 0 and direction == "req":
+    if key == ApiKey.PRODUCE and direction == REQ:
         row["batches"] = _batches(body)
         if row["batches"] and row["producer_id"] is None:
             row["producer_id"] = row["batches"][0]["producer_id"]
@@ -237,7 +232,7 @@ def _peek_api_key(value: bytes) -> int:
 
 
 def decode_rows(rows: Iterable[tuple[Any, bytes | None, int, int]]) -> list[dict[str, Any]]:
-    return [decode_row(_headers(h), v, p, o) for h, v, p, o in rows]
+    return [decode_row(_spark_headers(h), v, p, o) for h, v, p, o in rows]
 
 
 def decode_batch(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -19,18 +19,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from checks.ingest import decode_frame
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Stats
 from checks.serde import frame_from_dict, frame_to_dict
 from checks.sharding import ConnectionShard, KeyedShard, Route
+from codec import taprecord
+from codec.protocol import ApiKey
+from codec.taprecord import TapFrame, decode_frame
 from kpmon.config import ChecksConfig
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
 NS_PER_MS = 1_000_000
 INCOMPLETE, REQUEST_ONLY = 1, 2
-JOIN_GROUP, SYNC_GROUP = 11, 14
+JOIN_GROUP, SYNC_GROUP = ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP
 
 #: Columns of a row between the stages (Spark DDL in ``streaming.schemas``).
 STAGE_ROW_FIELDS = (
@@ -84,25 +86,11 @@ def _opt_str(value: Any) -> str | None:
     return str(value)
 
 
-def frame_from_row(row: dict[str, Any]) -> Frame:
-    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks Frame."""
-    direction = _opt_str(row.get("dir")) or ""
-    frame = Frame(
-        conn=_opt_str(row.get("conn")) or "",
-        seq=_opt_int(row.get("seq")) or 0,
-        ts_ns=_opt_int(row.get("ts_ns")) or 0,
-        direction=direction,
-        api_key=_opt_int(row.get("api_key")),
-        api_version=_opt_int(row.get("api_version")),
-        correlation_id=_opt_int(row.get("corr_id")),
-        client=_opt_str(row.get("client")) or "",
-        broker=_opt_str(row.get("broker")) or "",
-        broker_id=_opt_int(row.get("broker_id")),
-        listener=_opt_str(row.get("listener")),
-        partition=_or(_opt_int(row.get("tap_partition")), -1),
-        offset=_or(_opt_int(row.get("tap_offset")), -1),
-        capture=_opt_str(row.get("capture")) or "full",
-    )
+def frame_from_row(row: dict[str, Any]) -> TapFrame:
+    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks frame.
+
+    ``codec.taprecord`` reads the row's column names (``ROW_KEYS``) and Spark's NaN nulls."""
+    frame = taprecord.frame_from_dict(row, decode=False)
     value = row.get("value")
     return decode_frame(
         frame, bytes(value) if value is not None else None, truncated=bool(row.get("truncated"))

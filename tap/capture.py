@@ -15,30 +15,29 @@ from typing import Any, Literal
 import codec
 import codec.peek
 from codec.errors import DecodeError
+from codec.protocol import ApiKey
+from codec.taprecord import SASL_TOKEN, Header
 
 Policy = Literal["full", "headers", "meta"]
 Direction = Literal["req", "resp"]
 
-PRODUCE, FETCH, SASL_AUTHENTICATE = 0, 1, 36
-CREATE_DT, RENEW_DT, EXPIRE_DT, DESCRIBE_DT = 38, 39, 40, 41
-ALTER_USER_SCRAM_CREDENTIALS, ENVELOPE, SHARE_FETCH = 51, 58, 78
 
 #: Secret-bearing fields per (api key, direction), as dotted paths; ``[]`` walks an array.
 SECRETS: dict[tuple[int, Direction], tuple[str, ...]] = {
-    (SASL_AUTHENTICATE, "req"): ("AuthBytes",),
-    (SASL_AUTHENTICATE, "resp"): ("AuthBytes",),
-    (ALTER_USER_SCRAM_CREDENTIALS, "req"): ("Upsertions[].Salt", "Upsertions[].SaltedPassword"),
-    (CREATE_DT, "resp"): ("Hmac",),
-    (RENEW_DT, "req"): ("Hmac",),
-    (EXPIRE_DT, "req"): ("Hmac",),
-    (DESCRIBE_DT, "resp"): ("Tokens[].Hmac",),
+    (ApiKey.SASL_AUTHENTICATE, "req"): ("AuthBytes",),
+    (ApiKey.SASL_AUTHENTICATE, "resp"): ("AuthBytes",),
+    (ApiKey.ALTER_USER_SCRAM_CREDENTIALS, "req"): ("Upsertions[].Salt", "Upsertions[].SaltedPassword"),
+    (ApiKey.CREATE_DELEGATION_TOKEN, "resp"): ("Hmac",),
+    (ApiKey.RENEW_DELEGATION_TOKEN, "req"): ("Hmac",),
+    (ApiKey.EXPIRE_DELEGATION_TOKEN, "req"): ("Hmac",),
+    (ApiKey.DESCRIBE_DELEGATION_TOKEN, "resp"): ("Tokens[].Hmac",),
 }
 _SECRET_REQUEST_KEYS = frozenset(k for (k, d) in SECRETS if d == "req")
 _SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in SECRETS if d == "resp")
 
 #: Where the headers policy strips record payloads.
 _RECORDS: frozenset[tuple[int, Direction]] = frozenset(
-    {(PRODUCE, "req"), (FETCH, "resp"), (SHARE_FETCH, "resp")}
+    {(ApiKey.PRODUCE, "req"), (ApiKey.FETCH, "resp"), (ApiKey.SHARE_FETCH, "resp")}
 )
 
 
@@ -159,10 +158,10 @@ def request_is_sensitive_envelope(frame: bytes) -> bool:
 
 def secret_fields(info: FrameInfo) -> tuple[str, ...]:
     if info.sasl_token:
-        return ("sasl_token",)
+        return (SASL_TOKEN,)
     if info.api_key is None:
         return ()
-    if info.api_key == ENVELOPE and info.sensitive:
+    if info.api_key == ApiKey.ENVELOPE and info.sensitive:
         return ("ResponseData",)
     return SECRETS.get((info.api_key, info.direction), ())
 
@@ -180,31 +179,31 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
     flags: dict[str, str] = {}
     secrets = secret_fields(info)
     if info.sasl_token:
-        return Captured(b"", secrets, {"orig_size": str(info.size)})
+        return Captured(b"", secrets, {Header.ORIG_SIZE: str(info.size)})
     if (
-        info.api_key == ENVELOPE
+        info.api_key == ApiKey.ENVELOPE
         and info.direction == "req"
         and len(head) == info.size
         and request_is_sensitive_envelope(head)
     ):
         secrets = ("RequestData",)
 
-    def header_only(**extra: str) -> Captured:
+    def header_only(extra: dict[str, str] | None = None) -> Captured:
         # The header is located lazily: the full policy's common case never needs it. An unreadable
         # header leaves nothing that is known to be safe, so the value is then empty.
         try:
             value = head[: header_end(head, info)]
         except DecodeError:
             value = b""
-            extra = {**extra, "header_error": "1"}
-        return Captured(value, secrets, {**flags, **extra})
+            extra = {**(extra or {}), Header.HEADER_ERROR: "1"}
+        return Captured(value, secrets, {**flags, **(extra or {})})
 
     if policy == "meta":
         return header_only()
     if len(head) < info.size or info.size > max_bytes:
-        flags.update(truncated="1", orig_size=str(info.size))
+        flags.update({Header.TRUNCATED: "1", Header.ORIG_SIZE: str(info.size)})
         return header_only()
-    if info.api_key == ENVELOPE and secrets:
+    if info.api_key == ApiKey.ENVELOPE and secrets:
         return header_only()
     value = head
     if secrets:
@@ -215,7 +214,7 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
             value = codec.encode(message)
         except Exception:
             # Fail closed: a secret-bearing frame we cannot rewrite is mirrored header-only.
-            return header_only(redaction_failed="1")
+            return header_only({Header.REDACTION_FAILED: "1"})
     if policy == "headers" and info.api_key is not None and (info.api_key, info.direction) in _RECORDS:
         strip = _strip_payloads()
         try:
@@ -225,8 +224,8 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
             _strip_records(message.body, strip)
             value = codec.encode(message)
         except Exception:
-            return header_only(capture_fallback="meta")
+            return header_only({Header.CAPTURE_FALLBACK: "meta"})
     if len(value) > max_bytes:
-        flags.update(truncated="1", orig_size=str(info.size))
+        flags.update({Header.TRUNCATED: "1", Header.ORIG_SIZE: str(info.size)})
         return header_only()
     return Captured(value, secrets, flags)

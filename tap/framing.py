@@ -24,7 +24,9 @@ class FrameError(ValueError):
     """The stream is not Kafka framing (negative or absurd size); the connection must be closed."""
 
 
-class Frame(NamedTuple):
+class WireFrame(NamedTuple):
+    """A frame as it passed on the wire: its announced size and the bytes kept of it (not decoded)."""
+
     #: The frame's size as announced by its prefix (bytes after the prefix).
     size: int
     #: The first ``min(size, retain)`` bytes of the frame, without the size prefix.
@@ -56,8 +58,8 @@ class FrameSplitter:
     def set_retain(self, retain: int) -> None:
         self._retain = retain
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
-        out: list[Frame] = []
+    def feed(self, data: bytes | bytearray | memoryview) -> list[WireFrame]:
+        out: list[WireFrame] = []
         view = memoryview(data)
         pos = 0
         end = len(view)
@@ -80,7 +82,7 @@ class FrameSplitter:
                 self._remaining = size
                 self._buf = bytearray()
                 if size == 0:
-                    out.append(Frame(0, b""))
+                    out.append(WireFrame(0, b""))
                     self._size = -1
                     continue
             take = min(self._remaining, end - pos)
@@ -90,7 +92,7 @@ class FrameSplitter:
             pos += take
             self._remaining -= take
             if self._remaining == 0:
-                out.append(Frame(self._size, bytes(self._buf)))
+                out.append(WireFrame(self._size, bytes(self._buf)))
                 self._size = -1
                 self._buf = bytearray()
         return out
@@ -148,8 +150,6 @@ class Correlations:
             del self._pending[oldest_corr]
         return found
 
-
-SASL_HANDSHAKE = 17
 
 #: How many raw tokens each side sends after a SaslHandshake v0, per mechanism. The broker answers
 #: every client token with one token. Unknown mechanisms (GSSAPI has a variable number of rounds)

@@ -25,16 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import codec
+from codec import taprecord
+from codec.protocol import ApiKey
+from codec.taprecord import Header
 from tap.capture import FrameInfo, Policy, capture, header_end, request_is_sensitive_envelope
 from tap.framing import (
     DEFAULT_MAX_FRAME,
-    SASL_HANDSHAKE,
     Correlations,
-    Frame,
     FrameError,
     FrameSplitter,
     Pending,
     SaslState,
+    WireFrame,
 )
 from tap.listeners import DynamicListeners, ListenerSpec, client_address
 from tap.metrics import TapMetrics
@@ -43,8 +45,7 @@ from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_res
 
 log = logging.getLogger("kpmon.tap")
 
-SCHEMA_VERSION = b"1"
-ENVELOPE = 58
+_SCHEMA_VERSION = taprecord.SCHEMA_VERSION.encode()
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 #: Rewritten responses are held whole; anything bigger than this is forwarded untouched.
@@ -53,16 +54,16 @@ _MAX_HELD = 16 * 1024 * 1024
 #: APIs whose response error code sits at a fixed offset after the response header, from a version
 #: on: (first version, offset into the body). Cheap to read on the hot path; others are skipped.
 _ERROR_OFFSETS: dict[int, tuple[int, int]] = {
-    17: (0, 0),  # SaslHandshake
-    18: (0, 0),  # ApiVersions
-    36: (0, 0),  # SaslAuthenticate
-    22: (0, 4),  # InitProducerId: ThrottleTimeMs, ErrorCode
-    11: (2, 4),  # JoinGroup
-    12: (1, 4),  # Heartbeat
-    13: (1, 4),  # LeaveGroup
-    14: (1, 4),  # SyncGroup
-    25: (0, 4),  # AddOffsetsToTxn
-    26: (0, 4),  # EndTxn
+    ApiKey.SASL_HANDSHAKE: (0, 0),
+    ApiKey.API_VERSIONS: (0, 0),
+    ApiKey.SASL_AUTHENTICATE: (0, 0),
+    ApiKey.INIT_PRODUCER_ID: (0, 4),  # ThrottleTimeMs, ErrorCode
+    ApiKey.JOIN_GROUP: (2, 4),
+    ApiKey.HEARTBEAT: (1, 4),
+    ApiKey.LEAVE_GROUP: (1, 4),
+    ApiKey.SYNC_GROUP: (1, 4),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 4),
 }
 
 
@@ -189,21 +190,21 @@ class TapConnection:
                 pass
         spec = self.spec
         self._static = [
-            ("conn", self.key),
-            ("client", self.client_addr.encode()),
-            ("broker", spec.broker.encode()),
-            ("broker_id", b"" if spec.broker_id is None else str(spec.broker_id).encode()),
-            ("listener", spec.listener_name.encode()),
-            ("tap", self.tap.settings.instance_id.encode()),
-            ("capture", self.tap.settings.capture.encode()),
-            ("schema", SCHEMA_VERSION),
+            (Header.CONN, self.key),
+            (Header.CLIENT, self.client_addr.encode()),
+            (Header.BROKER, spec.broker.encode()),
+            (Header.BROKER_ID, b"" if spec.broker_id is None else str(spec.broker_id).encode()),
+            (Header.LISTENER, spec.listener_name.encode()),
+            (Header.TAP, self.tap.settings.instance_id.encode()),
+            (Header.CAPTURE, self.tap.settings.capture.encode()),
+            (Header.SCHEMA, _SCHEMA_VERSION),
         ]
         self.tap.metrics.connections.inc()
         self.tap.metrics.connections_total.inc()
         self.tap.connections.add(self)
         # The open record goes first, so it gets seq 1 even if requests arrive before the broker
         # connection exists (uvloop may deliver data in the same tick as connection_made).
-        self._mirror_lifecycle("open", {"tls": _tls_info(transport)})
+        self._mirror_lifecycle(taprecord.OPEN, {"tls": _tls_info(transport)})
         # Hold the client until the broker side exists; what arrives meanwhile is kept in order.
         transport.pause_reading()
         self.tap.spawn(self._connect())
@@ -282,7 +283,7 @@ class TapConnection:
             info["error"] = self.close_reason
         if self.req_split.mid_frame or self.resp_split.mid_frame:
             info["mid_frame"] = True
-        self._mirror_lifecycle("close", info)
+        self._mirror_lifecycle(taprecord.CLOSE, info)
         self.tap.log_event("close", conn=self.conn_id, **info)
 
     def _abort(self, reason: str, label: str) -> None:
@@ -401,18 +402,18 @@ class TapConnection:
         self.tap.metrics.rewritten.inc()
         return _INT32.pack(len(new)) + new
 
-    def _on_request(self, frame: Frame, inside: float) -> None:
+    def _on_request(self, frame: WireFrame, inside: float) -> None:
         metrics = self.tap.metrics
         if self.sasl.client_frame_is_token():
             metrics.frame("req", None, None, frame.size + 4)
-            self._mirror("req", frame, None, None, None, sasl_token=True)
+            self._mirror(taprecord.REQ, frame, None, None, None, sasl_token=True)
             return
         try:
             peek = codec.peek.peek_request_header(frame.head)
         except codec.DecodeError:
             # Not a Kafka request; the broker will judge it. Mirror it so checks can see it.
             metrics.frame("req", None, None, frame.size + 4)
-            self._mirror("req", frame, None, None, None)
+            self._mirror(taprecord.REQ, frame, None, None, None)
             return
         api_key, api_version = peek.api_key, peek.api_version
         metrics.frame("req", api_key, api_version, frame.size + 4)
@@ -420,25 +421,25 @@ class TapConnection:
         if peek.client_id is not None and not self.client_name:
             self.client_name = peek.client_id.encode("utf-8", "replace")
         sensitive = False
-        if api_key == SASL_HANDSHAKE and api_version == 0:
+        if api_key == ApiKey.SASL_HANDSHAKE and api_version == 0:
             mechanism: str | None = None
             try:
                 mechanism = codec.decode_request(frame.head).body.get("Mechanism")
             except Exception:
                 mechanism = None
             self.sasl.on_handshake_v0(mechanism)
-        elif api_key == ENVELOPE:
+        elif api_key == ApiKey.ENVELOPE:
             sensitive = not frame.complete or request_is_sensitive_envelope(frame.head)
         self.correlations.add(
             peek.correlation_id, Pending(api_key, api_version, time.monotonic_ns(), sensitive)
         )
-        self._mirror("req", frame, api_key, api_version, peek.correlation_id)
+        self._mirror(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
 
-    def _on_response(self, frame: Frame, inside: float) -> None:
+    def _on_response(self, frame: WireFrame, inside: float) -> None:
         metrics = self.tap.metrics
         if self.sasl.server_frame_is_token():
             metrics.frame("resp", None, None, frame.size + 4)
-            self._mirror("resp", frame, None, None, None, sasl_token=True)
+            self._mirror(taprecord.RESP, frame, None, None, None, sasl_token=True)
             return
         corr: int | None = None
         pending: Pending | None = None
@@ -447,7 +448,7 @@ class TapConnection:
             pending = self.correlations.match(corr)
         if pending is None:
             metrics.frame("resp", None, None, frame.size + 4)
-            self._mirror("resp", frame, None, None, corr)
+            self._mirror(taprecord.RESP, frame, None, None, corr)
             return
         api_key, api_version = pending.api_key, pending.api_version
         metrics.frame("resp", api_key, api_version, frame.size + 4)
@@ -464,15 +465,15 @@ class TapConnection:
                 error_code = None
             if error_code:
                 metrics.response_error(api_key, error_code)
-        if api_key == SASL_HANDSHAKE:
+        if api_key == ApiKey.SASL_HANDSHAKE:
             self.sasl.on_handshake_response(error_code)
-        self._mirror("resp", frame, api_key, api_version, corr, sensitive=pending.sensitive)
+        self._mirror(taprecord.RESP, frame, api_key, api_version, corr, sensitive=pending.sensitive)
 
     # --- mirroring -------------------------------------------------------------------------
     def _mirror(
         self,
         direction: str,
-        frame: Frame,
+        frame: WireFrame,
         api_key: int | None,
         api_version: int | None,
         corr: int | None,
@@ -488,18 +489,18 @@ class TapConnection:
         )
         cap = capture(frame.head, info, tap.settings.capture, tap.settings.max_mirrored_frame_bytes)
         headers: Headers = [
-            ("dir", direction.encode()),
-            ("seq", str(self.seq).encode()),
-            ("ts_ns", str(time.time_ns()).encode()),
-            ("api_key", b"" if api_key is None else str(api_key).encode()),
-            ("api_version", b"" if api_version is None else str(api_version).encode()),
-            ("corr_id", b"" if corr is None else str(corr).encode()),
-            ("redacted", ",".join(cap.redacted).encode()),
+            (Header.DIR, direction.encode()),
+            (Header.SEQ, str(self.seq).encode()),
+            (Header.TS_NS, str(time.time_ns()).encode()),
+            (Header.API_KEY, b"" if api_key is None else str(api_key).encode()),
+            (Header.API_VERSION, b"" if api_version is None else str(api_version).encode()),
+            (Header.CORR_ID, b"" if corr is None else str(corr).encode()),
+            (Header.REDACTED, ",".join(cap.redacted).encode()),
             *self._static,
         ]
         if cap.flags:
             headers.extend((k, v.encode()) for k, v in cap.flags.items())
-            if "truncated" in cap.flags:
+            if Header.TRUNCATED in cap.flags:
                 tap.metrics.truncated.inc()
         tap.offer(MirrorRecord(self.key, cap.value, headers))
 
@@ -508,14 +509,14 @@ class TapConnection:
         if not self.tap.settings.mirror:
             return
         headers: Headers = [
-            ("dir", direction.encode()),
-            ("seq", str(self.seq).encode()),
-            ("ts_ns", str(time.time_ns()).encode()),
-            ("redacted", b""),
+            (Header.DIR, direction.encode()),
+            (Header.SEQ, str(self.seq).encode()),
+            (Header.TS_NS, str(time.time_ns()).encode()),
+            (Header.REDACTED, b""),
             *self._static,
         ]
         if info.get("error"):
-            headers.append(("error", str(info["error"]).encode()))
+            headers.append((Header.ERROR, str(info["error"]).encode()))
         value = json.dumps({"client": self.client_addr, "broker": self.spec.broker, **info}).encode()
         self.tap.offer(MirrorRecord(self.key, value, headers))
 

@@ -11,14 +11,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import codec
+from codec.protocol import ApiKey
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 0, 1, 3, 10, 18, 60
-SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
-ADDRESS_APIS = frozenset({METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+ADDRESS_APIS = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER})
 #: Data-path responses that may carry ``NodeEndpoints`` (KIP-951 leader hints, share groups). They are
 #: held only up to this size: the hints come with NOT_LEADER-style errors, in small responses, and a
 #: large fetch response must keep streaming.
-ENDPOINT_APIS = frozenset({PRODUCE, FETCH, SHARE_FETCH, SHARE_ACKNOWLEDGE})
+ENDPOINT_APIS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE})
 ENDPOINT_MAX_HELD = 1 << 20
 
 Addresses = Mapping[int, tuple[str, int]]
@@ -41,16 +40,16 @@ def _rewrite_addresses(
     api_key: int, body: dict[str, Any], addresses: Addresses, resolve: Resolver | None
 ) -> bool:
     changed = False
-    if api_key == METADATA:
+    if api_key == ApiKey.METADATA:
         for broker in body.get("Brokers") or ():
             changed = _swap(broker, "NodeId", addresses, resolve) or changed
-    elif api_key == DESCRIBE_CLUSTER:
+    elif api_key == ApiKey.DESCRIBE_CLUSTER:
         for broker in body.get("Brokers") or ():
             changed = _swap(broker, "BrokerId", addresses, resolve) or changed
     elif api_key in ENDPOINT_APIS:
         for endpoint in body.get("NodeEndpoints") or ():
             changed = _swap(endpoint, "NodeId", addresses, resolve) or changed
-    elif api_key == FIND_COORDINATOR:
+    elif api_key == ApiKey.FIND_COORDINATOR:
         if "Coordinators" in body:  # v4+: one entry per key
             for coordinator in body.get("Coordinators") or ():
                 changed = _swap(coordinator, "NodeId", addresses, resolve) or changed
@@ -87,7 +86,7 @@ def held_apis(rewrite_addresses: bool, clamp_api_versions: bool) -> frozenset[in
     if rewrite_addresses:
         apis |= ADDRESS_APIS | ENDPOINT_APIS
     if clamp_api_versions:
-        apis.add(API_VERSIONS)
+        apis.add(ApiKey.API_VERSIONS)
     return frozenset(apis)
 
 
@@ -107,7 +106,7 @@ def rewrite_response(
         message = codec.decode_response(frame, api_key, api_version)
     except codec.DecodeError:
         return None
-    if api_key == API_VERSIONS:
+    if api_key == ApiKey.API_VERSIONS:
         changed = clamp and _clamp(message.body)
     else:
         changed = _rewrite_addresses(api_key, message.body, addresses, resolve)

@@ -6,7 +6,7 @@
     response header v1 (ApiVersions answers always use v0). Such a frame is either undecodable, or
     decodes with bytes left over, because every body field is read one byte off. The rule re-decodes
     the raw frame with the other header version(s); if that decodes cleanly, with nothing left over, the
-    header version was the fault. Needs ``Frame.raw`` (the mirrored bytes); frames captured without
+    header version was the fault. Needs ``TapFrame.raw`` (the mirrored bytes); frames captured without
     their body cannot be judged. Undecodable frames reach the rule through ``on_undecodable`` (the
     engine still reports ``frame.decode_error`` for them: they are undecodable as sent).
     Once per connection, direction, api and version.
@@ -26,9 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import codec
-from checks.model import Exchange, Frame, Severity
+from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
+from codec.taprecord import TapFrame
 
 RULE_HEADER = "flex.header_version"
 RULE_TAGS = "flex.tagged_fields"
@@ -93,7 +94,7 @@ def has_tag_evidence(value: Any) -> bool:
 _LEAVES = frozenset({int, str, bytes, bool, float, type(None), uuid.UUID})
 
 
-def redecode(frame: Frame, request_api: tuple[int, int] | None = None) -> tuple[int, int] | None:
+def redecode(frame: TapFrame, request_api: tuple[int, int] | None = None) -> tuple[int, int] | None:
     """(header version used, header version expected) when the frame decodes cleanly only with another.
 
     ``request_api`` gives (api key, version) for responses, whose header does not name them.
@@ -151,7 +152,7 @@ class FlexibleRule(Rule):
         if "_trailing" in resp.body and ex.response is not None:
             self._header(state, ex.response, ex, (ex.api_key, ex.api_version), ctx)
 
-    def on_undecodable(self, state: State, key: str, frame: Frame, ctx: Context) -> None:
+    def on_undecodable(self, state: State, key: str, frame: TapFrame, ctx: Context) -> None:
         """An undecodable frame (engine hook): was its header version the fault?"""
         api = None
         if frame.direction == "resp" and frame.api_key is not None and frame.api_version is not None:
@@ -159,7 +160,7 @@ class FlexibleRule(Rule):
         self._header(state, frame, None, api, ctx)
 
     def _header(
-        self, state: State, frame: Frame, ex: Exchange | None, api: tuple[int, int] | None, ctx: Context
+        self, state: State, frame: TapFrame, ex: Exchange | None, api: tuple[int, int] | None, ctx: Context
     ) -> None:
         found = redecode(frame, api)
         if found is None:

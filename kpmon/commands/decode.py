@@ -14,6 +14,7 @@ from typing import Any
 import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
+from codec.taprecord import REQ, RESP, Header, headers_dict, int_header
 
 _SIZE = struct.Struct(">i")
 #: Larger than any frame a broker accepts by default (socket.request.max.bytes is 100 MiB).
@@ -21,9 +22,11 @@ MAX_FRAME = 1 << 30
 
 
 @dataclass
-class Frame:
+class InputFrame:
+    """One frame to decode, from hex, a capture file or a tap record (not a decoded ``TapFrame``)."""
+
     data: bytes
-    direction: str | None = None  # "req" / "resp" / None (work it out)
+    direction: str | None = None  # REQ / RESP / None (work it out)
     api_key: int | None = None
     api_version: int | None = None
     source: str = ""
@@ -39,8 +42,8 @@ class Pairer:
     def __init__(self) -> None:
         self.pending: dict[int, codec.Request] = {}
 
-    def decode(self, frame: Frame) -> codec.Request | codec.Response:
-        if frame.direction == "resp" or (frame.direction is None and frame.api_key is not None):
+    def decode(self, frame: InputFrame) -> codec.Request | codec.Response:
+        if frame.direction == RESP or (frame.direction is None and frame.api_key is not None):
             if frame.api_key is None or frame.api_version is None:
                 raise codec.DecodeError("a response needs --api-key and --api-version", 0)
             corr = codec.peek.peek_correlation_id(frame.data)
@@ -60,7 +63,7 @@ class Pairer:
         return request
 
 
-def frames_from_hex(values: list[str], args: argparse.Namespace) -> Iterator[Frame]:
+def frames_from_hex(values: list[str], args: argparse.Namespace) -> Iterator[InputFrame]:
     for i, value in enumerate(values):
         text = "".join(value.split())
         try:
@@ -70,14 +73,14 @@ def frames_from_hex(values: list[str], args: argparse.Namespace) -> Iterator[Fra
         if args.size_prefixed:
             yield from _split(data, f"hex#{i + 1}", args)
         else:
-            yield Frame(data, _direction(args), args.api_key, args.api_version, f"hex#{i + 1}")
+            yield InputFrame(data, _direction(args), args.api_key, args.api_version, f"hex#{i + 1}")
 
 
 def _direction(args: argparse.Namespace) -> str | None:
-    return {"request": "req", "response": "resp"}.get(args.direction)
+    return {"request": REQ, "response": RESP}.get(args.direction)
 
 
-def _split(data: bytes, name: str, args: argparse.Namespace) -> Iterator[Frame]:
+def _split(data: bytes, name: str, args: argparse.Namespace) -> Iterator[InputFrame]:
     pos = 0
     while pos < len(data):
         if len(data) - pos < 4:
@@ -87,13 +90,13 @@ def _split(data: bytes, name: str, args: argparse.Namespace) -> Iterator[Frame]:
             raise InputError(
                 f"{name}: frame at offset {pos} declares {size} bytes, {len(data) - pos - 4} remain"
             )
-        yield Frame(
+        yield InputFrame(
             data[pos + 4 : pos + 4 + size], _direction(args), args.api_key, args.api_version, f"{name}@{pos}"
         )
         pos += 4 + size
 
 
-def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[Frame]:
+def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[InputFrame]:
     try:
         data = path.read_bytes() if str(path) != "-" else sys.stdin.buffer.read()
     except OSError as exc:
@@ -101,7 +104,7 @@ def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[Frame]:
     yield from _split(data, str(path), args)
 
 
-def frames_from_topic(args: argparse.Namespace) -> Iterator[Frame]:
+def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
@@ -133,32 +136,25 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[Frame]:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise InputError(f"consumer error: {error}")
-            headers = _headers(msg.headers())
-            direction = headers.get("dir")
-            if direction not in ("req", "resp"):
+            headers = headers_dict(msg.headers())
+            direction = headers.get(Header.DIR)
+            if direction not in (REQ, RESP):
                 continue
             seen += 1
-            yield Frame(
+            yield InputFrame(
                 msg.value() or b"",
                 direction,
-                int(headers["api_key"]) if headers.get("api_key") else None,
-                int(headers["api_version"]) if headers.get("api_version") else None,
+                int_header(headers, Header.API_KEY),
+                int_header(headers, Header.API_VERSION),
                 f"{msg.topic()}/{msg.partition()}@{msg.offset()}",
             )
     finally:
         consumer.close()
 
 
-def _headers(raw: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in raw or ():
-        out[key] = value.decode() if isinstance(value, bytes) else (value or "")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     if args.topic:
-        frames: Iterator[Frame] = frames_from_topic(args)
+        frames: Iterator[InputFrame] = frames_from_topic(args)
     elif args.file:
         frames = frames_from_file(Path(args.file), args)
     elif args.hex:

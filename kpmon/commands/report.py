@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from checks.model import Frame
 from checks.report import (
     ReportData,
     TimelineEntry,
@@ -26,6 +25,7 @@ from checks.report import (
     run_checks,
     summary_text,
 )
+from codec.taprecord import TapFrame
 from kpmon.config import ConfigError, load_config
 
 
@@ -33,7 +33,7 @@ class InputError(ValueError):
     """A capture or tap topic that cannot be read."""
 
 
-def frames_from_capture(path: Path) -> Iterator[Frame]:
+def frames_from_capture(path: Path) -> Iterator[TapFrame]:
     try:
         handle = sys.stdin if str(path) == "-" else path.open(encoding="utf-8")
     except OSError as exc:
@@ -48,10 +48,10 @@ def frames_from_capture(path: Path) -> Iterator[Frame]:
                 raise InputError(f"{path}:{number}: not a capture record ({exc})") from None
 
 
-def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[Frame]:
+def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[TapFrame]:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from checks.ingest import frame_from_record, headers_dict
+    from codec.taprecord import frame_from_record, headers_dict
 
     consumer = Consumer(
         {
@@ -131,11 +131,11 @@ class TapTopicReader:
             self._consumer.assign([TopicPartition(self.topic, p, -2) for p in self._partitions])
         return self._partitions
 
-    def read_to_end(self, timeout: float = 10.0, save: Any | None = None) -> Iterator[Frame]:
+    def read_to_end(self, timeout: float = 10.0, save: Any | None = None) -> Iterator[TapFrame]:
         """Frames from where the last call stopped up to the end offsets as of now."""
         from confluent_kafka import KafkaError, TopicPartition
 
-        from checks.ingest import frame_from_record, headers_dict
+        from codec.taprecord import frame_from_record, headers_dict
 
         partitions = self._assign(timeout)
         ends = {

@@ -263,7 +263,7 @@ def test_a_good_version_swaps_with_no_lost_findings(story: Story) -> None:
 
     watermark_ns = wait_for(caught_up, 300, "the new job to catch up with the tap topic")
     import checks
-    from checks.ingest import frame_from_record
+    from codec.taprecord import frame_from_record
 
     monitor = checks.new_monitor(config.checks)
     reference = monitor.feed_all(

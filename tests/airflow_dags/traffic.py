@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from checks.model import Frame
+from codec.taprecord import TapFrame
 from tests.checks import test_apiversions as av
 from tests.checks.builders import SECOND, Conversation
 from tests.checks.test_sharding import scenario
@@ -26,14 +26,14 @@ ROUND_NS = 60 * SECOND
 TAIL_AT_NS = 45 * SECOND
 
 
-def round_frames(k: int, base_ns: int) -> list[Frame]:
+def round_frames(k: int, base_ns: int) -> list[TapFrame]:
     shift = base_ns + k * ROUND_NS
     frames = [dataclasses.replace(f, conn=f"r{k}-{f.conn}", ts_ns=f.ts_ns + shift) for f in scenario()]
     tail = av.handshake(Conversation(conn=f"r{k}-tail"), shift + TAIL_AT_NS, av.STANDARD)
     return sorted([*frames, *tail], key=lambda f: (f.ts_ns, f.conn, f.seq))
 
 
-def produce(bootstrap: str, topic: str, frames: list[Frame], producer: Any = None) -> None:
+def produce(bootstrap: str, topic: str, frames: list[TapFrame], producer: Any = None) -> None:
     from confluent_kafka import Producer
 
     own = producer is None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import codec
-from checks.model import Frame
+from codec.taprecord import TapFrame
 
 SECOND = 1_000_000_000
 
@@ -30,8 +30,8 @@ class Conversation:
         self.offsets[0] += 1
         return self.offsets[0]
 
-    def _frame(self, direction: str, ts_ns: int, **kw: Any) -> Frame:
-        frame = Frame(
+    def _frame(self, direction: str, ts_ns: int, **kw: Any) -> TapFrame:
+        frame = TapFrame(
             conn=self.conn,
             seq=self.seq,
             ts_ns=ts_ns,
@@ -47,13 +47,13 @@ class Conversation:
         self.seq += 1
         return frame
 
-    def open(self, ts_ns: int) -> Frame:
+    def open(self, ts_ns: int) -> TapFrame:
         return self._frame("open", ts_ns)
 
-    def close(self, ts_ns: int) -> Frame:
+    def close(self, ts_ns: int) -> TapFrame:
         return self._frame("close", ts_ns)
 
-    def request(self, api_key: int, version: int, body: dict[str, Any], ts_ns: int) -> Frame:
+    def request(self, api_key: int, version: int, body: dict[str, Any], ts_ns: int) -> TapFrame:
         self.corr += 1
         raw = codec.encode_request(api_key, version, self.corr, self.client_id, body)
         message = codec.decode_request(raw)
@@ -67,7 +67,7 @@ class Conversation:
             raw=raw,
         )
 
-    def response(self, request: Frame, body: dict[str, Any], ts_ns: int) -> Frame:
+    def response(self, request: TapFrame, body: dict[str, Any], ts_ns: int) -> TapFrame:
         assert (
             request.api_key is not None
             and request.api_version is not None
@@ -85,7 +85,7 @@ class Conversation:
             raw=raw,
         )
 
-    def garbage(self, direction: str, data: bytes, ts_ns: int) -> Frame:
+    def garbage(self, direction: str, data: bytes, ts_ns: int) -> TapFrame:
         try:
             message = codec.decode_request(data) if direction == "req" else None
             error = None
@@ -103,7 +103,7 @@ class Conversation:
         )
         return self._frame(direction, ts_ns, message=message, error=error, raw=data, **ids)
 
-    def raw_response(self, request: Frame, data: bytes, ts_ns: int) -> Frame:
+    def raw_response(self, request: TapFrame, data: bytes, ts_ns: int) -> TapFrame:
         """A response frame from raw bytes, decoded as ingest does (the error kept on the frame)."""
         assert request.api_key is not None and request.api_version is not None
         try:
@@ -126,7 +126,7 @@ class Conversation:
 
     def exchange(
         self, api_key: int, version: int, req: dict[str, Any], resp: dict[str, Any], ts_ns: int
-    ) -> list[Frame]:
+    ) -> list[TapFrame]:
         request = self.request(api_key, version, req, ts_ns)
         return [request, self.response(request, resp, ts_ns + 1_000_000)]
 
@@ -138,7 +138,7 @@ def shared_offsets(*conversations: Conversation) -> None:
         conv.offsets = counter
 
 
-def arrival_order(frames: list[Frame], jitters: list[int]) -> list[Frame]:
+def arrival_order(frames: list[TapFrame], jitters: list[int]) -> list[TapFrame]:
     """Reorder frames as a tap could deliver them: each delayed by its jitter (ns, below the watermark).
 
     A frame delayed by less than the watermark never arrives after the watermark passed it, so the

@@ -1,6 +1,6 @@
 """Real traffic through the real tap, read back from the tap topic as ``checks`` frames and findings.
 
-``read_tap_frames`` turns (a range of) a tap topic into decoded ``Frame`` objects, exactly as the
+``read_tap_frames`` turns (a range of) a tap topic into decoded ``TapFrame`` objects, exactly as the
 report and the streaming job see them. ``ScenarioTap`` shares one tap and one tap topic between several
 scenarios: each ``run`` reads back only the records its own scenario produced.
 """
@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import checks
-from checks.ingest import frame_from_record, headers_dict
-from checks.model import Finding, Frame, Severity
+from checks.model import Finding, Severity
+from codec.taprecord import TapFrame, frame_from_record, headers_dict
 from tests.tap.harness import TappedCluster, TapRecord, TapThread, read_topic_range, topic_end_offsets
 
 
-def frames_of(records: list[TapRecord]) -> list[Frame]:
+def frames_of(records: list[TapRecord]) -> list[TapFrame]:
     """Tap records (as read from the topic) to frames, decoded with the codec like any consumer would."""
     return [frame_from_record(headers_dict(r.headers), r.value, r.partition, r.offset) for r in records]
 
 
-def read_tap_frames(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> list[Frame]:
+def read_tap_frames(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> list[TapFrame]:
     """Every frame of tap topic ``topic`` after ``since`` (partition -> offset; default: all of it)."""
     return frames_of(read_topic_range(bootstrap, topic, since))
 
@@ -32,7 +32,7 @@ class Checked:
     """What one scenario did, the frames the tap mirrored for it and what the whole catalogue found."""
 
     result: dict[str, Any]
-    frames: list[Frame]
+    frames: list[TapFrame]
     findings: list[Finding]
     stats: checks.Stats
     states: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -43,7 +43,7 @@ class Checked:
     def above_info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != Severity.INFO]
 
-    def requests(self, api_key: int) -> list[Frame]:
+    def requests(self, api_key: int) -> list[TapFrame]:
         return [f for f in self.frames if f.direction == "req" and f.api_key == api_key]
 
     def describe(self) -> str:

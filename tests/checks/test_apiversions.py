@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import codec
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules.apiversions import (
     ApiVersionsClusterRule,
@@ -18,6 +18,7 @@ from checks.rules.apiversions import (
     fleet_matrix,
     removed_in_4_0,
 )
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
@@ -25,7 +26,7 @@ MS = 1_000_000
 METADATA, FETCH, PRODUCE, API_VERSIONS, CREATE_TOPICS = 3, 1, 0, 18, 19
 
 
-def run(frames: list[Frame]) -> tuple[list[Finding], Monitor]:
+def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
     monitor = Monitor([ApiVersionsRule(), ApiVersionsClusterRule()], Context(ChecksConfig()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
@@ -48,12 +49,12 @@ STANDARD = {"ApiVersions": (0, 4), "Metadata": (0, 12), "Fetch": (4, 17), "Produ
 
 def handshake(
     conv: Conversation, ts: int, adv: dict[str, tuple[int, int]] | None = None, software: str = "librdkafka"
-) -> list[Frame]:
+) -> list[TapFrame]:
     req = {"ClientSoftwareName": software, "ClientSoftwareVersion": "2.6.0"}
     return conv.exchange(API_VERSIONS, 3, req, ranges(**(adv or STANDARD)), ts)
 
 
-def metadata(conv: Conversation, version: int, ts: int) -> list[Frame]:
+def metadata(conv: Conversation, version: int, ts: int) -> list[TapFrame]:
     return conv.exchange(METADATA, version, {"Topics": [], "AllowAutoTopicCreation": False}, {}, ts)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 import checks
 from checks.engine import Monitor
-from checks.model import Exchange, Finding, Frame, Severity
+from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, State
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
@@ -45,7 +46,7 @@ def monitor(**config: Any) -> Monitor:
     return Monitor([Recorder()], Context(ChecksConfig(**config)))
 
 
-def md(conv: Conversation, ts: int) -> list[Frame]:
+def md(conv: Conversation, ts: int) -> list[TapFrame]:
     return conv.exchange(METADATA, 9, MD_REQ, MD_RESP, ts)
 
 
@@ -234,7 +235,7 @@ def test_timers_fire_in_deadline_order_with_many_pending() -> None:
 )
 def test_header_only_records_are_not_decode_errors(flag: dict[str, str]) -> None:
     """Frames the tap mirrors without a body on purpose are counted, never reported as undecodable."""
-    from checks.ingest import frame_from_record
+    from codec.taprecord import frame_from_record
 
     headers = {"dir": "req", "conn": "c1", "seq": "2", "ts_ns": "5", "capture": "headers", **flag}
     frame = frame_from_record(headers, b"\x00\x11\x00", 0, 3)

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 import codec
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules.envelope import EnvelopeRule
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
@@ -20,21 +21,21 @@ ENVELOPE, BROKER_REGISTRATION, CREATE_TOPICS = 58, 62, 19
 INNER_BODY = {"Topics": [], "timeoutMs": 30000, "validateOnly": False}
 
 
-def run(frames: list[Frame], config: ChecksConfig | None = None) -> tuple[list[Finding], Monitor]:
+def run(frames: list[TapFrame], config: ChecksConfig | None = None) -> tuple[list[Finding], Monitor]:
     monitor = Monitor([EnvelopeRule()], Context(config or ChecksConfig()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
     return out, monitor
 
 
-def envelope(conv: Conversation, ts: int) -> list[Frame]:
+def envelope(conv: Conversation, ts: int) -> list[TapFrame]:
     inner = codec.encode_request(CREATE_TOPICS, 7, 99, "admin-cli", INNER_BODY)
     inner_resp = codec.encode_response(CREATE_TOPICS, 7, 99, {"ThrottleTimeMs": 0, "Topics": []})
     req = {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": bytes([10, 0, 0, 5])}
     return conv.exchange(ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, ts)
 
 
-def registration(conv: Conversation, ts: int) -> list[Frame]:
+def registration(conv: Conversation, ts: int) -> list[TapFrame]:
     body = {
         "BrokerId": 2,
         "ClusterId": "c",

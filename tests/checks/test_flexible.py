@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 import codec
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules.flexible import FlexibleRule, has_tag_evidence, walk_tags
 from codec.samples import random_request_body, random_response_body
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
@@ -26,7 +27,7 @@ HEADER_END = 2 + 2 + 4 + 2 + len(CLIENT_ID)
 METADATA_BODY = {"Topics": [{"Name": "orders", "TopicId": uuid.UUID(int=0)}], "AllowAutoTopicCreation": False}
 
 
-def run(frames: list[Frame]) -> tuple[list[Finding], Monitor]:
+def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
     monitor = Monitor([FlexibleRule()], Context(ChecksConfig()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())

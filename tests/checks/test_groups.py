@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 import codec
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules.groups import GroupRule
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
@@ -21,7 +22,7 @@ JOIN, SYNC, DESCRIBE = 11, 14, 15
 GROUP = "g1"
 
 
-def run(frames: list[Frame]) -> tuple[list[Finding], Monitor]:
+def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
     monitor = Monitor([GroupRule()], Context(ChecksConfig()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
@@ -57,7 +58,7 @@ def join(
     error: int = 0,
     members: list[dict[str, Any]] | None = None,
     version: int = 7,
-) -> list[Frame]:
+) -> list[TapFrame]:
     req = {
         "GroupId": GROUP,
         "SessionTimeoutMs": 10000,
@@ -93,7 +94,7 @@ def sync(
     resp_name: str | None = "range",
     error: int = 0,
     version: int = 5,
-) -> list[Frame]:
+) -> list[TapFrame]:
     req: dict[str, Any] = {
         "GroupId": GROUP,
         "GenerationId": gen,
@@ -112,7 +113,7 @@ def sync(
 
 def describe(
     conv: Conversation, ts: int, ptype: str, state: str = "Stable", members: Any = ()
-) -> list[Frame]:
+) -> list[TapFrame]:
     group = {
         "ErrorCode": 0,
         "GroupId": GROUP,
@@ -128,7 +129,7 @@ def rules_of(findings: list[Finding]) -> list[str]:
     return [f.rule for f in findings]
 
 
-def healthy_rebalance(a: Conversation, b: Conversation, ts: int, gen: int = 1) -> list[Frame]:
+def healthy_rebalance(a: Conversation, b: Conversation, ts: int, gen: int = 1) -> list[TapFrame]:
     members = [
         {"MemberId": "m-a", "Metadata": subscription("orders")},
         {"MemberId": "m-b", "Metadata": subscription("orders", "refunds")},

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules.producers import ProducerRule
 from codec.records import build_record_batch
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
@@ -35,7 +36,7 @@ def produce(
     txn_id: str | None = None,
     version: int = 9,
     topic: str = TOPIC,
-) -> Frame:
+) -> TapFrame:
     body: dict[str, Any] = {
         "TransactionalId": txn_id,
         "Acks": -1,
@@ -46,8 +47,8 @@ def produce(
 
 
 def answer(
-    conv: Conversation, req: Frame, ts: int, parts: list[tuple[int, int, int]], topic: str = TOPIC
-) -> Frame:
+    conv: Conversation, req: TapFrame, ts: int, parts: list[tuple[int, int, int]], topic: str = TOPIC
+) -> TapFrame:
     """``parts``: (partition, error code, base offset)."""
     return conv.response(
         req,
@@ -74,14 +75,14 @@ def write(
     offset: int = 0,
     count: int = 1,
     partition: int = 0,
-) -> list[Frame]:
+) -> list[TapFrame]:
     req = produce(conv, ts, [(partition, batch(epoch, seq, count))])
     return [req, answer(conv, req, ts + 2 * MS, [(partition, error, offset)])]
 
 
 def init_pid(
     conv: Conversation, ts: int, epoch: int, pid: int = PID, txn_id: str | None = "tx"
-) -> list[Frame]:
+) -> list[TapFrame]:
     return conv.exchange(
         22,
         4,
@@ -91,7 +92,7 @@ def init_pid(
     )
 
 
-def run(frames: list[Frame]) -> list[Finding]:
+def run(frames: list[TapFrame]) -> list[Finding]:
     monitor = Monitor([ProducerRule()], Context(ChecksConfig()))
     return monitor.feed_all(frames) + monitor.flush()
 
@@ -434,7 +435,7 @@ def test_produce_v13_topic_ids_are_matched_with_their_answers() -> None:
 def test_state_stays_within_max_entries_per_key() -> None:
     monitor = Monitor([ProducerRule()], Context(ChecksConfig(max_entries_per_key=4)))
     conv = Conversation()
-    frames: list[Frame] = []
+    frames: list[TapFrame] = []
     for partition in range(12):
         frames += write(conv, SECOND + partition * 10 * MS, 0, 0, partition=partition)
     monitor.feed_all(frames)

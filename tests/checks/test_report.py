@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from checks.model import Frame
 from checks.report import (
     build_report,
     coverage_grid,
@@ -19,6 +18,7 @@ from checks.report import (
     run_checks,
 )
 from codec.records import build_record_batch
+from codec.taprecord import TapFrame
 from kpmon.cli import main
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 from tests.checks.test_apiversions import STANDARD, handshake, metadata
@@ -28,7 +28,7 @@ from tests.checks.test_groups import join, subscription, sync
 MS = 1_000_000
 
 
-def record_of(frame: Frame) -> str:
+def record_of(frame: TapFrame) -> str:
     """The tap record a frame came from, as a capture line (headers as the tap writes them)."""
     headers = {"dir": frame.direction, "conn": frame.conn, "seq": str(frame.seq), "ts_ns": str(frame.ts_ns)}
     optional: dict[str, Any] = {
@@ -44,7 +44,7 @@ def record_of(frame: Frame) -> str:
     return record_to_json(headers, value, frame.partition, frame.offset)
 
 
-def synthetic_capture() -> list[Frame]:
+def synthetic_capture() -> list[TapFrame]:
     java = Conversation(conn="t1-c1", broker="10.0.0.1:9092", broker_id=1, client_id="orders-app")
     legacy = Conversation(conn="t1-c2", broker="10.0.0.2:9092", broker_id=2, client_id="legacy-etl")
     other = Conversation(conn="t1-c3", broker="10.0.0.2:9092", broker_id=2, client_id="mixed")

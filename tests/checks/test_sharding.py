@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import checks
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.serde import StateFormatError, export_state, frame_from_dict, frame_to_dict, import_state
 from checks.sharding import ConnectionShard, KeyedShard, Route
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
@@ -33,9 +34,9 @@ CONFIG = ChecksConfig(watermark_seconds=2.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
 
 
-def scenario() -> list[Frame]:
+def scenario() -> list[TapFrame]:
     """Every rule family at once, on interleaved connections, in event-time order."""
-    frames: list[Frame] = []
+    frames: list[TapFrame] = []
     zombie, fencer = pr.two_clients()
     frames += [
         *pr.init_pid(zombie, 0, epoch=0),
@@ -69,11 +70,11 @@ def scenario() -> list[Frame]:
     return frames
 
 
-def more_rules() -> list[Frame]:
+def more_rules() -> list[TapFrame]:
     """The rest of the catalogue's families, each on connections of its own."""
     from tests.checks import test_flexible as fl
 
-    frames: list[Frame] = []
+    frames: list[TapFrame] = []
     outside = tx.Producer(name="outside", txn_id="outside-tx", pid=8100)
     frames += [*outside.init(12 * SECOND, epoch=0), *outside.add(13 * SECOND, [0])]
     frames += [*outside.produce(13 * SECOND + 10_000_000, 0), *outside.produce(13 * SECOND + 20_000_000, 2)]
@@ -112,7 +113,7 @@ def more_rules() -> list[Frame]:
     return frames
 
 
-def single_run(frames: list[Frame]) -> list[Finding]:
+def single_run(frames: list[TapFrame]) -> list[Finding]:
     monitor = checks.new_monitor(CONFIG)
     return monitor.feed_all(frames) + monitor.flush()
 
@@ -122,7 +123,7 @@ def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def sharded_run(frames: list[Frame], cuts: list[int]) -> list[Finding]:
+def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
     conn_states: dict[str, dict[str, Any]] = {}
     key_states: dict[str, dict[str, Any]] = {}
     buffers: dict[str, list[Route]] = defaultdict(list)
@@ -149,7 +150,7 @@ def sharded_run(frames: list[Frame], cuts: list[int]) -> list[Finding]:
         batch = frames[lo:hi]
         if not batch:
             continue
-        per_conn: dict[str, list[Frame]] = defaultdict(list)
+        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
         for frame in batch:
             per_conn[frame.conn].append(frame)
             max_ts = max(max_ts, frame.ts_ns)
@@ -205,7 +206,7 @@ def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> No
     jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(frames)))
     arrived = arrival_order(frames, jitters)
     # Within one connection the tap partition keeps seq order whatever the jitter.
-    by_conn: dict[str, list[Frame]] = defaultdict(list)
+    by_conn: dict[str, list[TapFrame]] = defaultdict(list)
     for frame in frames:
         by_conn[frame.conn].append(frame)
     cursor = {conn: iter(fs) for conn, fs in by_conn.items()}
@@ -214,11 +215,11 @@ def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> No
     assert summary(sharded_run(arrived, cuts)) == summary(single_run(frames))
 
 
-def corpus_frames() -> list[Frame]:
+def corpus_frames() -> list[TapFrame]:
     """tests/data/tap_frames.jsonl (real clients through the tap): one connection per client."""
-    from checks.ingest import frame_from_record
+    from codec.taprecord import frame_from_record
 
-    frames: list[Frame] = []
+    frames: list[TapFrame] = []
     seqs: dict[str, int] = defaultdict(int)
     path = Path(__file__).resolve().parents[1] / "data" / "tap_frames.jsonl"
     for offset, line in enumerate(path.read_text().splitlines()):

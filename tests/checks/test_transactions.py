@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks.engine import Monitor
-from checks.model import Finding, Frame
+from checks.model import Finding
 from checks.rule import Context
 from checks.rules import all_rules
 from checks.rules.producers import ProducerRule
 from checks.rules.transactions import PidOwnershipRule, ReadCommittedRule, TxnRule
 from codec.records import build_record_batch
+from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
@@ -53,7 +54,7 @@ def rules() -> list[Any]:
     return [ProducerRule(), TxnRule(), PidOwnershipRule(), ReadCommittedRule()]
 
 
-def run(frames: list[Frame], until: int | None = None) -> tuple[list[Finding], Monitor]:
+def run(frames: list[TapFrame], until: int | None = None) -> tuple[list[Finding], Monitor]:
     monitor = Monitor(rules(), Context(ChecksConfig()))
     findings = monitor.feed_all(frames)
     if until is not None:
@@ -75,7 +76,7 @@ class Producer:
         self.txn_id, self.pid, self.epoch = txn_id, pid, 0
         self.seq: dict[int, int] = {}
 
-    def init(self, ts: int, epoch: int, timeout_ms: int = 60000) -> list[Frame]:
+    def init(self, ts: int, epoch: int, timeout_ms: int = 60000) -> list[TapFrame]:
         self.epoch = epoch
         self.seq = {}
         return self.coord.exchange(
@@ -91,7 +92,7 @@ class Producer:
             ts,
         )
 
-    def add(self, ts: int, partitions: list[int], error: int = 0) -> list[Frame]:
+    def add(self, ts: int, partitions: list[int], error: int = 0) -> list[TapFrame]:
         return self.coord.exchange(
             24,
             3,
@@ -122,7 +123,7 @@ class Producer:
         error: int = 0,
         epoch: int | None = None,
         offset: int = 0,
-    ) -> list[Frame]:
+    ) -> list[TapFrame]:
         seq = self.seq.get(partition, 0)
         self.seq[partition] = seq + 2
         epoch = self.epoch if epoch is None else epoch
@@ -158,7 +159,7 @@ class Producer:
         )
         return [req, resp]
 
-    def offsets(self, ts: int) -> list[Frame]:
+    def offsets(self, ts: int) -> list[TapFrame]:
         frames = self.coord.exchange(
             25,
             3,
@@ -191,7 +192,7 @@ class Producer:
         )
         return frames
 
-    def end(self, ts: int, commit: bool = True, version: int = 3, error: int = 0) -> list[Frame]:
+    def end(self, ts: int, commit: bool = True, version: int = 3, error: int = 0) -> list[TapFrame]:
         resp: dict[str, Any] = {"ErrorCode": error}
         if version >= 5 and error == 0:
             self.epoch += 1
@@ -211,7 +212,7 @@ class Producer:
         )
 
 
-def markers(ts: int, commit: bool, epoch: int, partitions: list[int], pid: int = PID) -> list[Frame]:
+def markers(ts: int, commit: bool, epoch: int, partitions: list[int], pid: int = PID) -> list[TapFrame]:
     broker = Conversation(
         conn=f"broker-coord-{ts}", client="10.0.1.1:9093", client_id="broker-1", listener="BROKER"
     )
@@ -246,7 +247,7 @@ def markers(ts: int, commit: bool, epoch: int, partitions: list[int], pid: int =
     )
 
 
-def clean_v1_transactions() -> list[Frame]:
+def clean_v1_transactions() -> list[TapFrame]:
     """Two transactions of the explicit-add protocol (transactions v1): a commit and an abort."""
     p = Producer()
     frames = [*p.init(0, epoch=0, timeout_ms=10000)]
@@ -531,7 +532,7 @@ def test_coordinator_handing_one_producer_id_to_two_transactional_ids() -> None:
 
 def fetch(
     records: bytes, aborted: list[tuple[int, int]] | None, hw: int = 100, lso: int = 100, isolation: int = 1
-) -> list[Frame]:
+) -> list[TapFrame]:
     consumer = Conversation(conn="consumer", client="10.0.0.20:41000", client_id="reader")
     return consumer.exchange(
         1,
@@ -610,7 +611,7 @@ def test_read_uncommitted_fetches_are_not_checked() -> None:
 # -- order independence --------------------------------------------------------------------------
 
 
-def scenario() -> list[Frame]:
+def scenario() -> list[TapFrame]:
     """A mixed capture with findings from several rules, on several connections."""
     frames = clean_v1_transactions()
     zombie = Producer(name="zombie", host="10.0.0.7", txn_id="z-tx", pid=PID + 1)

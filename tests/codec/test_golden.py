@@ -122,18 +122,20 @@ def test_golden_frames_decode_the_same_projected(path: Path) -> None:
 
 @pytest.mark.java
 def test_kafka_decodes_golden_frames_like_kpmon() -> None:
-    from tests.codec.test_java_differential import Frame, compare
+    from tests.codec.test_java_differential import JavaFrame, compare
     from tests.java import harness
 
-    frames: list[Frame] = []
+    frames: list[JavaFrame] = []
     for i, (_, _, r) in enumerate(FRAMES):
         raw = bytes.fromhex(r["hex"])
         if r["direction"] == "request":
-            frames.append(Frame("request", r["api_key"], r["api_version"], i, raw, codec.decode_request(raw)))
+            frames.append(
+                JavaFrame("request", r["api_key"], r["api_version"], i, raw, codec.decode_request(raw))
+            )
         else:
             response = codec.decode_response(raw, r["api_key"], r["api_version"])
             # An error-35 ApiVersions answer is a v0 body: Kafka's client reads it as v0 too.
-            frames.append(Frame("response", r["api_key"], response.api_version, i, raw, response))
+            frames.append(JavaFrame("response", r["api_key"], response.api_version, i, raw, response))
     try:
         lines = harness.run_diff("4.4.0", (f"{f.kind} {f.api_key} {f.version} {f.raw.hex()}" for f in frames))
     except harness.JavaUnavailable as exc:

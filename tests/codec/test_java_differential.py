@@ -37,7 +37,7 @@ UNSUPPORTED_VERSION = 35
 
 
 @dataclass
-class Frame:
+class JavaFrame:
     kind: str
     api_key: int
     version: int
@@ -60,7 +60,7 @@ def release_of(kind: str, api_key: int, version: int) -> str:
     return seg.release
 
 
-def build(kind: str, api_key: int, version: int, seed: int, unknown_tags: bool = False) -> Frame:
+def build(kind: str, api_key: int, version: int, seed: int, unknown_tags: bool = False) -> JavaFrame:
     rng = random.Random(f"java-diff/{kind}/{api_key}/{version}/{seed}/{unknown_tags}")
     builder = BodyBuilder(rng, unknown_tags=unknown_tags, records=records_value)
     if kind == "request":
@@ -74,11 +74,11 @@ def build(kind: str, api_key: int, version: int, seed: int, unknown_tags: bool =
             body["ErrorCode"] = 0
         raw = codec.encode_response(api_key, version, rng.randint(0, 2**31 - 1), body)
         message = codec.decode_response(raw, api_key, version)
-    return Frame(kind, api_key, version, seed, raw, message, unknown_tags)
+    return JavaFrame(kind, api_key, version, seed, raw, message, unknown_tags)
 
 
 @cache
-def frames_for(jar: str) -> list[Frame]:
+def frames_for(jar: str) -> list[JavaFrame]:
     """``SEEDS`` frames per (kind, api, version) of this jar, plus one whose flexible structs may carry
     unknown tagged fields: the converters do not show those, but Kafka keeps them and must re-encode
     them to the same bytes."""
@@ -227,7 +227,7 @@ def differences(ours: Any, theirs: Any, path: str = "") -> list[str]:
     return [f"{path}: kpmon {ours!r} != Kafka {theirs!r}"]
 
 
-def compare(frame: Frame, output: dict[str, Any]) -> list[str]:
+def compare(frame: JavaFrame, output: dict[str, Any]) -> list[str]:
     """Mismatches between our decode and Kafka's for one frame, each prefixed with api/version/path."""
     if "error" in output:
         return [f"{frame.label}: Kafka cannot read it: {output['error']} (hex {frame.raw.hex()})"]
@@ -269,7 +269,7 @@ def compare(frame: Frame, output: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module", params=JARS)
-def java_run(request: pytest.FixtureRequest) -> tuple[str, list[Frame], list[dict[str, Any]]]:
+def java_run(request: pytest.FixtureRequest) -> tuple[str, list[JavaFrame], list[dict[str, Any]]]:
     jar = request.param
     frames = frames_for(jar)
     try:
@@ -281,7 +281,7 @@ def java_run(request: pytest.FixtureRequest) -> tuple[str, list[Frame], list[dic
 
 
 def test_kafka_decodes_every_frame_like_kpmon(
-    java_run: tuple[str, list[Frame], list[dict[str, Any]]],
+    java_run: tuple[str, list[JavaFrame], list[dict[str, Any]]],
 ) -> None:
     jar, frames, outputs = java_run
     mismatches: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from checks.model import Frame
+from codec.taprecord import TapFrame
 from streaming.frames import decode_row
 from streaming.stages import (
     PASS_KEY,
@@ -28,7 +28,7 @@ from tests.checks.test_sharding import CONFIG, LATENESS_NS, corpus_frames, scena
 NS_PER_MS = 1_000_000
 
 
-def tap_record(frame: Frame) -> tuple[dict[str, str], bytes | None, int, int]:
+def tap_record(frame: TapFrame) -> tuple[dict[str, str], bytes | None, int, int]:
     """The tap record a frame was mirrored as (the tap topic contract's headers)."""
     headers = {
         "dir": frame.direction,
@@ -49,7 +49,7 @@ def tap_record(frame: Frame) -> tuple[dict[str, str], bytes | None, int, int]:
     return headers, frame.raw, frame.partition, frame.offset
 
 
-def run_stages(frames: list[Frame], batch_size: int) -> list[dict[str, Any]]:
+def run_stages(frames: list[TapFrame], batch_size: int) -> list[dict[str, Any]]:
     """Micro-batches through both stages, with the watermark Spark would compute; the final rows."""
     conn_state: dict[str, str | None] = {}
     key_state: dict[str, str | None] = {}
@@ -128,7 +128,7 @@ class SparkBuckets:
         return out
 
 
-def run_bucketed(frames: list[Frame], batch_size: int, buckets: int) -> tuple[list[dict[str, Any]], int]:
+def run_bucketed(frames: list[TapFrame], batch_size: int, buckets: int) -> tuple[list[dict[str, Any]], int]:
     """``run_stages`` through the bucketed steps the job's processors run; the rows and the Python calls."""
     stage_one, stage_two = SparkBuckets(buckets), SparkBuckets(buckets)
     out: list[dict[str, Any]] = []

@@ -1,0 +1,318 @@
+"""The tap record contract: the one module that knows how a tap-topic record maps to a frame.
+
+The tap writes records with these header names (``tap/proxy.py``, ``tap/capture.py``); the checks
+(``checks/``), the streaming job (``streaming/frames.py``, ``streaming/stages.py``), the DAGs and the
+CLI read them through the functions here. docs/tap.md, "Tap records (schema 1)", describes the format.
+
+Why in ``codec/``: it is the one package that the tap, the checks, the job and the CLI all depend on,
+and the tap must stay installable without ``checks/`` or Spark. Parsing a record needs the codec
+anyway (a frame's message is decoded here), and this module imports nothing outside ``codec/``.
+
+Vocabulary: on the wire the headers keep their short names (``dir``, ``corr_id``; changing them would
+change the tap topic format). In Python a frame's fields are ``TapFrame``'s attribute names
+(``direction``, ``correlation_id``, ``partition``, ``offset``), and ``frame_to_dict`` writes those.
+Two persisted layouts spell some fields differently and are read as aliases by ``frame_from_dict``:
+saved checker state (``STATE_KEYS``: kpmon state format 1, kept on the wire so an older build can
+still restore it after a rollback) and the streaming job's decoded-frame rows (``ROW_KEYS``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from codec.api import Request, Response, decode_request, decode_response
+from codec.errors import DecodeError
+
+
+class Header:
+    """Tap record header names, exactly as on the wire. A namespace of plain ``str`` constants."""
+
+    #: ``req``, ``resp``, ``open`` or ``close`` (``DIRECTIONS``).
+    DIR: Final = "dir"
+    #: Per-connection sequence number, from 1 (the ``open`` record); a gap means dropped records.
+    SEQ: Final = "seq"
+    #: The tap host's wall clock (ns) when it mirrored the frame: the checks' event time.
+    TS_NS: Final = "ts_ns"
+    API_KEY: Final = "api_key"
+    API_VERSION: Final = "api_version"
+    CORR_ID: Final = "corr_id"
+    #: Comma-separated names of the redacted fields (``SASL_TOKEN`` for a raw SASL token).
+    REDACTED: Final = "redacted"
+    CONN: Final = "conn"
+    CLIENT: Final = "client"
+    BROKER: Final = "broker"
+    BROKER_ID: Final = "broker_id"
+    LISTENER: Final = "listener"
+    TAP: Final = "tap"
+    CAPTURE: Final = "capture"
+    SCHEMA: Final = "schema"
+    # Flags, present only when set.
+    TRUNCATED: Final = "truncated"
+    ORIG_SIZE: Final = "orig_size"
+    REDACTION_FAILED: Final = "redaction_failed"
+    CAPTURE_FALLBACK: Final = "capture_fallback"
+    HEADER_ERROR: Final = "header_error"
+    #: On a ``close`` after a failure.
+    ERROR: Final = "error"
+
+
+#: Every header name (tests check the tap writes only these).
+HEADERS: Final = tuple(v for k, v in vars(Header).items() if k.isupper())
+#: The value of the ``schema`` header this contract describes.
+SCHEMA_VERSION: Final = "1"
+
+REQ: Final = "req"
+RESP: Final = "resp"
+OPEN: Final = "open"
+CLOSE: Final = "close"
+#: Values of the ``dir`` header.
+DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE)
+#: The ``redacted`` entry of a raw SASL token (mirrored header-only).
+SASL_TOKEN: Final = "sasl_token"
+
+
+@dataclass
+class TapFrame:
+    """One tap record: a request or response frame (decoded, or the error), or a lifecycle event."""
+
+    conn: str
+    seq: int
+    ts_ns: int
+    #: ``req``, ``resp``, ``open`` or ``close`` (the ``dir`` header).
+    direction: str
+    api_key: int | None = None
+    api_version: int | None = None
+    correlation_id: int | None = None
+    client: str = ""
+    broker: str = ""
+    broker_id: int | None = None
+    listener: str | None = None
+    #: Where the frame sits in the tap topic: the evidence a finding points at.
+    partition: int = -1
+    offset: int = -1
+    message: Request | Response | None = None
+    error: DecodeError | None = None
+    capture: str = "full"
+    #: The frame bytes as mirrored (None when not kept): the KIP-482 header check re-decodes them.
+    raw: bytes | None = None
+
+    @property
+    def request(self) -> Request | None:
+        return self.message if isinstance(self.message, Request) else None
+
+    @property
+    def response(self) -> Response | None:
+        return self.message if isinstance(self.message, Response) else None
+
+    @property
+    def client_host(self) -> str:
+        return self.client.rsplit(":", 1)[0]
+
+    def evidence(self) -> dict[str, Any]:
+        return {"conn": self.conn, "seq": self.seq, "partition": self.partition, "offset": self.offset}
+
+
+# --- parsing a record -------------------------------------------------------------------------------
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def headers_dict(
+    headers: Iterable[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None,
+) -> dict[str, str]:
+    """Record headers as a client library hands them over (pairs or a mapping, bytes) → ``{name: text}``."""
+    if headers is None:
+        return {}
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {key: _text(value) for key, value in items}
+
+
+def int_header(headers: Mapping[str, str], name: str) -> int | None:
+    """A numeric header; None when missing, empty (the tap writes "" for unknown) or not a number."""
+    value = headers.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def header_only(headers: Mapping[str, str]) -> bool:
+    """The tap mirrored this frame without its body: too large, a redaction it could not do (fail
+    closed), a payload strip that fell back to ``meta``, or a raw SASL token. Not a decode error."""
+    if (
+        headers.get(Header.TRUNCATED)
+        or headers.get(Header.REDACTION_FAILED)
+        or headers.get(Header.CAPTURE_FALLBACK)
+    ):
+        return True
+    return SASL_TOKEN in (headers.get(Header.REDACTED) or "").split(",")
+
+
+def connection_of(conn: str | None, partition: int) -> str:
+    """A record without the tap's ``conn`` header (not from a tap) still needs a connection to key by."""
+    return conn or f"untracked-p{partition}"
+
+
+def frame_from_headers(headers: Mapping[str, str], partition: int = -1, offset: int = -1) -> TapFrame:
+    """The frame's tap metadata, not decoded (``decode_frame`` attaches the message)."""
+    return TapFrame(
+        conn=connection_of(headers.get(Header.CONN), partition),
+        seq=int_header(headers, Header.SEQ) or 0,
+        ts_ns=int_header(headers, Header.TS_NS) or 0,
+        direction=headers.get(Header.DIR, ""),
+        api_key=int_header(headers, Header.API_KEY),
+        api_version=int_header(headers, Header.API_VERSION),
+        correlation_id=int_header(headers, Header.CORR_ID),
+        client=headers.get(Header.CLIENT, ""),
+        broker=headers.get(Header.BROKER, ""),
+        broker_id=int_header(headers, Header.BROKER_ID),
+        listener=headers.get(Header.LISTENER) or None,
+        partition=partition,
+        offset=offset,
+        capture=headers.get(Header.CAPTURE, "full"),
+    )
+
+
+def frame_from_record(
+    headers: Mapping[str, str],
+    value: bytes | None,
+    partition: int = -1,
+    offset: int = -1,
+    fields: Iterable[str] | None = None,
+) -> TapFrame:
+    """Decode one tap record. Never raises for bad frames: the error is kept on the frame."""
+    frame = frame_from_headers(headers, partition, offset)
+    return decode_frame(frame, value, truncated=header_only(headers), fields=fields)
+
+
+def decode_frame(
+    frame: TapFrame, value: bytes | None, truncated: bool = False, fields: Iterable[str] | None = None
+) -> TapFrame:
+    """Attach the decoded message (or the DecodeError) of ``value`` to a frame built from tap metadata.
+
+    A record that does not follow the contract (no valid ``dir`` header: something else wrote it to
+    the tap topic) becomes an undecodable request, so it is reported, not ignored.
+    """
+    if frame.direction not in DIRECTIONS:
+        frame.error = DecodeError(f"not a tap record: {Header.DIR} header {frame.direction!r}", 0)
+        frame.direction = REQ
+        return frame
+    if frame.direction not in (REQ, RESP):
+        return frame
+    if frame.capture == "meta" or truncated:
+        # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.
+        return frame
+    data = value or b""
+    frame.raw = data
+    try:
+        if frame.direction == REQ:
+            frame.message = decode_request(data, fields=fields)
+            frame.api_key = frame.message.api_key
+            frame.api_version = frame.message.api_version
+            frame.correlation_id = frame.message.correlation_id
+        else:
+            if frame.api_key is None or frame.api_version is None:
+                raise DecodeError("response record without api_key/api_version headers", 0)
+            frame.message = decode_response(data, frame.api_key, frame.api_version, fields=fields)
+    except DecodeError as exc:
+        frame.error = exc
+    return frame
+
+
+# --- frames as dicts ----------------------------------------------------------------------------------
+
+#: The metadata fields of a ``TapFrame`` (not ``message``/``error``: those are rebuilt from ``raw``).
+FIELDS: Final = (
+    "conn",
+    "seq",
+    "ts_ns",
+    "direction",
+    "api_key",
+    "api_version",
+    "correlation_id",
+    "client",
+    "broker",
+    "broker_id",
+    "listener",
+    "partition",
+    "offset",
+    "capture",
+)
+_INT_FIELDS = frozenset(
+    {"seq", "ts_ns", "api_key", "api_version", "correlation_id", "broker_id", "partition", "offset"}
+)
+#: Saved checker state (``checks.serde``, state format 1) spells these fields after their headers.
+STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
+#: Columns of the streaming job's decoded-frame rows (``streaming.frames.DECODED_FRAME_SCHEMA``).
+ROW_KEYS: Final[Mapping[str, str]] = {**STATE_KEYS, "partition": "tap_partition", "offset": "tap_offset"}
+#: Every other key a field may be found under in a saved dict, newest layout first.
+KEY_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {
+    name: tuple(dict.fromkeys(layout[name] for layout in (STATE_KEYS, ROW_KEYS) if name in layout))
+    for name in FIELDS
+    if name in ROW_KEYS
+}
+_DEFAULTS: Final[Mapping[str, Any]] = {
+    "conn": "",
+    "seq": 0,
+    "ts_ns": 0,
+    "direction": "",
+    "client": "",
+    "broker": "",
+    "partition": -1,
+    "offset": -1,
+    "capture": "full",
+}
+
+
+def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """JSON-ready metadata plus the mirrored bytes (``raw``, base64), under the field names, or under
+    ``keys[field]`` for a persisted layout (``STATE_KEYS``)."""
+    rename = keys or {}
+    out: dict[str, Any] = {rename.get(name, name): getattr(frame, name) for name in FIELDS}
+    out["raw"] = base64.b64encode(frame.raw).decode("ascii") if frame.raw is not None else None
+    return out
+
+
+def _missing(value: Any) -> bool:
+    # pandas hands Spark's null ints over as NaN floats.
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _lookup(data: Mapping[str, Any], name: str) -> Any:
+    for key in (name, *KEY_ALIASES.get(name, ())):
+        value = data.get(key)
+        if not _missing(value):
+            return value
+    return None
+
+
+def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
+    """A frame back from ``frame_to_dict`` output, saved state of any layout or a decoded-frame row.
+
+    Field names are read first, then the older layouts' keys, so saved state written before the
+    vocabulary was unified reads the same. With ``decode``, ``raw`` (base64) is decoded again: the
+    bytes are the source of truth, a decoded message is never saved.
+    """
+    values: dict[str, Any] = {}
+    for name in FIELDS:
+        value = _lookup(data, name)
+        if value is None:
+            if name in _DEFAULTS:
+                values[name] = _DEFAULTS[name]
+            continue
+        values[name] = int(value) if name in _INT_FIELDS else str(value)
+    frame = TapFrame(**values)
+    raw = data.get("raw")
+    if not decode or not isinstance(raw, str):
+        return frame
+    return decode_frame(frame, base64.b64decode(raw))
