@@ -4,6 +4,7 @@ Frames are passed without their 4-byte size prefix. See ``docs/codec.md`` and AR
 """
 
 from codec.api import (
+    FieldProjection,
     Request,
     Response,
     api_keys,
@@ -17,8 +18,11 @@ from codec.api import (
     encode_request,
     encode_response,
     is_flexible,
+    projection,
     request_header_version,
+    request_plan,
     response_header_version,
+    response_plan,
     supported_versions,
 )
 from codec.errors import DecodeError
@@ -27,6 +31,7 @@ from codec.wire import EncodeError
 __all__ = [
     "DecodeError",
     "EncodeError",
+    "FieldProjection",
     "Request",
     "Response",
     "api_keys",
@@ -40,7 +45,10 @@ __all__ = [
     "encode_request",
     "encode_response",
     "is_flexible",
+    "projection",
     "request_header_version",
+    "request_plan",
     "response_header_version",
+    "response_plan",
     "supported_versions",
 ]

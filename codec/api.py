@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from codec.compiler import CompiledSchema, Projection
+from codec.compiler import CompiledSchema, Decoder, Projection, normalize_projection, projection_key
 from codec.errors import DecodeError
+from codec.nested import REQUESTS_WITH_NESTED, RESPONSES_WITH_NESTED, expand_request, expand_response
 from codec.schema import MessageSpec, Segment, load_table
 from codec.wire import EncodeError
 
@@ -134,35 +135,197 @@ def parse_projection(fields: frozenset[str]) -> Projection:
     return tree
 
 
-def _projection(fields: Iterable[str] | None) -> Projection | None:
+# Decode plans. Everything a decode needs that depends only on (api key, version, header version,
+# projection) is resolved once and kept: the header and body decoders, the header version, whether
+# the body can carry nested payloads. A decode call is then one dict lookup on the caller's projection
+# object and one on the frame's first four bytes; no schema walk, no cache-key rebuild, no import.
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BodyPlan:
+    """How to decode one message version's body under one projection."""
+
+    message: str
+    api_key: int | None
+    version: int
+    #: The projection after normalising it against this version's fields: None = a full decode
+    #: (also when the caller's projection keeps every field), and then the plan is the full one.
+    projection: Projection | None
+    decoder: Decoder
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestPlan:
+    api_key: int
+    api_version: int
+    header_version: int
+    header: Decoder
+    body: BodyPlan
+    #: The body can hold nested payloads to expand (Envelope, consumer protocol).
+    expand: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ResponsePlan:
+    api_key: int
+    api_version: int
+    header_version: int
+    header: Decoder
+    #: None only for an ApiVersions version this codec does not define: an error-35 answer to it
+    #: still decodes, as v0 (``api_versions_v0``).
+    body: BodyPlan | None
+    expand: bool
+    #: For ApiVersions v1+: the v0 body an UNSUPPORTED_VERSION answer is written with.
+    api_versions_v0: BodyPlan | None
+
+
+class FieldProjection:
+    """A projection resolved once, with the decode plans built for it so far.
+
+    ``decode_request``/``decode_response`` accept one as ``fields=``; build it once with
+    :func:`projection` (any ``fields=`` value maps to the same object, so passing the frozenset of
+    paths is nearly as cheap).
+    """
+
+    __slots__ = ("paths", "requests", "responses", "tree")
+
+    def __init__(self, paths: frozenset[str] | None) -> None:
+        self.paths = paths
+        self.tree: Projection | None = None if paths is None else parse_projection(paths)
+        #: The frame's first four bytes as one uint32 (api key, version) → plan; with an explicit
+        #: header version the key is (that uint32, header version).
+        self.requests: dict[Hashable, RequestPlan] = {}
+        #: (api key, version) or (api key, version, header version) → plan.
+        self.responses: dict[Hashable, ResponsePlan] = {}
+
+    def __repr__(self) -> str:
+        return f"FieldProjection({sorted(self.paths) if self.paths is not None else 'all fields'})"
+
+
+_FULL = FieldProjection(None)
+#: Caller's ``fields`` value (as given when hashable, else as a frozenset) → its FieldProjection.
+_projections: dict[Hashable, FieldProjection] = {None: _FULL}
+_by_paths: dict[frozenset[str], FieldProjection] = {}
+#: (id(segment), version, projection key) → body plan, shared by every projection normalising to it.
+_body_plans: dict[tuple[int, int, Any], BodyPlan] = {}
+_REQUEST_KEY = struct.Struct(">I")
+_INT16_RANGE = range(-(1 << 15), 1 << 15)
+
+
+def projection(fields: Iterable[str] | FieldProjection | None) -> FieldProjection:
+    """The resolved projection for ``fields`` (dotted paths; None = every field), cached."""
+    if isinstance(fields, FieldProjection):
+        return fields
     if fields is None:
-        return None
-    return parse_projection(frozenset(fields))
+        return _FULL
+    # Frozensets and tuples are looked up as given (a frozenset caches its hash, so a caller that
+    # keeps one pays almost nothing); sets and lists must be frozen first.
+    key: Hashable = fields if type(fields) is frozenset or type(fields) is tuple else frozenset(fields)
+    found = _projections.get(key)
+    if found is None:
+        paths = frozenset(fields)
+        found = _by_paths.get(paths)
+        if found is None:
+            found = _by_paths[paths] = FieldProjection(paths)
+        _projections[key] = found
+    return found
 
 
-def _decode_body(
-    spec: MessageSpec,
-    version: int,
-    buf: bytes,
-    pos: int,
-    api_key: int | None,
-    proj: Projection | None,
-) -> dict[str, Any]:
+def _body_plan(spec: MessageSpec, version: int, api_key: int | None, tree: Projection | None) -> BodyPlan:
     seg = _segment(spec, version, api_key)
-    decoder = _compiled.decoder(seg, version, proj, f"{spec.name}v{version}")
+    normal = normalize_projection(seg.fields, version, tree)
+    key = (id(seg), version, projection_key(normal))
+    plan = _body_plans.get(key)
+    if plan is None:
+        decoder = _compiled.decoder(seg, version, normal, f"{spec.name} v{version}")
+        plan = _body_plans[key] = BodyPlan(spec.name, api_key, version, normal, decoder)
+    return plan
+
+
+def request_plan(
+    api_key: int,
+    api_version: int,
+    fields: Iterable[str] | FieldProjection | None = None,
+    header_version: int | None = None,
+) -> RequestPlan:
+    """The (cached) plan ``decode_request`` follows for this API, version and projection."""
+    proj = projection(fields)
+    if api_key not in _INT16_RANGE or api_version not in _INT16_RANGE:
+        raise DecodeError(f"api key {api_key} / version {api_version} out of int16 range", 0, api_key)
+    head = (api_key & 0xFFFF) << 16 | (api_version & 0xFFFF)
+    key: Hashable = head if header_version is None else (head, header_version)
+    plan = proj.requests.get(key)
+    if plan is not None:
+        return plan
+    hv = request_header_version(api_key, api_version) if header_version is None else header_version
+    header = _header_decoder("RequestHeader", hv)
+    body = _body_plan(request_spec(api_key), api_version, api_key, proj.tree)
+    if body.projection is None and proj is not _FULL:
+        # The projection keeps everything this version has: decode exactly as a full decode does.
+        plan = request_plan(api_key, api_version, None, header_version)
+    else:
+        plan = RequestPlan(api_key, api_version, hv, header, body, api_key in REQUESTS_WITH_NESTED)
+    proj.requests[key] = plan
+    return plan
+
+
+def response_plan(
+    api_key: int,
+    api_version: int,
+    fields: Iterable[str] | FieldProjection | None = None,
+    header_version: int | None = None,
+) -> ResponsePlan:
+    """The (cached) plan ``decode_response`` follows for this API, version and projection."""
+    proj = projection(fields)
+    key: Hashable = (
+        (api_key, api_version) if header_version is None else (api_key, api_version, header_version)
+    )
+    plan = proj.responses.get(key)
+    if plan is not None:
+        return plan
+    spec = response_spec(api_key)
+    hv = response_header_version(api_key, api_version) if header_version is None else header_version
+    header = _header_decoder("ResponseHeader", hv)
+    v0: BodyPlan | None = None
+    body: BodyPlan | None
+    if api_key == API_VERSIONS and api_version > 0:
+        v0 = _body_plan(spec, 0, API_VERSIONS, proj.tree)
+        body = _body_plan(spec, api_version, api_key, proj.tree) if spec.segment(api_version) else None
+    else:
+        body = _body_plan(spec, api_version, api_key, proj.tree)
+    full_body = (body is None or body.projection is None) and (v0 is None or v0.projection is None)
+    if full_body and proj is not _FULL:
+        plan = response_plan(api_key, api_version, None, header_version)
+    else:
+        plan = ResponsePlan(api_key, api_version, hv, header, body, api_key in RESPONSES_WITH_NESTED, v0)
+    proj.responses[key] = plan
+    return plan
+
+
+def _header_decoder(name: str, version: int) -> Decoder:
+    return _compiled.decoder(_header_segment(name, version), version, None, f"{name} v{version}")
+
+
+def _decode_body(plan: BodyPlan, buf: bytes, pos: int) -> dict[str, Any]:
+    size = len(buf)
     try:
-        body, end = decoder(buf, pos, len(buf))
+        body, end = plan.decoder(buf, pos, size)
     except DecodeError as exc:
-        raise exc.located(api_key, version, spec.name) from None
+        # Annotated in place and re-raised, so the traceback keeps the generated decoder's frames.
+        exc.locate(plan.api_key, plan.version, plan.message)
+        raise
     except RecursionError:
-        raise DecodeError("structure nested too deeply", pos, api_key, version, spec.name) from None
-    if end > len(buf):
         raise DecodeError(
-            f"{spec.name} runs {end - len(buf)} bytes past the frame", len(buf), api_key, version
-        )
-    if end < len(buf) and proj is None:
-        # Bytes after the body: the broker ignores them; keep them so encode(decode(x)) == x.
-        body["_trailing"] = buf[end:]
+            "structure nested too deeply", pos, plan.api_key, plan.version, plan.message
+        ) from None
+    if end != size:
+        if end > size:
+            raise DecodeError(
+                f"{plan.message} runs {end - size} bytes past the frame", size, plan.api_key, plan.version
+            )
+        if plan.projection is None:
+            # Bytes after the body: the broker ignores them; keep them so encode(decode(x)) == x.
+            body["_trailing"] = buf[end:]
     return body
 
 
@@ -179,30 +342,56 @@ def decode_request_header(
         raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
     api_key, api_version = _HEAD.unpack_from(data, 0)
     hv = request_header_version(api_key, api_version) if header_version is None else header_version
-    seg = _header_segment("RequestHeader", hv)
-    decoder = _compiled.decoder(seg, hv, None, f"RequestHeaderv{hv}")
     try:
-        header, pos = decoder(data, 0, len(data))
+        header, pos = _header_decoder("RequestHeader", hv)(data, 0, len(data))
     except DecodeError as exc:
         raise exc.located(api_key, api_version, "RequestHeader") from None
     return header, hv, pos
 
 
+def _new_request_plan(proj: FieldProjection, data: bytes, header_version: int | None) -> RequestPlan:
+    api_key, api_version = _HEAD.unpack_from(data, 0)
+    try:
+        return request_plan(api_key, api_version, proj, header_version)
+    except DecodeError:
+        if header_version is not None:
+            # With an explicit header version the header is read before the API is looked up, so a
+            # frame whose header is broken too reports that first (as it did before plans existed).
+            decode_request_header(data, header_version)
+        raise
+
+
 def decode_request(
     buf: bytes | bytearray | memoryview,
-    fields: Iterable[str] | None = None,
+    fields: Iterable[str] | FieldProjection | None = None,
     header_version: int | None = None,
 ) -> Request:
-    """Decode one request frame. ``fields`` (dotted paths) projects the body to just those fields."""
-    data = _to_bytes(buf)
-    header, hv, pos = decode_request_header(data, header_version)
-    api_key = header["RequestApiKey"]
-    version = header["RequestApiVersion"]
-    body = _decode_body(request_spec(api_key), version, data, pos, api_key, _projection(fields))
-    request = Request(api_key, version, header["CorrelationId"], header.get("ClientId"), header, body, hv)
-    from codec.nested import expand_request
-
-    expand_request(request)
+    """Decode one request frame. ``fields`` (dotted paths, or a :func:`projection`) projects the body
+    to just those fields."""
+    data = buf if type(buf) is bytes else bytes(buf)
+    if len(data) < 4:
+        raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
+    proj = fields if type(fields) is FieldProjection else projection(fields)
+    (head,) = _REQUEST_KEY.unpack_from(data, 0)
+    plan = proj.requests.get(head if header_version is None else (head, header_version))
+    if plan is None:
+        plan = _new_request_plan(proj, data, header_version)
+    try:
+        header, pos = plan.header(data, 0, len(data))
+    except DecodeError as exc:
+        exc.locate(plan.api_key, plan.api_version, "RequestHeader")
+        raise
+    request = Request(
+        plan.api_key,
+        plan.api_version,
+        header["CorrelationId"],
+        header.get("ClientId"),
+        header,
+        _decode_body(plan.body, data, pos),
+        plan.header_version,
+    )
+    if plan.expand:
+        expand_request(request)
     return request
 
 
@@ -210,7 +399,7 @@ def decode_response(
     buf: bytes | bytearray | memoryview,
     api_key: int,
     api_version: int,
-    fields: Iterable[str] | None = None,
+    fields: Iterable[str] | FieldProjection | None = None,
     request: Request | None = None,
     header_version: int | None = None,
 ) -> Response:
@@ -219,45 +408,45 @@ def decode_response(
     ``request``, the paired request when known, lets nested payloads that depend on it decode too
     (an Envelope's inner response; consumer-protocol assignments before JoinGroup v7).
     """
-    data = _to_bytes(buf)
-    spec = response_spec(api_key)
-    hv = response_header_version(api_key, api_version) if header_version is None else header_version
-    seg = _header_segment("ResponseHeader", hv)
+    data = buf if type(buf) is bytes else bytes(buf)
+    proj = fields if type(fields) is FieldProjection else projection(fields)
+    plan = proj.responses.get(
+        (api_key, api_version) if header_version is None else (api_key, api_version, header_version)
+    )
+    if plan is None:
+        plan = response_plan(api_key, api_version, proj, header_version)
     try:
-        header, pos = _compiled.decoder(seg, hv, None, f"ResponseHeaderv{hv}")(data, 0, len(data))
+        header, pos = plan.header(data, 0, len(data))
     except DecodeError as exc:
-        raise exc.located(api_key, api_version, "ResponseHeader") from None
-    proj = _projection(fields)
+        exc.locate(api_key, api_version, "ResponseHeader")
+        raise
     version = api_version
-    if api_key == API_VERSIONS and api_version > 0:
-        body = _decode_api_versions(spec, api_version, data, pos, proj)
-        version = body.pop("_decoded_as")
+    if plan.api_versions_v0 is not None:
+        body, version = _decode_api_versions(plan, data, pos)
     else:
-        body = _decode_body(spec, api_version, data, pos, api_key, proj)
-    response = Response(api_key, version, header["CorrelationId"], header, body, hv, api_version)
-    from codec.nested import expand_response
-
-    expand_response(response, request)
+        body = _decode_body(plan.body, data, pos)  # type: ignore[arg-type]
+    response = Response(
+        api_key, version, header["CorrelationId"], header, body, plan.header_version, api_version
+    )
+    if plan.expand:
+        expand_response(response, request)
     return response
 
 
-def _decode_api_versions(
-    spec: MessageSpec, version: int, data: bytes, pos: int, proj: Projection | None
-) -> dict[str, Any]:
+def _decode_api_versions(plan: ResponsePlan, data: bytes, pos: int) -> tuple[dict[str, Any], int]:
     # A broker that does not support the requested version answers with a v0 body and error 35
     # (UNSUPPORTED_VERSION). Its error code is the first field in every version, so read it first.
     if len(data) - pos >= 2 and _INT16.unpack_from(data, pos)[0] == UNSUPPORTED_VERSION:
         try:
-            body = _decode_body(spec, 0, data, pos, API_VERSIONS, proj)
+            body = _decode_body(plan.api_versions_v0, data, pos)  # type: ignore[arg-type]
         except DecodeError:
             pass
         else:
             if "_trailing" not in body:
-                body["_decoded_as"] = 0
-                return body
-    body = _decode_body(spec, version, data, pos, API_VERSIONS, proj)
-    body["_decoded_as"] = version
-    return body
+                return body, 0
+    if plan.body is None:
+        _segment(response_spec(API_VERSIONS), plan.api_version, API_VERSIONS)  # raises: not defined
+    return _decode_body(plan.body, data, pos), plan.api_version  # type: ignore[arg-type]
 
 
 def encode_request(
@@ -330,10 +519,26 @@ def encode(message: Request | Response) -> bytes:
 def decode_data(name: str, version: int, buf: bytes | bytearray | memoryview, pos: int = 0) -> dict[str, Any]:
     """Decode a ``data`` message (ConsumerProtocolSubscription, EndTxnMarker...) body at ``version``."""
     data = _to_bytes(buf)
-    spec = load_table().by_name.get(name)
-    if spec is None:
-        raise DecodeError(f"no message definition named {name}", pos, what=name)
-    return _decode_body(spec, version, data, pos, None, None)
+    plan = _data_plans.get((name, version))
+    if plan is None:
+        spec = load_table().by_name.get(name)
+        if spec is None:
+            raise DecodeError(f"no message definition named {name}", pos, what=name)
+        plan = _data_plans[(name, version)] = _body_plan(spec, version, None, None)
+    return _decode_body(plan, data, pos)
+
+
+_data_plans: dict[tuple[str, int], BodyPlan] = {}
+
+
+def data_max_version(name: str) -> int:
+    """The newest version of a ``data`` message this codec knows."""
+    return _data_max_versions(name)
+
+
+@cache
+def _data_max_versions(name: str) -> int:
+    return load_table().by_name[name].max_version
 
 
 def encode_data(name: str, version: int, body: Mapping[str, Any]) -> bytes:

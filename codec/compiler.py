@@ -14,6 +14,8 @@ and caches the functions. The generated code:
 
 from __future__ import annotations
 
+import linecache
+import re
 import struct
 import uuid
 from collections.abc import Callable, Mapping
@@ -62,6 +64,8 @@ class _Namespace(dict[str, Any]):
         super().__init__(**helpers)
         #: (kind, id(fields), version, flexible[, projection]) → generated function name.
         self.cache: dict[tuple[Any, ...], str] = {}
+        #: Generated function name → its source, for ``kpmon codec dump`` and :func:`generated_source`.
+        self.sources: dict[str, str] = {}
 
     def struct(self, fmt: str) -> str:
         name = "_S_" + fmt.replace("?", "o")
@@ -108,6 +112,20 @@ class _Code:
         self.depth -= 1
 
 
+def _define(ns: _Namespace, name: str, src: str, kind: str, what: str) -> None:
+    """Compile and run generated source, and register it in ``linecache``.
+
+    The pseudo-filename names the message, version and struct path, so a traceback, pdb or a profile
+    shows where the generated code came from, and ``linecache`` lets them print its lines. The
+    ``<kpmon:`` prefix is what tests/fuzz/fuzz_codec.py looks for to instrument generated code.
+    """
+    filename = f"<kpmon:codec {what} {kind} {name}>"
+    # mtime None marks a non-file entry: linecache.checkcache() keeps it instead of dropping it.
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    ns.sources[name] = src
+    exec(compile(src, filename, "exec"), ns)
+
+
 def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: bool) -> str:
     """A Python expression for the field's default (what Java puts in a fresh message)."""
     if field.has_default and field.default is None:
@@ -115,7 +133,7 @@ def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: b
     if field.is_array:
         return "[]"
     if field.is_struct:
-        fn = compile_default(ns, field.fields or (), version, flexible)
+        fn = compile_default(ns, field.fields or (), version, flexible, f"v{version} {field.name}")
         return f"{fn}()"
     t = field.type
     if field.has_default:
@@ -335,14 +353,47 @@ def _tag_fn(
     code.emit(f"raise _E(f'truncated or malformed tagged field {f.name}: {{exc}}', p) from None")
     code.dedent()
     src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
-    exec(compile(src, f"<kpmon:{what}.{f.name}>", "exec"), ns)
+    _define(ns, name, src, "tag", f"{what}.{f.name}")
     return name
 
 
-def _proj_key(proj: Projection | None) -> Any:
+def projection_key(proj: Projection | None) -> Any:
+    """A hashable, order-independent key for a projection tree (None = everything)."""
     if proj is None:
         return None
-    return tuple(sorted((k, _proj_key(v)) for k, v in proj.items()))
+    return tuple(sorted((k, projection_key(v)) for k, v in proj.items()))
+
+
+_proj_key = projection_key
+
+
+def normalize_projection(
+    fields: tuple[FieldSpec, ...], version: int, proj: Projection | None
+) -> Projection | None:
+    """``proj`` restricted to what exists at ``version``, with None wherever it keeps everything.
+
+    A projection that names every field of a struct (and all of each nested struct it names) is a
+    full decode of that struct: returning None there lets the caller reuse the full decoder instead
+    of compiling a projected copy that does the same work. Names absent at this version are dropped,
+    so projections that differ only in them share one compiled decoder.
+    """
+    if proj is None:
+        return None
+    out: dict[str, Projection | None] = {}
+    keeps_all = True
+    for f in fields:
+        if not f.present(version):
+            continue
+        if f.name not in proj:
+            keeps_all = False
+            continue
+        sub = proj[f.name]
+        # A path below a scalar or records field ("Records.X") selects the whole field.
+        sub = normalize_projection(f.fields, version, sub) if f.fields is not None else None
+        if sub is not None:
+            keeps_all = False
+        out[f.name] = sub
+    return None if keeps_all else out
 
 
 def compile_decoder(
@@ -354,7 +405,7 @@ def compile_decoder(
     what: str,
 ) -> str:
     """Name (in ``ns``) of a function ``(b, p, L) -> (dict, p)`` decoding this struct."""
-    key = ("d", id(fields), version, flexible, _proj_key(proj))
+    key = ("d", id(fields), version, flexible, projection_key(proj))
     cached = ns.cache.get(key)
     if cached:
         return cached
@@ -430,7 +481,7 @@ def compile_decoder(
     code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
     code.dedent()
     src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
-    exec(compile(src, f"<kpmon:{what}>", "exec"), ns)
+    _define(ns, name, src, "decode" if proj is None else "decode-projected", what)
     return name
 
 
@@ -471,11 +522,13 @@ def compile_skipper(
     code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
     code.dedent()
     src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
-    exec(compile(src, f"<kpmon:{what}>", "exec"), ns)
+    _define(ns, name, src, "skip", what)
     return name
 
 
-def compile_default(ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool) -> str:
+def compile_default(
+    ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool, what: str = "struct"
+) -> str:
     """Name of a function returning a fresh struct dict holding every field's default."""
     key = ("z", id(fields), version, flexible)
     cached = ns.cache.get(key)
@@ -486,7 +539,7 @@ def compile_default(ns: _Namespace, fields: tuple[FieldSpec, ...], version: int,
     items = ", ".join(
         f"{f.name!r}: {_default_literal(ns, f, version, flexible)}" for f in fields if f.present(version)
     )
-    exec(f"def {name}():\n    return {{{items}}}\n", ns)
+    _define(ns, name, f"def {name}():\n    return {{{items}}}\n", "default", what)
     return name
 
 
@@ -634,8 +687,32 @@ def compile_encoder(
         f"        if isinstance(exc, _EE): raise\n"
         f"        raise _EE(f'cannot encode {what}: {{exc}}') from None\n"
     )
-    exec(compile(src, f"<kpmon:encode:{what}>", "exec"), ns)
+    _define(ns, name, src, "encode", what)
     return name
+
+
+_GENERATED_NAME = re.compile(r"\b_[dstze]\d+\b|\b_C\d+\b")
+
+
+def generated_functions(ns: Mapping[str, Any], sources: Mapping[str, str], root: str) -> list[str]:
+    """``root`` and every generated function it calls, directly or through a constant, root first."""
+    order: list[str] = []
+    pending = [root]
+    while pending:
+        name = pending.pop(0)
+        if name in order or name not in sources:
+            continue
+        order.append(name)
+        for ref in _GENERATED_NAME.findall(sources[name]):
+            if ref in sources:
+                pending.append(ref)
+            elif isinstance(ns.get(ref), dict):
+                # Tagged-field readers are reached through a {tag: (name, reader)} constant.
+                for entry in ns[ref].values():
+                    reader = entry[1] if isinstance(entry, tuple) and len(entry) == 2 else None
+                    if callable(reader):
+                        pending.append(getattr(reader, "__name__", ""))
+    return order
 
 
 class CompiledSchema:
@@ -647,12 +724,17 @@ class CompiledSchema:
         self._encoders: dict[tuple[int, int], Encoder] = {}
 
     def decoder(self, segment: Segment, version: int, proj: Projection | None, what: str) -> Decoder:
-        key = (id(segment), version, _proj_key(proj))
+        key = (id(segment), version, projection_key(proj))
         fn = self._decoders.get(key)
         if fn is None:
             name = compile_decoder(self.ns, segment.fields, version, segment.flexible_at(version), proj, what)
             fn = self._decoders[key] = self.ns[name]
         return fn
+
+    def source(self, fn: Callable[..., Any]) -> str:
+        """The generated source of ``fn`` and of every generated function it uses, root first."""
+        names = generated_functions(self.ns, self.ns.sources, fn.__name__)
+        return "\n\n".join(self.ns.sources[name].rstrip("\n") for name in names) + "\n"
 
     def encoder(self, segment: Segment, version: int, what: str) -> Encoder:
         key = (id(segment), version)

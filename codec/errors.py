@@ -47,5 +47,19 @@ class DecodeError(ValueError):
             self.what or what,
         )
 
+    def locate(self, api_key: int | None, api_version: int | None, what: str | None = None) -> DecodeError:
+        """Like :meth:`located`, but annotates this error in place.
+
+        Re-raising the same object (a bare ``raise``) keeps its traceback, so the frames of the
+        generated decoder where the read failed stay visible in tracebacks and debuggers.
+        """
+        if self.api_key is None:
+            self.api_key = api_key
+        if self.api_version is None:
+            self.api_version = api_version
+        self.what = self.what or what
+        self.args = (self._render(),)
+        return self
+
     def __reduce__(self) -> tuple[type[DecodeError], tuple[str, int, int | None, int | None, str | None]]:
         return (DecodeError, (self.reason, self.offset, self.api_key, self.api_version, self.what))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import codec.api as _api  # circular (api imports this module): only used at call time
 from codec.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ JOIN_GROUP = 11
 SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 CONSUMER = "consumer"
+#: APIs whose requests / responses can carry a payload that ``expand_request``/``expand_response``
+#: decode; decode plans skip the expansion call for every other API.
+REQUESTS_WITH_NESTED = frozenset({ENVELOPE, JOIN_GROUP, SYNC_GROUP})
+RESPONSES_WITH_NESTED = frozenset({ENVELOPE, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS})
 
 _INT16 = struct.Struct(">h")
 
@@ -65,9 +70,6 @@ class VersionedData(Embedded):
         self.value: dict[str, Any] | None = None
         if not raw:
             return
-        from codec.api import decode_data
-        from codec.schema import load_table
-
         try:
             if len(raw) < 2:
                 raise DecodeError("version prefix needs 2 bytes", 0, what=self.message)
@@ -75,9 +77,9 @@ class VersionedData(Embedded):
             if version < 0:
                 raise DecodeError(f"negative version {version}", 0, what=self.message)
             # Newer versions only append fields, so read them with the newest layout we know (as Kafka does).
-            known = min(version, load_table().by_name[self.message].max_version)
+            known = min(version, _api.data_max_version(self.message))
             self.version = version
-            self.value = decode_data(self.message, known, raw, 2)
+            self.value = _api.decode_data(self.message, known, raw, 2)
         except DecodeError as exc:
             self.error = exc
 
@@ -109,10 +111,8 @@ class EmbeddedRequest(Embedded):
     def __init__(self, raw: bytes) -> None:
         super().__init__(raw)
         self.request: Request | None = None
-        from codec.api import decode_request
-
         try:
-            self.request = decode_request(raw)
+            self.request = _api.decode_request(raw)
         except DecodeError as exc:
             self.error = exc
 
@@ -128,10 +128,8 @@ class EmbeddedResponse(Embedded):
         self.response: Response | None = None
         if inner_request is None or raw is None:
             return
-        from codec.api import decode_response
-
         try:
-            self.response = decode_response(raw, inner_request.api_key, inner_request.api_version)
+            self.response = _api.decode_response(raw, inner_request.api_key, inner_request.api_version)
         except DecodeError as exc:
             self.error = exc
 
