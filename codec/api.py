@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import struct
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -561,3 +562,18 @@ def supported_versions(api_key: int) -> tuple[int, int]:
 
 def api_keys() -> list[int]:
     return sorted(load_table().requests)
+
+
+def generated_source(decoder: Callable[..., Any]) -> str:
+    """The Python source the codec generated for ``decoder`` (a plan's ``body.decoder`` or ``header``)
+    and for every generated function it calls, root first; what ``kpmon codec dump`` prints."""
+    return _compiled.source(decoder)
+
+
+def generated_constants(source: str) -> dict[str, Any]:
+    """The shared constants (``_C<n>``: tagged-field readers, default values) ``source`` refers to."""
+    names = sorted(set(_CONSTANT_NAME.findall(source)), key=lambda name: int(name[2:]))
+    return {name: _compiled.ns[name] for name in names if name in _compiled.ns}
+
+
+_CONSTANT_NAME = re.compile(r"\b_C\d+\b")
