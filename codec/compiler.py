@@ -46,6 +46,18 @@ _ids = count()
 _from_bytes: Callable[[bytes], Any] | None = None
 
 
+#: Array element counts whose Struct is kept; longer arrays (rare, and a hostile frame could make
+#: every count distinct) build theirs per call.
+_ARRAY_STRUCT_CACHE_LIMIT = 256
+
+
+def _array_struct(cache: dict[int, struct.Struct], fmt: str, count: int) -> struct.Struct:
+    compiled = struct.Struct(f">{count}{fmt}")
+    if count < _ARRAY_STRUCT_CACHE_LIMIT:
+        cache[count] = compiled
+    return compiled
+
+
 def _records_factory(raw: bytes) -> Any:
     # Imported on first use (records.py pulls in compression), then kept: an import statement run per
     # records field cost ~2 us, more than parsing the batch headers (benchmarks/codec_bench.py).
@@ -73,6 +85,13 @@ class _Namespace(dict[str, Any]):
             self[name] = struct.Struct(">" + fmt)
         return name
 
+    def array_structs(self, fmt: str) -> str:
+        """Name of the dict caching ``Struct('>{n}{fmt}')`` per element count ``n``."""
+        name = "_A_" + fmt.replace("?", "o")
+        if name not in self:
+            self[name] = {}
+        return name
+
     def const(self, value: Any) -> str:
         name = f"_C{next(_ids)}"
         self[name] = value
@@ -93,6 +112,7 @@ def _base_namespace() -> _Namespace:
         _unpack=struct.unpack_from,
         _pack=struct.pack,
         _records=_records_factory,
+        _arrst=_array_struct,
     )
     return ns
 
@@ -224,7 +244,13 @@ class _DecodeWriter:
         if fflex:
             c.emit("n = b[p]")
             c.emit("if n < 128: p += 1")
+            c.emit("else:")
+            c.indent()
+            # Two-byte lengths (127 B to 16 KiB: most records fields) inline too; longer ones call _uv.
+            c.emit("m = b[p + 1]")
+            c.emit("if m < 128: n = (n & 127) | (m << 7); p += 2")
             c.emit("else: n, p = _uv(b, p)")
+            c.dedent()
             c.emit("n -= 1")
         else:
             c.emit(f"n, = {self.ns.struct(width)}.unpack_from(b, p); p += {FIXED_SIZES[width]}")
@@ -256,7 +282,12 @@ class _DecodeWriter:
             fmt = FIXED_FORMATS.get(f.element)
             if fmt:
                 if target:
-                    c.emit(f"{target} = list(_unpack(f'>{{n}}{fmt}', b, p))")
+                    # One cached Struct per element count: building an f-string format and looking it
+                    # up in struct's own cache cost more than the unpack for short arrays.
+                    cache = self.ns.array_structs(fmt)
+                    c.emit(f"st = {cache}.get(n)")
+                    c.emit(f"if st is None: st = _arrst({cache}, {fmt!r}, n)")
+                    c.emit(f"{target} = list(st.unpack_from(b, p))")
                 c.emit(f"p += n * {FIXED_SIZES[fmt]}")
             elif target:
                 item = self.var()

@@ -156,3 +156,15 @@ def test_error_in_generated_code_shows_the_generated_line() -> None:
     assert line.strip() in "".join(traceback.format_exception(err))
     # The source registered for the frame is the source that ran: its function is defined in it.
     assert f"def {innermost.name}(" in "".join(linecache.getlines(innermost.filename))
+
+
+def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_struct() -> None:
+    replicas = list(range(300))
+    partition = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
+    partition |= {"ReplicaNodes": replicas, "IsrNodes": replicas[:3], "OfflineReplicas": []}
+    topic = {"ErrorCode": 0, "Name": "t", "IsInternal": False, "Partitions": [partition]}
+    frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
+    decoded = codec.decode_response(frame, METADATA, 12).body["Topics"][0]["Partitions"][0]
+    assert decoded["ReplicaNodes"] == replicas and decoded["IsrNodes"] == [0, 1, 2]
+    cached_counts = api._compiled.ns["_A_i"]
+    assert 3 in cached_counts and 300 not in cached_counts
