@@ -221,7 +221,11 @@ def projection(fields: Iterable[str] | FieldProjection | None) -> FieldProjectio
         return _FULL
     # Frozensets and tuples are looked up as given (a frozenset caches its hash, so a caller that
     # keeps one pays almost nothing); sets and lists must be frozen first.
-    key: Hashable = fields if type(fields) is frozenset or type(fields) is tuple else frozenset(fields)
+    key: Hashable
+    if type(fields) is frozenset or type(fields) is tuple:
+        key = fields
+    else:
+        key = fields = frozenset(fields)  # once: ``fields`` may be a one-shot iterator
     found = _projections.get(key)
     if found is None:
         paths = frozenset(fields)
@@ -372,7 +376,12 @@ def decode_request(
     data = buf if type(buf) is bytes else bytes(buf)
     if len(data) < 4:
         raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
-    proj = fields if type(fields) is FieldProjection else projection(fields)
+    if type(fields) is FieldProjection:
+        proj = fields
+    else:
+        # projection()'s commonest case inline: a frozenset (or None) already seen, one lookup.
+        found = _projections.get(fields) if fields is None or type(fields) is frozenset else None
+        proj = found if found is not None else projection(fields)
     (head,) = _REQUEST_KEY.unpack_from(data, 0)
     plan = proj.requests.get(head if header_version is None else (head, header_version))
     if plan is None:
@@ -410,7 +419,12 @@ def decode_response(
     (an Envelope's inner response; consumer-protocol assignments before JoinGroup v7).
     """
     data = buf if type(buf) is bytes else bytes(buf)
-    proj = fields if type(fields) is FieldProjection else projection(fields)
+    if type(fields) is FieldProjection:
+        proj = fields
+    else:
+        # projection()'s commonest case inline: a frozenset (or None) already seen, one lookup.
+        found = _projections.get(fields) if fields is None or type(fields) is frozenset else None
+        proj = found if found is not None else projection(fields)
     plan = proj.responses.get(
         (api_key, api_version) if header_version is None else (api_key, api_version, header_version)
     )

@@ -168,3 +168,17 @@ def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_str
     assert decoded["ReplicaNodes"] == replicas and decoded["IsrNodes"] == [0, 1, 2]
     cached_counts = api._compiled.ns["_A_i"]
     assert 3 in cached_counts and 300 not in cached_counts
+
+
+def test_one_shot_iterator_of_fields_projects_like_the_same_set() -> None:
+    frame = _produce_v9_frame()
+    paths = ["TransactionalId", "Acks"]
+    from_generator = codec.decode_request(frame, fields=(path for path in paths)).body
+    assert (
+        from_generator
+        == codec.decode_request(frame, fields=set(paths)).body
+        == {
+            "TransactionalId": "txn-1",
+            "Acks": -1,
+        }
+    )
