@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_dags.tapwindow import TapRecord, TapWindowError, Window, choose_window, read_window
+from checks.model import SEVERITY_RANK
 from kpmon.config import ChecksConfig, ConfigError, load_config
 
 #: Rule-id prefixes that do not come from the checks catalogue.
 NOT_CHECKS = ("quality.", "ops.")
-_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: Canary gate policies: which regressions fail the deploy.
 GATES = ("critical", "any", "report")
 
@@ -107,7 +107,7 @@ def alert_keys(items: Iterable[Mapping[str, Any]]) -> dict[AlertKey, str]:
             continue
         severity = "info" if item.get("incomplete") else str(item["severity"])
         key = (rule, str(item["subject"]))
-        if _RANK.get(severity, 0) >= _RANK.get(out.get(key, "info"), 0):
+        if SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK.get(out.get(key, "info"), 0):
             out[key] = severity
     return out
 

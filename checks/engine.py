@@ -17,10 +17,9 @@ from typing import Any
 from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, State, Stats
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
+from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 
-PRODUCE = 0
-ENVELOPE = 58
 _SWEEP_EVERY_NS = 10 * 1_000_000_000
 
 
@@ -156,7 +155,7 @@ class Monitor:
         self.ctx.trim(conn.pending)
         exchange = Exchange(frame, None)
         self._dispatch("on_request", exchange)
-        if request.api_key == PRODUCE and request.body.get("Acks") == 0:
+        if request.api_key == ApiKey.PRODUCE and request.body.get("Acks") == 0:
             # acks=0: no response will ever come, so the exchange completes now.
             del conn.pending[request.correlation_id]
             self._complete(exchange)
@@ -187,7 +186,7 @@ class Monitor:
             for key in rule.keys(exchange):
                 if self.only_key is None or key == self.only_key:
                     self._call(rule, key, hook, exchange)
-        if api_key == ENVELOPE:
+        if api_key == ApiKey.ENVELOPE:
             inner = unwrap_envelope(exchange)
             if inner is not None:
                 self.ctx._envelope = exchange

@@ -29,6 +29,8 @@ class Severity(StrEnum):
 
 
 _SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
+#: Severity name -> rank, for code that holds severities as plain strings (alerts as JSON, config).
+SEVERITY_RANK: dict[str, int] = {s.value: s.rank for s in Severity}
 
 
 @dataclass

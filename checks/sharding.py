@@ -29,10 +29,10 @@ from checks.model import Exchange, Finding
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.serde import export_state, import_state
+from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 from kpmon.config import ChecksConfig
 
-API_VERSIONS = 18
 #: Key kinds whose rules see every request (the fleet matrix, one key for the whole cluster). Routing
 #: all traffic to that key would funnel the stream through one task, so it gets each connection's first
 #: use of each (api, version) only, plus ApiVersions exchanges in full: fleet counts become connections.
@@ -116,7 +116,7 @@ class ConnectionShard:
         inner = unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == 58 else None
         out: dict[str, None] = {}
         for rule in self.keyed_rules:
-            if rule.key_kind in FIRST_USE_ONLY and ex.api_key != API_VERSIONS and not first_use:
+            if rule.key_kind in FIRST_USE_ONLY and ex.api_key != ApiKey.API_VERSIONS and not first_use:
                 continue
             for exchange in (ex, inner):
                 if exchange is None:
@@ -137,7 +137,9 @@ class ConnectionShard:
                 self.used.append(use)
             keys = self._keys(ex, first_use)
             paired = [
-                k for k in keys if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == API_VERSIONS
+                k
+                for k in keys
+                if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == ApiKey.API_VERSIONS
             ]
             for key in keys:
                 self.routes.append(
@@ -154,7 +156,7 @@ class ConnectionShard:
         keys = [
             k
             for k in self._keys(ex, first_use=False)
-            if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == API_VERSIONS
+            if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == ApiKey.API_VERSIONS
         ]
         at = ex.response.ts_ns
         for key in dict.fromkeys(before + keys):

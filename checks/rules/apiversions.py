@@ -38,16 +38,31 @@ from typing import Any
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from codec.api import api_name
+from codec.protocol import ApiKey, ErrorCode
 from codec.schema import load_table
 
-API_VERSIONS = 18
-BROKER_REGISTRATION = 62
-UNSUPPORTED_VERSION = 35
 CLUSTER_KEY = "cluster"
 
 #: APIs a KRaft broker forwards to the controller (KIP-590's list): the broker may only advertise
 #: versions the controller handles too, or clients are promised versions that then fail.
-FORWARDABLE = frozenset({19, 20, 30, 31, 33, 37, 38, 39, 40, 44, 45, 49, 51, 57})
+FORWARDABLE = frozenset(
+    {
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_ACLS,
+        ApiKey.DELETE_ACLS,
+        ApiKey.ALTER_CONFIGS,
+        ApiKey.CREATE_PARTITIONS,
+        ApiKey.CREATE_DELEGATION_TOKEN,
+        ApiKey.RENEW_DELEGATION_TOKEN,
+        ApiKey.EXPIRE_DELEGATION_TOKEN,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+        ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+        ApiKey.ALTER_CLIENT_QUOTAS,
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+        ApiKey.UPDATE_FEATURES,
+    }
+)
 
 
 @cache
@@ -106,7 +121,7 @@ class ApiVersionsRule(Rule):
         api, version = ex.api_key, ex.api_version
         if "first_seq" not in state:
             state["first_seq"] = ex.request.seq
-        if api == API_VERSIONS:
+        if api == ApiKey.API_VERSIONS:
             state["handshake"] = True
         elif (
             not state.get("handshake")
@@ -129,7 +144,7 @@ class ApiVersionsRule(Rule):
         ranges: dict[str, list[int]] | None = state.get("ranges")
         if ranges is None:
             return
-        if not state.get("complete") and api != API_VERSIONS:
+        if not state.get("complete") and api != ApiKey.API_VERSIONS:
             return
         if _in_range(ranges, api, version):
             return
@@ -153,17 +168,17 @@ class ApiVersionsRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
         resp = ex.resp
-        if ex.api_key != API_VERSIONS or resp is None:
+        if ex.api_key != ApiKey.API_VERSIONS or resp is None:
             return
         error = resp.body.get("ErrorCode")
         if error == 0:
             state["ranges"] = _ranges(resp.body)
             state["complete"] = True
-        elif error == UNSUPPORTED_VERSION:
+        elif error == ErrorCode.UNSUPPORTED_VERSION:
             # The v0 fallback: the broker names the ApiVersions versions it does support (KIP-511),
             # or nothing at all (older brokers), in which case v0 is the one version always accepted.
             ranges = _ranges(resp.body)
-            state["ranges"] = {str(API_VERSIONS): ranges.get(str(API_VERSIONS), [0, 0])}
+            state["ranges"] = {str(ApiKey.API_VERSIONS): ranges.get(str(ApiKey.API_VERSIONS), [0, 0])}
             state["complete"] = False
         else:
             return
@@ -197,7 +212,7 @@ class CoverageCell:
 
 def software_label(ex: Exchange) -> str | None:
     """``name/version`` from an ApiVersions v3+ request, or None."""
-    if ex.api_key != API_VERSIONS or ex.api_version < 3:
+    if ex.api_key != ApiKey.API_VERSIONS or ex.api_version < 3:
         return None
     name = ex.req.body.get("ClientSoftwareName")
     if not name:
@@ -287,14 +302,18 @@ class ApiVersionsClusterRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
         resp = ex.resp
-        if ex.api_key != API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
+        if ex.api_key != ApiKey.API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
             return
         frame = ex.response
         assert frame is not None
         ranges = _ranges(resp.body)
         listener = (frame.listener or "").upper()
         # A KRaft controller serves BrokerRegistration; a broker does not, whatever its listener is named.
-        role = "controller" if str(BROKER_REGISTRATION) in ranges or listener == "CONTROLLER" else "broker"
+        role = (
+            "controller"
+            if str(ApiKey.BROKER_REGISTRATION) in ranges or listener == "CONTROLLER"
+            else "broker"
+        )
         ident = str(frame.broker_id) if frame.broker_id is not None else frame.broker
         label = f"{role}:{ident}"
         brokers: dict[str, Any] = state.setdefault("brokers", {})

@@ -15,15 +15,13 @@ from __future__ import annotations
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from codec.nested import EmbeddedRequest
-
-ENVELOPE = 58
-BROKER_REGISTRATION = 62
+from codec.protocol import ApiKey
 
 
 class EnvelopeRule(Rule):
     name = "envelope"
     key_kind = "conn"
-    api_keys = frozenset({ENVELOPE, BROKER_REGISTRATION})
+    api_keys = frozenset({ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION})
 
     def keys(self, ex: Exchange) -> list[str]:
         # Inner exchanges of an Envelope are not the connection's own traffic.
@@ -31,7 +29,7 @@ class EnvelopeRule(Rule):
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
         frame = ex.request
-        if ex.api_key == BROKER_REGISTRATION:
+        if ex.api_key == ApiKey.BROKER_REGISTRATION:
             state["broker_registration"] = [frame.partition, frame.offset]
             return
         config = ctx.config

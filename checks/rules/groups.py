@@ -38,11 +38,8 @@ from typing import Any
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from codec.nested import ConsumerAssignment, ConsumerSubscription
+from codec.protocol import ApiKey, ErrorCode
 
-JOIN_GROUP = 11
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
-INCONSISTENT_GROUP_PROTOCOL = 23
 CONSUMER = "consumer"
 RULE_MISMATCH = "group.protocol_type_mismatch"
 RULE_OUTSIDE = "group.assignment_outside_subscription"
@@ -67,10 +64,10 @@ def assigned_topics(value: Any) -> list[str] | None:
 class GroupRule(Rule):
     name = "group"
     key_kind = "group"
-    api_keys = frozenset({JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS})
+    api_keys = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS})
 
     def keys(self, ex: Exchange) -> list[str]:
-        if ex.api_key == DESCRIBE_GROUPS:
+        if ex.api_key == ApiKey.DESCRIBE_GROUPS:
             return [str(g) for g in dict.fromkeys(ex.req.body.get("Groups") or [])]
         group = ex.req.body.get("GroupId")
         return [str(group)] if group is not None else []
@@ -79,10 +76,10 @@ class GroupRule(Rule):
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
         body = ex.req.body
-        if ex.api_key == JOIN_GROUP and body.get("MemberId"):
+        if ex.api_key == ApiKey.JOIN_GROUP and body.get("MemberId"):
             # A rejoin names its member id already: its subscription is known at send time.
             self._subscribe_from_request(state, str(body["MemberId"]), ex, ctx)
-        elif ex.api_key == SYNC_GROUP:
+        elif ex.api_key == ApiKey.SYNC_GROUP:
             gen = int(body.get("GenerationId", -1))
             if ex.api_version >= 5:
                 self._agree(
@@ -112,11 +109,11 @@ class GroupRule(Rule):
         resp = ex.resp
         if resp is None:
             return
-        if ex.api_key == JOIN_GROUP:
+        if ex.api_key == ApiKey.JOIN_GROUP:
             self._join_answered(state, key, ex, resp.body, ctx)
-        elif ex.api_key == SYNC_GROUP:
+        elif ex.api_key == ApiKey.SYNC_GROUP:
             self._sync_answered(state, key, ex, resp.body, ctx)
-        elif ex.api_key == DESCRIBE_GROUPS:
+        elif ex.api_key == ApiKey.DESCRIBE_GROUPS:
             for group in resp.body.get("Groups") or []:
                 if str(group.get("GroupId")) == key:
                     self._described(state, key, ex, group, ctx)
@@ -128,7 +125,7 @@ class GroupRule(Rule):
     ) -> None:
         req = ex.req.body
         error = body.get("ErrorCode")
-        if error == INCONSISTENT_GROUP_PROTOCOL:
+        if error == ErrorCode.INCONSISTENT_GROUP_PROTOCOL:
             self._mismatch(
                 state,
                 key,
@@ -208,7 +205,7 @@ class GroupRule(Rule):
         req = ex.req.body
         gen = int(req.get("GenerationId", -1))
         error = body.get("ErrorCode")
-        if error == INCONSISTENT_GROUP_PROTOCOL:
+        if error == ErrorCode.INCONSISTENT_GROUP_PROTOCOL:
             self._mismatch(
                 state,
                 key,

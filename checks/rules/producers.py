@@ -52,16 +52,7 @@ from typing import Any
 
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
-
-PRODUCE = 0
-INIT_PRODUCER_ID = 22
-END_TXN = 26
-WRITE_TXN_MARKERS = 27
-
-INVALID_PRODUCER_EPOCH = 47
-PRODUCER_FENCED = 90
-OUT_OF_ORDER_SEQUENCE = 45
-DUPLICATE_SEQUENCE = 46
+from codec.protocol import ApiKey, ErrorCode
 
 #: Sequence numbers are non-negative int32s that wrap to 0 after 2**31 - 1 (as the broker computes them).
 SEQ_MOD = 2**31
@@ -141,18 +132,18 @@ def seq_overlap(base_a: int, count_a: int, base_b: int, count_b: int) -> bool:
 class ProducerRule(Rule):
     name = "producer"
     key_kind = "producer"
-    api_keys = frozenset({PRODUCE, INIT_PRODUCER_ID, END_TXN, WRITE_TXN_MARKERS})
+    api_keys = frozenset({ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN, ApiKey.WRITE_TXN_MARKERS})
 
     def keys(self, ex: Exchange) -> list[str]:
         api = ex.api_key
         pids: list[int] = []
-        if api == PRODUCE:
+        if api == ApiKey.PRODUCE:
             pids = [int(b.producer_id) for _, _, _, b in produce_batches(ex) if is_producing(b)]
-        elif api in (INIT_PRODUCER_ID, END_TXN):
+        elif api in (ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN):
             resp = ex.resp
             if resp is not None and resp.body.get("ProducerId") is not None:
                 pids = [int(resp.body["ProducerId"])]
-        elif api == WRITE_TXN_MARKERS:
+        elif api == ApiKey.WRITE_TXN_MARKERS:
             pids = [int(m.get("ProducerId", -1)) for m in ex.req.body.get("Markers") or []]
         # Ordered and unique: findings come out in a stable order.
         return [str(p) for p in dict.fromkeys(pids) if p >= 0]
@@ -160,7 +151,7 @@ class ProducerRule(Rule):
     # -- events -----------------------------------------------------------------------------------
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
-        if ex.api_key != PRODUCE:
+        if ex.api_key != ApiKey.PRODUCE:
             return
         pid = int(key)
         known = int(state.get("epoch", -1))
@@ -182,18 +173,18 @@ class ProducerRule(Rule):
                 ctx.trim(pending)
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
-        if ex.api_key == PRODUCE:
+        if ex.api_key == ApiKey.PRODUCE:
             self._produce_answered(state, key, ex, ctx)
             return
         resp = ex.resp
         if resp is None:
             return
         pid = int(key)
-        if ex.api_key == INIT_PRODUCER_ID and resp.body.get("ErrorCode") == 0:
+        if ex.api_key == ApiKey.INIT_PRODUCER_ID and resp.body.get("ErrorCode") == 0:
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "InitProducerId", ex)
-        elif ex.api_key == END_TXN and resp.body.get("ErrorCode") == 0 and ex.api_version >= 5:
+        elif ex.api_key == ApiKey.END_TXN and resp.body.get("ErrorCode") == 0 and ex.api_version >= 5:
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "EndTxn", ex)
-        elif ex.api_key == WRITE_TXN_MARKERS:
+        elif ex.api_key == ApiKey.WRITE_TXN_MARKERS:
             written = {
                 int(m.get("ProducerId", -1))
                 for m in resp.body.get("Markers") or []
@@ -296,11 +287,12 @@ def _report_stale(
             conns=(ex.conn,),
         )
         return
-    outcome = {
-        PRODUCER_FENCED: "the broker fenced it (PRODUCER_FENCED)",
-        INVALID_PRODUCER_EPOCH: "the broker fenced it (INVALID_PRODUCER_EPOCH)",
+    outcomes: dict[int | None, str] = {
+        ErrorCode.PRODUCER_FENCED: "the broker fenced it (PRODUCER_FENCED)",
+        ErrorCode.INVALID_PRODUCER_EPOCH: "the broker fenced it (INVALID_PRODUCER_EPOCH)",
         None: "no answer was seen, so whether it landed is unknown",
-    }.get(error, f"the broker refused it (error {error})")
+    }
+    outcome = outcomes.get(error, f"the broker refused it (error {error})")
     ctx.emit(
         "producer.stale_epoch_rejected",
         Severity.WARNING,
@@ -317,7 +309,7 @@ def _report_gap(
 ) -> None:
     base = int(evidence["base_sequence"])
     missing = seq_ahead(base, expected)
-    if error == OUT_OF_ORDER_SEQUENCE:
+    if error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
         outcome = "the broker confirmed it (OUT_OF_ORDER_SEQUENCE)"
     elif error == 0:
         outcome = "the broker accepted it"
@@ -354,10 +346,10 @@ def _check_duplicate(
     )
     subject = f"producer:{evidence['producer_id']}"
     if overlapping is None:
-        if error in (0, DUPLICATE_SEQUENCE):
+        if error in (0, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
             acked.append([base, count, offset if error == 0 else -1])
             del acked[:-ACKED_WINDOW]
-        if error == DUPLICATE_SEQUENCE:
+        if error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
             # The original write was not seen (before the monitor started, or on an untapped path).
             ctx.emit(
                 "producer.sequence_duplicate",
@@ -386,7 +378,7 @@ def _check_duplicate(
             severity = Severity.INFO
             outcome = {
                 0: "deduplicated (answered with the original offset)",
-                DUPLICATE_SEQUENCE: "deduplicated (DUPLICATE_SEQUENCE)",
+                ErrorCode.DUPLICATE_SEQUENCE_NUMBER: "deduplicated (DUPLICATE_SEQUENCE)",
                 None: "no answer seen",
             }.get(error, f"refused (error {error})")
             summary = f"{where}: retry of acknowledged base sequence {base}; {outcome}"

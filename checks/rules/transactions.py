@@ -52,22 +52,14 @@ from typing import Any
 from checks.model import Exchange, Severity
 from checks.rule import Context, Rule, State
 from checks.rules.producers import (
-    INVALID_PRODUCER_EPOCH,
-    PRODUCE,
-    PRODUCER_FENCED,
     is_producing,
     produce_answers,
     produce_batches,
     record_batches,
     topic_key,
 )
-
-FETCH = 1
-INIT_PRODUCER_ID = 22
-ADD_PARTITIONS_TO_TXN = 24
-ADD_OFFSETS_TO_TXN = 25
-END_TXN = 26
-TXN_OFFSET_COMMIT = 28
+from codec.control import ABORT, COMMIT
+from codec.protocol import ApiKey, ErrorCode
 
 #: Kafka's default transaction.timeout.ms, used when the InitProducerId was not seen.
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -76,7 +68,6 @@ READ_COMMITTED = 1
 PRODUCE_TXN_V2 = 12
 NS_PER_MS = 1_000_000
 #: Control record types (the key's second int16).
-ABORT, COMMIT = 0, 1
 
 
 def _txn_id(value: Any) -> str | None:
@@ -90,12 +81,19 @@ class TxnRule(Rule):
     name = "txn"
     key_kind = "txn"
     api_keys = frozenset(
-        {PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT}
+        {
+            ApiKey.PRODUCE,
+            ApiKey.INIT_PRODUCER_ID,
+            ApiKey.ADD_PARTITIONS_TO_TXN,
+            ApiKey.ADD_OFFSETS_TO_TXN,
+            ApiKey.END_TXN,
+            ApiKey.TXN_OFFSET_COMMIT,
+        }
     )
 
     def keys(self, ex: Exchange) -> list[str]:
         body = ex.req.body
-        if ex.api_key == ADD_PARTITIONS_TO_TXN:
+        if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
             if ex.api_version <= 3:
                 ids = [_txn_id(body.get("V3AndBelowTransactionalId"))]
             else:
@@ -105,9 +103,9 @@ class TxnRule(Rule):
         return [i for i in dict.fromkeys(ids) if i is not None]
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
-        if ex.api_key == END_TXN and not self._zombie(state, ex):
+        if ex.api_key == ApiKey.END_TXN and not self._zombie(state, ex):
             state["ending"] = True
-        elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
+        elif ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
             state["explicit"] = True
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
@@ -115,7 +113,7 @@ class TxnRule(Rule):
         if resp is None:
             return
         api, body = ex.api_key, resp.body
-        if api == INIT_PRODUCER_ID:
+        if api == ApiKey.INIT_PRODUCER_ID:
             if body.get("ErrorCode") == 0:
                 # A new InitProducerId aborts whatever transaction this id had open.
                 self._close(state, key, ex, ctx)
@@ -125,7 +123,7 @@ class TxnRule(Rule):
                 )
                 state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
                 state["boundary"] = True
-        elif api == END_TXN:
+        elif api == ApiKey.END_TXN:
             if self._zombie(state, ex):
                 return  # an older instance's EndTxn says nothing about the current transaction
             state["ending"] = False
@@ -135,28 +133,28 @@ class TxnRule(Rule):
                 state["boundary"] = True
                 if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
                     state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
-            elif error in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
+            elif error in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH):
                 # The coordinator already ended this transaction (it aborted it on timeout and bumped the
                 # epoch, or another instance took over): it is not open any more.
                 self._close(state, key, ex, ctx)
             elif state.get("open"):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
                 ctx.set_timer(int(state["deadline"]))
-        elif api == ADD_PARTITIONS_TO_TXN:
+        elif api == ApiKey.ADD_PARTITIONS_TO_TXN:
             added = self._added_partitions(key, ex)
             if added:
                 self._open(state, ex, ctx)
                 partitions: dict[str, int] = state.setdefault("added", {})
                 partitions.update(dict.fromkeys(added, 1))
                 ctx.trim(partitions)
-        elif api == ADD_OFFSETS_TO_TXN:
+        elif api == ApiKey.ADD_OFFSETS_TO_TXN:
             if body.get("ErrorCode") == 0:
                 self._open(state, ex, ctx)
-        elif api == TXN_OFFSET_COMMIT:
+        elif api == ApiKey.TXN_OFFSET_COMMIT:
             errors = [p.get("ErrorCode") for t in body.get("Topics") or [] for p in t.get("Partitions") or []]
             if 0 in errors:
                 self._open(state, ex, ctx)
-        elif api == PRODUCE:
+        elif api == ApiKey.PRODUCE:
             self._produced(state, key, ex, ctx)
 
     def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
@@ -308,14 +306,14 @@ class TxnRule(Rule):
 def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
     """(producer id, epoch, transactional id) that a *client* request claims."""
     body, api = ex.req.body, ex.api_key
-    if api == PRODUCE:
+    if api == ApiKey.PRODUCE:
         txn = _txn_id(body.get("TransactionalId"))
         return [
             (int(b.producer_id), int(b.producer_epoch), txn)
             for _, _, _, b in produce_batches(ex)
             if is_producing(b)
         ]
-    if api == ADD_PARTITIONS_TO_TXN:
+    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
         if ex.api_version > 3:
             return []  # v4+ is sent by brokers
         return [
@@ -325,7 +323,7 @@ def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
                 _txn_id(body.get("V3AndBelowTransactionalId")),
             )
         ]
-    if api in (ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
+    if api in (ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT):
         return [
             (
                 int(body.get("ProducerId", -1)),
@@ -340,11 +338,18 @@ class PidOwnershipRule(Rule):
     name = "txn_pid"
     key_kind = "producer"
     api_keys = frozenset(
-        {PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT}
+        {
+            ApiKey.PRODUCE,
+            ApiKey.INIT_PRODUCER_ID,
+            ApiKey.ADD_PARTITIONS_TO_TXN,
+            ApiKey.ADD_OFFSETS_TO_TXN,
+            ApiKey.END_TXN,
+            ApiKey.TXN_OFFSET_COMMIT,
+        }
     )
 
     def keys(self, ex: Exchange) -> list[str]:
-        if ex.api_key == INIT_PRODUCER_ID:
+        if ex.api_key == ApiKey.INIT_PRODUCER_ID:
             resp = ex.resp
             pids = [int(resp.body.get("ProducerId", -1))] if resp is not None else []
         else:
@@ -383,11 +388,11 @@ class PidOwnershipRule(Rule):
         resp = ex.resp
         if resp is None or resp.body.get("ErrorCode") != 0:
             return
-        if ex.api_key == END_TXN and ex.api_version >= 5 and self._client(ex) == state.get("client"):
+        if ex.api_key == ApiKey.END_TXN and ex.api_version >= 5 and self._client(ex) == state.get("client"):
             # Transactions v2: every EndTxn bumps the owner's epoch.
             state["epoch"] = max(int(state.get("epoch", -1)), int(resp.body.get("ProducerEpoch", -1)))
             return
-        if ex.api_key != INIT_PRODUCER_ID:
+        if ex.api_key != ApiKey.INIT_PRODUCER_ID:
             return
         pid, epoch = int(key), int(resp.body.get("ProducerEpoch", -1))
         txn = _txn_id(ex.req.body.get("TransactionalId"))
@@ -469,7 +474,7 @@ def control_type(batch: Any) -> int | None:
 class ReadCommittedRule(Rule):
     name = "txn_read"
     key_kind = "conn"
-    api_keys = frozenset({FETCH})
+    api_keys = frozenset({ApiKey.FETCH})
 
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn] if ex.req.body.get("IsolationLevel") == READ_COMMITTED else []

@@ -14,12 +14,10 @@ import time
 from typing import Any
 
 import codec
+from codec.protocol import ErrorCode
 from codec.samples import random_request_body
 from kpmon.traffic.raw_client import RawClientError, RawKafkaClient
 from kpmon.traffic.workload import create_topic
-
-INCONSISTENT_GROUP_PROTOCOL = 23
-MEMBER_ID_REQUIRED = 79
 
 
 def _drain(client: RawKafkaClient, seconds: float = 2.0) -> str:
@@ -119,7 +117,7 @@ def _join_connect_member(raw: RawKafkaClient, group: str) -> int:
         response = raw.request(11, 5, body)
         assert response is not None
         error = int(response.body["ErrorCode"])
-        if error != MEMBER_ID_REQUIRED:
+        if error != ErrorCode.MEMBER_ID_REQUIRED:
             return error
         body["MemberId"] = response.body["MemberId"]
     return error

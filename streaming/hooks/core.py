@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from checks.model import SEVERITY_RANK
 from streaming.hooks.formatters import AlertDict
 from streaming.hooks.pacing import TokenBucket, backoff_delay
-from streaming.hooks.policy import SEVERITY_RANK, Policy
+from streaming.hooks.policy import Policy
 
 #: Spool namespaces.
 PENDING = "pending"

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from checks.model import Severity
+
 AlertDict = dict[str, Any]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-SEVERITIES = ("info", "warning", "critical")
+SEVERITIES = tuple(s.value for s in Severity)
 STATUSES = ("firing", "resolved")
 
 # Slack rejects a message with more than 50 blocks, a section text over 3000 characters, a header over

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from checks.model import SEVERITY_RANK
 from kpmon.config import HookConfig
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 @dataclass(frozen=True)
