@@ -40,6 +40,7 @@ jars: $(STAMP)
 # Regenerate codec/schema_table.json from the pinned kafka-clients jars.
 schemas: jars
 	$(PY) -m codec.generator --write
+	$(PY) -m codec.protocol_gen --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.engine import Monitor
-from checks.model import Finding
+from checks.model import SEVERITY_RANK, Finding
 from checks.rule import Context, State, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
@@ -94,10 +94,7 @@ class ReportData:
     @property
     def finding_counts(self) -> list[tuple[str, str, int]]:
         counts = Counter((f["rule"], f["severity"]) for f in self.findings)
-        return sorted(((r, s, n) for (r, s), n in counts.items()), key=lambda t: (-_SEV[t[1]], t[0]))
-
-
-_SEV = {"info": 0, "warning": 1, "critical": 2}
+        return sorted(((r, s, n) for (r, s), n in counts.items()), key=lambda t: (-SEVERITY_RANK[t[1]], t[0]))
 
 
 def run_checks(
@@ -367,7 +364,9 @@ def render_timeline_svg(entries: list[TimelineEntry], width: int = 900) -> str:
     """
     if not entries:
         return ""
-    lanes = sorted({(e.rule, e.severity) for e in entries}, key=lambda rs: (-_SEV.get(rs[1], 0), rs[0]))
+    lanes = sorted(
+        {(e.rule, e.severity) for e in entries}, key=lambda rs: (-SEVERITY_RANK.get(rs[1], 0), rs[0])
+    )
     lane_of = {lane: i for i, lane in enumerate(lanes)}
     start = min(e.first_seen for e in entries)
     end = max(max(e.last_seen, e.first_seen) for e in entries)
@@ -423,7 +422,7 @@ def render_timeline_html(entries: list[TimelineEntry]) -> str:
         return '<p class="muted">no alerts yet</p>'
     counts = Counter((e.rule, e.severity) for e in entries)
     firing = Counter((e.rule, e.severity) for e in entries if e.status != "resolved")
-    by_rule = sorted(counts.items(), key=lambda item: (-_SEV.get(item[0][1], 0), item[0][0]))
+    by_rule = sorted(counts.items(), key=lambda item: (-SEVERITY_RANK.get(item[0][1], 0), item[0][0]))
     parts = [
         _table(
             ["severity", "rule", "alerts", "still firing"],

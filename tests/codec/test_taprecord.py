@@ -1,0 +1,266 @@
+"""codec.taprecord: the tap record contract, its parse, its dict layouts, and that nobody else spells it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import codec
+from codec import taprecord
+from codec.protocol import ApiKey
+from codec.taprecord import (
+    HEADERS,
+    ROW_KEYS,
+    STATE_KEYS,
+    Header,
+    TapFrame,
+    frame_from_dict,
+    frame_from_record,
+    frame_to_dict,
+    header_only,
+    headers_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("codec", "checks", "tap", "streaming", "kpmon", "airflow_dags", "deploy")
+
+#: The wire names of schema 1 (docs/tap.md). Changing one changes the tap topic format.
+WIRE_NAMES = (
+    "dir",
+    "seq",
+    "ts_ns",
+    "api_key",
+    "api_version",
+    "corr_id",
+    "redacted",
+    "conn",
+    "client",
+    "broker",
+    "broker_id",
+    "listener",
+    "tap",
+    "capture",
+    "schema",
+    "truncated",
+    "orig_size",
+    "redaction_failed",
+    "capture_fallback",
+    "header_error",
+    "error",
+)
+
+
+def _request_bytes(corr: int = 7) -> bytes:
+    body = {"ClientSoftwareName": "kpmon-test", "ClientSoftwareVersion": "1.0"}
+    return codec.encode_request(ApiKey.API_VERSIONS, 3, corr, "app", body)
+
+
+def _headers(direction: str, **extra: str) -> dict[str, str]:
+    return {
+        Header.DIR: direction,
+        Header.SEQ: "3",
+        Header.TS_NS: "1700000000000000000",
+        Header.API_KEY: str(int(ApiKey.API_VERSIONS)),
+        Header.API_VERSION: "3",
+        Header.CORR_ID: "7",
+        Header.REDACTED: "",
+        Header.CONN: "tap1-4",
+        Header.CLIENT: "10.0.0.5:51000",
+        Header.BROKER: "127.0.0.1:9092",
+        Header.BROKER_ID: "1",
+        Header.LISTENER: "PLAINTEXT",
+        Header.TAP: "tap1",
+        Header.CAPTURE: "full",
+        Header.SCHEMA: taprecord.SCHEMA_VERSION,
+        **extra,
+    }
+
+
+def test_the_wire_names_do_not_change() -> None:
+    assert HEADERS == WIRE_NAMES
+    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close")
+
+
+def test_headers_to_frame_to_dict_to_frame() -> None:
+    raw = _request_bytes()
+    frame = frame_from_record(_headers("req"), raw, partition=2, offset=41)
+    assert frame.error is None and frame.request is not None
+    assert (frame.conn, frame.seq, frame.ts_ns, frame.direction) == ("tap1-4", 3, 1700000000000000000, "req")
+    assert (frame.api_key, frame.api_version, frame.correlation_id) == (ApiKey.API_VERSIONS, 3, 7)
+    assert (frame.partition, frame.offset, frame.broker_id, frame.listener) == (2, 41, 1, "PLAINTEXT")
+
+    data = json.loads(json.dumps(frame_to_dict(frame)))
+    assert {"direction", "correlation_id", "partition", "offset", "raw"} <= set(data)
+    assert not {Header.DIR, Header.CORR_ID} & set(data)
+    again = frame_from_dict(data)
+    assert again.request is not None and again.request.body == frame.request.body
+    assert _meta(again) == _meta(frame)
+
+
+def _meta(frame: TapFrame) -> dict[str, object]:
+    return {name: getattr(frame, name) for name in taprecord.FIELDS}
+
+
+def test_a_response_reads_its_api_from_the_headers() -> None:
+    request = codec.decode_request(_request_bytes())
+    body = {"ErrorCode": 0, "ApiKeys": [], "ThrottleTimeMs": 0}
+    raw = codec.encode_response(request.api_key, request.api_version, request.correlation_id, body)
+    frame = frame_from_record(_headers("resp"), raw)
+    assert frame.error is None and frame.response is not None
+    missing = _headers("resp")
+    del missing[Header.API_KEY]
+    assert frame_from_record(missing, raw).error is not None
+
+
+def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> None:
+    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    saved = frame_to_dict(frame, keys=STATE_KEYS)
+    # Exactly the keys kpmon wrote before the vocabulary was unified, so an older build can restore it.
+    assert set(saved) == {
+        "conn",
+        "seq",
+        "ts_ns",
+        "dir",
+        "api_key",
+        "api_version",
+        "corr_id",
+        "client",
+        "broker",
+        "broker_id",
+        "listener",
+        "partition",
+        "offset",
+        "capture",
+        "raw",
+    }
+    assert _meta(frame_from_dict(saved)) == _meta(frame)
+    assert _meta(frame_from_dict(frame_to_dict(frame))) == _meta(frame)
+
+
+def test_serde_writes_the_persisted_layout() -> None:
+    from checks.serde import frame_from_dict as load
+    from checks.serde import frame_to_dict as save
+
+    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    saved = save(frame)
+    assert saved[Header.DIR] == "req" and saved[Header.CORR_ID] == 7 and "direction" not in saved
+    assert _meta(load(saved)) == _meta(frame)
+
+
+def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:
+    row = {
+        Header.CONN: "tap1-4",
+        Header.SEQ: 3.0,
+        Header.TS_NS: 10,
+        Header.DIR: "resp",
+        Header.API_KEY: 18.0,
+        Header.API_VERSION: 3,
+        Header.CORR_ID: math.nan,
+        Header.BROKER_ID: math.nan,
+        Header.LISTENER: None,
+        ROW_KEYS["partition"]: 4,
+        ROW_KEYS["offset"]: 99,
+        "value": b"\x00",
+    }
+    frame = frame_from_dict(row, decode=False)
+    assert (frame.seq, frame.api_key, frame.correlation_id, frame.broker_id) == (3, 18, None, None)
+    assert (frame.partition, frame.offset, frame.listener, frame.capture) == (4, 99, None, "full")
+    assert frame.message is None and frame.raw is None
+
+
+def test_the_field_name_wins_over_an_old_key() -> None:
+    assert frame_from_dict({"direction": "resp", "dir": "req"}, decode=False).direction == "resp"
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        {Header.TRUNCATED: "1", Header.ORIG_SIZE: "5000000"},
+        {Header.REDACTION_FAILED: "1"},
+        {Header.CAPTURE_FALLBACK: "meta"},
+        {Header.REDACTED: f"AuthBytes,{taprecord.SASL_TOKEN}"},
+    ],
+)
+def test_header_only_records_are_not_decoded(flag: dict[str, str]) -> None:
+    headers = _headers("req", **flag)
+    assert header_only(headers)
+    frame = frame_from_record(headers, b"\x00\x12")
+    assert frame.error is None and frame.message is None
+
+
+def test_records_not_from_a_tap() -> None:
+    frame = frame_from_record({}, b"junk", partition=3, offset=1)
+    assert frame.conn == "untracked-p3" and frame.direction == "req" and frame.error is not None
+    assert headers_dict(None) == {}
+    assert headers_dict([("dir", b"req"), ("x", None)]) == {"dir": "req", "x": ""}
+
+
+def test_lifecycle_records_are_kept_undecoded() -> None:
+    frame = frame_from_record(_headers("open"), b'{"tls": null}')
+    assert frame.direction == "open" and frame.message is None and frame.error is None
+
+
+# --- nobody else spells the contract ------------------------------------------------------------------
+
+#: Names that only mean something as tap record headers or their old dict keys.
+CONTRACT_ONLY = {
+    Header.CORR_ID,
+    Header.ORIG_SIZE,
+    Header.REDACTION_FAILED,
+    Header.CAPTURE_FALLBACK,
+    Header.HEADER_ERROR,
+    taprecord.SASL_TOKEN,
+    ROW_KEYS["partition"],
+    ROW_KEYS["offset"],
+}
+#: Files that still spell some of them, and why (an entry that is no longer true fails, so it only shrinks).
+KNOWN_LEFTOVERS = {
+    # The decoded-frame columns the job selects; being rewritten by the bucketing work at the time.
+    "streaming/job.py": {Header.CORR_ID, ROW_KEYS["partition"], ROW_KEYS["offset"]},
+}
+
+
+def _header_literals(tree: ast.AST) -> set[str]:
+    """Contract-only string literals, and any header name read from a ``*headers*`` variable."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in CONTRACT_ONLY:
+            found.add(node.value)
+        receiver: ast.expr | None = None
+        key: ast.expr | None = None
+        if isinstance(node, ast.Subscript):
+            receiver, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            receiver, key = node.func.value, node.args[0] if node.args else None
+        name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+        if "header" in name and isinstance(key, ast.Constant) and key.value in HEADERS:
+            found.add(key.value)
+    return found
+
+
+def test_only_the_contract_module_spells_header_names() -> None:
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "codec/taprecord.py":
+                continue
+            hits = _header_literals(ast.parse(path.read_text(), rel))
+            if hits:
+                found[rel] = hits
+    unexpected = {f: names - KNOWN_LEFTOVERS.get(f, set()) for f, names in found.items()}
+    assert not {f: n for f, n in unexpected.items() if n}, "use codec.taprecord.Header"
+    stale = {f: names - found.get(f, set()) for f, names in KNOWN_LEFTOVERS.items()}
+    assert not {f: n for f, n in stale.items() if n}, "fixed: remove it from KNOWN_LEFTOVERS"
+
+
+def test_the_scan_finds_a_header_read() -> None:
+    assert _header_literals(ast.parse('headers.get("dir")\nself.headers["ts_ns"]\nx = "corr_id"')) == {
+        "dir",
+        "ts_ns",
+        "corr_id",
+    }
