@@ -289,6 +289,8 @@ class _DecodeWriter:
                     c.emit(f"if st is None: st = _arrst({cache}, {fmt!r}, n)")
                     c.emit(f"{target} = list(st.unpack_from(b, p))")
                 c.emit(f"p += n * {FIXED_SIZES[fmt]}")
+            elif target and self.inline_fixed_elements(elem, target, proj):
+                pass
             elif target:
                 item = self.var()
                 c.emit(f"{target} = []")
@@ -319,6 +321,45 @@ class _DecodeWriter:
                 self.scalar_or_struct(f, target, proj, fflex)
             return
         self.scalar_or_struct(f, target, proj, fflex, nullable)
+
+    def inline_fixed_elements(self, elem: FieldSpec, target: str, proj: Projection | None) -> bool:
+        """Decode an array of structs made only of fixed-width fields (ApiVersions' ApiKeys, topic
+        and partition id pairs...) in the loop itself, without a call per element.
+
+        Only the common case is inline: no tagged fields known at this version and, when flexible, an
+        empty tag section. An element with tags is decoded again from its start by the struct's own
+        function, which keeps unknown tags and reports anomalies. Returns False (emitting nothing)
+        when the element does not qualify.
+        """
+        if not elem.is_struct:
+            return False
+        present = [f for f in elem.fields or () if f.present(self.version)]
+        if not present or any(f.tagged_at(self.version) for f in present):
+            return False
+        if any(f.is_array or f.type not in FIXED_FORMATS for f in present):
+            return False
+        c, ns = self.c, self.ns
+        fmt = "".join(FIXED_FORMATS[f.type] for f in present)
+        size = sum(FIXED_SIZES[ch] for ch in fmt)
+        values = [self.var() for _ in present]
+        start = self.var()
+        fn = compile_decoder(
+            ns, elem.fields or (), self.version, self.flexible, proj, f"{self.what}.{elem.name}"
+        )
+        items = ", ".join(
+            f"{f.name!r}: {v}" for f, v in zip(present, values, strict=True) if proj is None or f.name in proj
+        )
+        c.emit(f"{target} = []")
+        c.emit("for _ in range(n):")
+        c.indent()
+        c.emit(f"{start} = p")
+        c.emit(f"{', '.join(values)}, = {ns.struct(fmt)}.unpack_from(b, p); p += {size}")
+        if self.flexible:
+            c.emit("if b[p] == 0: p += 1")
+            c.emit(f"else: {values[0]}, p = {fn}(b, {start}, L); {target}.append({values[0]}); continue")
+        c.emit(f"{target}.append({{{items}}})")
+        c.dedent()
+        return True
 
     def scalar_or_struct(
         self, f: FieldSpec, target: str | None, proj: Projection | None, fflex: bool, nullable: bool = False

@@ -182,3 +182,21 @@ def test_one_shot_iterator_of_fields_projects_like_the_same_set() -> None:
             "Acks": -1,
         }
     )
+
+
+def test_inline_fixed_width_elements_fall_back_for_an_element_with_tags() -> None:
+    # ApiKeys elements are all fixed-width, so the generated loop decodes them inline; the second one
+    # carries an unknown tag, which only the element's own decoder keeps.
+    keys = [
+        {"ApiKey": 0, "MinVersion": 3, "MaxVersion": 13},
+        {"ApiKey": 1, "MinVersion": 4, "MaxVersion": 17},
+    ]
+    tagged = [keys[0], dict(keys[1], _unknown_tags={7: b"\x01\x02"})]
+    frame = codec.encode_response(API_VERSIONS, 3, 1, {"ErrorCode": 0, "ApiKeys": tagged})
+    full = codec.decode_response(frame, API_VERSIONS, 3)
+    assert full.body["ApiKeys"] == tagged
+    assert codec.encode(full) == frame
+    projected = codec.decode_response(frame, API_VERSIONS, 3, fields={"ApiKeys.ApiKey", "ApiKeys.MaxVersion"})
+    assert projected.body == {"ApiKeys": [{"ApiKey": 0, "MaxVersion": 13}, {"ApiKey": 1, "MaxVersion": 17}]}
+    with pytest.raises(codec.DecodeError):
+        codec.decode_response(frame[:12], API_VERSIONS, 3)
