@@ -113,7 +113,9 @@ class ConnectionShard:
         return {"monitor": export_state(self.monitor), "sent": self.sent, "used": self.used}
 
     def _keys(self, ex: Exchange, first_use: bool) -> list[str]:
-        inner = unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == 58 else None
+        inner = (
+            unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == ApiKey.ENVELOPE else None
+        )
         out: dict[str, None] = {}
         for rule in self.keyed_rules:
             if rule.key_kind in FIRST_USE_ONLY and ex.api_key != ApiKey.API_VERSIONS and not first_use:

@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 import codec
+from codec.protocol import ApiKey
 
 _SIZE = struct.Struct(">i")
 
@@ -68,7 +69,7 @@ class RawKafkaClient:
     def handshake(self, version: int = 3) -> dict[int, tuple[int, int]]:
         """ApiVersions, as every modern client does first; remembers the advertised ranges."""
         body = {"ClientSoftwareName": "kpmon-raw", "ClientSoftwareVersion": "1"} if version >= 3 else {}
-        response = self.request(18, version, body)
+        response = self.request(ApiKey.API_VERSIONS, version, body)
         assert response is not None
         self.versions = {k["ApiKey"]: (k["MinVersion"], k["MaxVersion"]) for k in response.body["ApiKeys"]}
         return self.versions

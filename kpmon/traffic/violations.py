@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import codec
-from codec.protocol import ErrorCode
+from codec.protocol import ApiKey, ErrorCode
 from codec.samples import random_request_body
 from kpmon.traffic.raw_client import RawClientError, RawKafkaClient
 from kpmon.traffic.workload import create_topic
@@ -97,7 +97,7 @@ def mixed_protocol_group(bootstrap: str, group: str, topic: str, timeout: float 
 def _coordinator(bootstrap: str, group: str) -> str:
     with RawKafkaClient(bootstrap) as raw:
         raw.handshake()
-        response = raw.request(10, 3, {"Key": group, "KeyType": 0})
+        response = raw.request(ApiKey.FIND_COORDINATOR, 3, {"Key": group, "KeyType": 0})
         assert response is not None
         body = response.body
         return f"{body['Host']}:{body['Port']}"
@@ -114,7 +114,7 @@ def _join_connect_member(raw: RawKafkaClient, group: str) -> int:
         "Protocols": [{"Name": "sessioned", "Metadata": b"\x00\x01"}],
     }
     for _ in range(2):
-        response = raw.request(11, 5, body)
+        response = raw.request(ApiKey.JOIN_GROUP, 5, body)
         assert response is not None
         error = int(response.body["ErrorCode"])
         if error != ErrorCode.MEMBER_ID_REQUIRED:
@@ -146,7 +146,7 @@ def out_of_range_versions(bootstrap: str) -> dict[str, Any]:
     # broker know the same versions.
     for api_key, (lo, hi) in sorted(advertised.items()):
         codec_hi = codec.supported_versions(api_key)[1] if api_key in codec.api_keys() else -1
-        if codec_hi <= hi or api_key == 58:
+        if codec_hi <= hi or api_key == ApiKey.ENVELOPE:
             continue
         try:
             body = random_request_body(api_key, codec_hi, random.Random(1), unknown_tags=False)
