@@ -29,6 +29,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from kpmon.config import ChecksConfig
 from streaming.stages import (
+    EVENT_TIME_MS,
     STAGE_ROW_FIELDS,
     BucketResult,
     connection_bucket,
@@ -99,7 +100,7 @@ class BucketTimer:
 
     def move(self, armed: int | None, wanted: int | None) -> None:
         """From ``armed`` (None: none armed, or the one that just fired) to ``wanted``."""
-        if armed == wanted:
+        if armed is not None and armed == wanted:
             return
         if armed is not None:
             self.handle.deleteTimer(armed)
@@ -111,9 +112,17 @@ class BucketTimer:
 
 
 def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
+    """Rows as dicts, column by column (``to_dict("records")`` boxes every cell on its own)."""
     out: list[dict[str, Any]] = []
     for pdf in rows:
-        out.extend(pdf.to_dict("records"))
+        if "event_time" in pdf.columns:
+            # A pandas Timestamp per row costs more than the stage needs: event time in milliseconds.
+            millis = pdf["event_time"].to_numpy(dtype="datetime64[ms]").astype("int64")
+            pdf = pdf.drop(columns="event_time").assign(**{EVENT_TIME_MS: millis})
+        columns = list(pdf.columns)
+        out.extend(
+            dict(zip(columns, values, strict=True)) for values in zip(*(pdf[c].tolist() for c in columns), strict=True)
+        )
     return out
 
 

@@ -62,4 +62,22 @@ def build_session(config: KpmonConfig, app_name: str = "kpmon-stream") -> SparkS
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    quiet_state_server(spark)
     return spark
+
+
+#: Logs a WARN line for every map-state lookup of a key that is not there yet. The stateful stages look
+#: up each connection and route key they meet, so every new connection would cost a log line.
+STATE_SERVER_LOGGER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
+
+
+def quiet_state_server(spark: SparkSession) -> None:
+    """Raise the state server's log level to ERROR in this JVM (local mode runs the executors here; on a
+    cluster, the executors' log4j2 configuration does it: docs/cluster-mode.md)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        log4j = jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel(STATE_SERVER_LOGGER, log4j.Level.ERROR)
+    except Exception:  # logging only: never fail a start for it
+        pass

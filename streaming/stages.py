@@ -68,8 +68,15 @@ def _opt_int(value: Any) -> int | None:
     return int(value)
 
 
+#: An input row's Spark event time in ms, as the processors hand it over (``event_time`` converted).
+EVENT_TIME_MS = "event_time_ms"
+
+
 def _event_ms(row: dict[str, Any]) -> int:
     """The row's Spark event time (ms): ``ts_ns``, or its arrival for records without one."""
+    millis = row.get(EVENT_TIME_MS)
+    if millis is not None:
+        return int(millis)
     value = row.get("event_time")
     if value is not None and hasattr(value, "value"):  # a pandas Timestamp (ns since the epoch)
         return int(value.value) // NS_PER_MS

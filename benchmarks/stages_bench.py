@@ -1,0 +1,209 @@
+"""The streaming job's pure stage steps, no Spark: µs per frame for each part, against a full decode.
+
+Runs the fleet workload of ``benchmarks/stream_bench.py`` (client sessions: ApiVersions, Metadata,
+InitProducerId, 18 idempotent Produce exchanges with real v2 batches, close) through exactly what the
+job's Python workers run, in micro-batches, with the job's default bucket count:
+
+1. **decode**: ``streaming.frames.decode_row`` per tap record (the ``mapInArrow`` stage);
+2. **stage one**: ``streaming.stages.connection_bucket`` per bucket (plus its timers);
+3. **stage two**: ``streaming.stages.keyed_bucket`` per bucket (plus its timers).
+
+The comparison, measured in the same run on the same frames: one full codec decode per frame
+(``codec.decode_request`` / ``codec.decode_response``), the floor of any design that decodes a frame
+once. The issue's target for both stages together is 25 µs per frame.
+
+    python benchmarks/stages_bench.py [--sessions 2000] [--batch 20000] [--profile stage1|stage2|decode]
+
+Writes ``benchmarks/results/stages_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import sys
+import time
+import zlib
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import codec  # noqa: E402
+from benchmarks.stream_bench import session  # noqa: E402
+from kpmon.config import ChecksConfig, StreamConfig  # noqa: E402
+from streaming.frames import decode_row  # noqa: E402
+from streaming.stages import (  # noqa: E402
+    PASS_KEY,
+    BucketResult,
+    DictBucketStore,
+    connection_bucket,
+    connection_bucket_expired,
+    keyed_bucket,
+    keyed_bucket_expired,
+)
+
+RESULTS = ROOT / "benchmarks" / "results" / "stages_bench.json"
+TARGET_US = 25.0
+NS_PER_MS = 1_000_000
+
+
+def tap_records(sessions: int) -> list[tuple[dict[str, str], bytes, int, int]]:
+    """Sessions interleaved by time, as (headers, value, partition, offset) on two tap partitions."""
+    out: list[tuple[int, dict[str, str], bytes, int]] = []
+    start = 1_700_000_000 * 10**9
+    for index in range(sessions):
+        for key, raw, headers in session(index, start + index * 2_000_000):
+            h = dict(headers)
+            out.append((int(h["ts_ns"]), h, raw, zlib.crc32(key) % 2))
+    out.sort(key=lambda item: item[0])
+    return [(h, raw, part, offset) for offset, (_, h, raw, part) in enumerate(out)]
+
+
+class Buckets:
+    """One stage's buckets as Spark keeps them: a store and one armed timer each."""
+
+    def __init__(self, count: int) -> None:
+        self.stores = [DictBucketStore() for _ in range(count)]
+        self.timers: list[int | None] = [None] * count
+
+    def run(
+        self, rows: list[dict[str, Any]], column: str, watermark_ms: int, on_input: Any, on_timer: Any
+    ) -> list:
+        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_bucket[zlib.crc32(str(row[column]).encode()) % len(self.stores)].append(row)
+        out: list[dict[str, Any]] = []
+        for b, bucket_rows in by_bucket.items():
+            result: BucketResult = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
+            self.timers[b] = result.timer_ms
+            out.extend(result.rows)
+        for b, armed in enumerate(self.timers):
+            if armed is not None and armed <= watermark_ms:
+                result = on_timer(self.stores[b], watermark_ms)
+                self.timers[b] = result.timer_ms
+                out.extend(result.rows)
+        return out
+
+
+def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
+    start = time.perf_counter()
+    for headers, raw, _, _ in records:
+        if headers["dir"] == "req":
+            codec.decode_request(raw)
+        elif headers["dir"] == "resp":
+            codec.decode_response(raw, int(headers["api_key"]), int(headers["api_version"]))
+    return time.perf_counter() - start
+
+
+def run(
+    records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None
+) -> dict[str, float]:
+    config = ChecksConfig(watermark_seconds=2.0)
+    buckets = StreamConfig().buckets
+    one, two = Buckets(buckets), Buckets(buckets)
+    lateness_ms = int(config.watermark_seconds * 1000)
+    seconds = {"decode": 0.0, "stage1": 0.0, "stage2": 0.0}
+    profiler = cProfile.Profile() if profile else None
+    watermark_ms, max_ms = 0, 0
+    for start in [*range(0, len(records), batch), len(records)]:
+        chunk = records[start : start + batch]
+        if not chunk:
+            watermark_ms = max_ms + 1  # the end: let the watermark pass everything
+        for part, work in (("decode", None), ("stage1", None), ("stage2", None)):
+            del work
+            if profiler is not None and part == profile:
+                profiler.enable()
+            t0 = time.perf_counter()
+            if part == "decode":
+                rows = [decode_row(*r) for r in chunk]
+            elif part == "stage1":
+                routed = one.run(
+                    rows,
+                    "conn",
+                    watermark_ms,
+                    lambda store, r, wm, armed: connection_bucket(config, store, r, wm, armed),
+                    connection_bucket_expired,
+                )
+            else:
+                two.run(
+                    [r for r in routed if r["route_key"] != PASS_KEY],
+                    "route_key",
+                    watermark_ms,
+                    lambda store, r, wm, armed: keyed_bucket(config, store, r, wm, armed),
+                    lambda store, wm: keyed_bucket_expired(config, store, wm),
+                )
+            seconds[part] += time.perf_counter() - t0
+            if profiler is not None and part == profile:
+                profiler.disable()
+        if chunk:
+            max_ms = max(max_ms, max(int(r[0]["ts_ns"]) // NS_PER_MS for r in chunk))
+            watermark_ms = max(watermark_ms, max_ms - lateness_ms)
+    if profiler is not None:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=2000, help="client sessions (46 frames each)")
+    parser.add_argument("--batch", type=int, default=20_000, help="frames per micro-batch")
+    parser.add_argument("--profile", choices=["decode", "stage1", "stage2"], help="cProfile one part")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    print(f"building {args.sessions} sessions...", flush=True)
+    records = tap_records(args.sessions)
+    frames = len(records)
+    load_before = os.getloadavg()
+    decode_s = full_decode(records)
+    seconds = run(records, args.batch, args.profile)
+    load_after = os.getloadavg()
+    us = {k: v / frames * 1e6 for k, v in seconds.items()}
+    floor_us = decode_s / frames * 1e6
+    stages_us = us["stage1"] + us["stage2"]
+    print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}")
+    print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
+    for name, label in (
+        ("decode", "decode_row (mapInArrow)"),
+        ("stage1", "stage one"),
+        ("stage2", "stage two"),
+    ):
+        print(f"  {label:31} {us[name]:7.1f} µs/frame  ({us[name] / floor_us:.2f}x a full decode)")
+    verdict = "met" if stages_us <= TARGET_US else "missed"
+    print(f"  both stages                     {stages_us:7.1f} µs/frame  target <= {TARGET_US}: {verdict}")
+    print(f"  load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(
+            json.dumps(
+                {
+                    "benchmark": "stages_bench",
+                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "machine": {
+                        "platform": platform.platform(),
+                        "cpus": os.cpu_count(),
+                        "python": sys.version.split()[0],
+                    },
+                    "load_average": {"before": load_before, "after": load_after},
+                    "frames": frames,
+                    "batch": args.batch,
+                    "buckets": StreamConfig().buckets,
+                    "us_per_frame": {**us, "both_stages": stages_us, "full_decode_comparison": floor_us},
+                    "target_us_both_stages": TARGET_US,
+                    "verdict": verdict,
+                },
+                indent=1,
+            )
+        )
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The Spark adapters of the stages: row conversion, the bucket's map state and its one timer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from streaming.processors import BucketTimer, MapStateStore, _records
+from streaming.stages import _event_ms
+
+
+def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
+    pdf = pd.DataFrame(
+        {
+            "conn": ["a", None],
+            "seq": [1.0, np.nan],
+            "event_time": pd.to_datetime([1_700_000_000_123, 1_700_000_000_456], unit="ms"),
+            "value": [b"x", None],
+        }
+    )
+    rows = _records(iter([pdf, pdf.iloc[:1]]))
+    reference = pdf.drop(columns="event_time").to_dict("records")
+    assert len(rows) == 3
+    for row, expected in zip(rows, [*reference, reference[0]], strict=True):
+        assert {k: v for k, v in row.items() if k != "event_time_ms"}.keys() == expected.keys()
+        assert row["conn"] == expected["conn"] and row["value"] == expected["value"]
+    assert np.isnan(rows[1]["seq"]) and rows[0]["seq"] == 1.0
+    assert [_event_ms(r) for r in rows] == [1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_123]
+
+
+class FakeMapState:
+    """Spark's MapState surface the store uses: tuple keys and values, lazy iteration."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        return self.data.get(key)
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self.data[key] = value
+
+    def removeKey(self, key: tuple[Any, ...]) -> None:
+        del self.data[key]
+
+    def iterator(self) -> Any:
+        return iter(self.data.items())  # changing the dict while this runs would raise
+
+
+def test_map_state_store_can_be_changed_while_iterated() -> None:
+    store = MapStateStore(FakeMapState())  # type: ignore[arg-type]
+    store.put("a", ("s", 1))
+    store.put("b", ("t", 2))
+    assert store.get("a") == ("s", 1) and store.get("missing") is None
+    for key, _ in store.items():
+        store.remove(key)
+    assert list(store.items()) == []
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.timers: set[int] = set()
+
+    def registerTimer(self, ms: int) -> None:
+        self.timers.add(ms)
+
+    def deleteTimer(self, ms: int) -> None:
+        self.timers.remove(ms)
+
+
+class FakeValueState:
+    def __init__(self) -> None:
+        self.value: tuple[Any, ...] | None = None
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple[Any, ...] | None:
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+
+    def clear(self) -> None:
+        self.value = None
+
+
+def test_a_bucket_has_at_most_one_timer() -> None:
+    handle = FakeHandle()
+    timer = BucketTimer(handle, FakeValueState())  # type: ignore[arg-type]
+    assert timer.armed() is None
+    timer.move(None, 50)
+    timer.move(timer.armed(), 30)
+    assert handle.timers == {30} and timer.armed() == 30
+    timer.move(30, 30)
+    assert handle.timers == {30}
+    handle.timers.discard(30)  # it fired: Spark removed it
+    timer.move(None, None)
+    assert handle.timers == set() and timer.armed() is None
