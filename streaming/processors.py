@@ -121,7 +121,8 @@ def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
             pdf = pdf.drop(columns="event_time").assign(**{EVENT_TIME_MS: millis})
         columns = list(pdf.columns)
         out.extend(
-            dict(zip(columns, values, strict=True)) for values in zip(*(pdf[c].tolist() for c in columns), strict=True)
+            dict(zip(columns, values, strict=True))
+            for values in zip(*(pdf[c].tolist() for c in columns), strict=True)
         )
     return out
 
