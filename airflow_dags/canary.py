@@ -32,7 +32,8 @@ from typing import Any
 
 from airflow_dags.tapwindow import TapRecord, TapWindowError, Window, choose_window, read_window
 from checks.model import SEVERITY_RANK
-from kpmon.config import ChecksConfig, ConfigError, load_config
+from checks.settings import ChecksSettings
+from kpmon.config import ConfigError, load_config
 
 #: Rule-id prefixes that do not come from the checks catalogue.
 NOT_CHECKS = ("quality.", "ops.")
@@ -52,13 +53,13 @@ class Replay:
     stats: dict[str, Any]
 
 
-def replay(records: Iterable[TapRecord], config: ChecksConfig) -> Replay:
+def replay(records: Iterable[TapRecord], settings: ChecksSettings) -> Replay:
     """The checks over ``records`` (in event-time order), flushed at the end, folded into alerts."""
     import checks
     from checks.alerts import Alert, AlertBook
     from codec.taprecord import frame_from_record
 
-    monitor = checks.new_monitor(config)
+    monitor = checks.new_monitor(settings)
     findings = []
     count = 0
     ts_min: int | None = None
@@ -236,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else None
             )
             window = choose_window(cluster, source.tap.topic, args.minutes, end)
-        result = replay(read_window(cluster, window, args.timeout), config.checks)
+        result = replay(read_window(cluster, window, args.timeout), config.checks.settings())
     except (TapWindowError, ValueError, KeyError) as exc:
         print(f"canary: {exc}", file=sys.stderr)
         return 1

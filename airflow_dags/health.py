@@ -224,7 +224,7 @@ def kip896_report(params: HealthParams, max_seconds: float = 600.0) -> dict[str,
         frame_from_record(r.headers, r.value, r.partition, r.offset)
         for r in read_window(cluster, window, max_seconds)
     )
-    monitor, findings = run_checks(frames, config.checks)
+    monitor, findings = run_checks(frames, config.checks.settings())
     source = (
         f"tap topic {config.tap.topic} on {cluster.bootstrap_servers}, last {params.report_minutes:g} minutes"
     )

@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 import codec  # noqa: E402
 from benchmarks.stream_bench import session  # noqa: E402
-from kpmon.config import ChecksConfig, StreamConfig  # noqa: E402
+from checks.settings import ChecksSettings  # noqa: E402
+from kpmon.config import StreamConfig  # noqa: E402
 from streaming.frames import decode_row  # noqa: E402
 from streaming.stages import (  # noqa: E402
     PASS_KEY,
@@ -105,7 +106,7 @@ def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
 def run(
     records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None
 ) -> dict[str, float]:
-    config = ChecksConfig(watermark_seconds=2.0)
+    config = ChecksSettings(watermark_seconds=2.0)
     buckets = StreamConfig().buckets
     one, two = Buckets(buckets), Buckets(buckets)
     lateness_ms = int(config.watermark_seconds * 1000)

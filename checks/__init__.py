@@ -4,17 +4,17 @@ from checks.engine import Monitor
 from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, Stats
 from checks.rules import all_rules
+from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 
 
-def new_monitor(config: ChecksConfig | None = None) -> Monitor:
+def new_monitor(settings: ChecksSettings | None = None) -> Monitor:
     """A monitor running the whole catalogue."""
-    return Monitor(all_rules(), Context(config or ChecksConfig()))
+    return Monitor(all_rules(), Context(settings or ChecksSettings()))
 
 
 __all__ = [
-    "ChecksConfig",
+    "ChecksSettings",
     "Context",
     "Exchange",
     "Finding",

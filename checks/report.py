@@ -29,10 +29,10 @@ from checks.model import SEVERITY_RANK, Finding
 from checks.rule import Context, State, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
+from checks.settings import ChecksSettings
 from codec.api import api_name
 from codec.schema import load_table
 from codec.taprecord import TapFrame, frame_from_record
-from kpmon.config import ChecksConfig
 
 # -- capture records ----------------------------------------------------------------------------------
 
@@ -98,10 +98,10 @@ class ReportData:
 
 
 def run_checks(
-    frames: Iterable[TapFrame], config: ChecksConfig | None = None
+    frames: Iterable[TapFrame], config: ChecksSettings | None = None
 ) -> tuple[Monitor, list[Finding]]:
     """Every rule over the frames, flushed at the end (a capture is finite)."""
-    monitor = Monitor(all_rules(), Context(config or ChecksConfig()))
+    monitor = Monitor(all_rules(), Context(config or ChecksSettings()))
     findings = monitor.feed_all(frames)
     findings.extend(monitor.flush())
     return monitor, findings

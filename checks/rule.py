@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from checks.model import Exchange, Finding, Severity
-from kpmon.config import ChecksConfig
+from checks.settings import ChecksSettings
 
 State = dict[str, Any]
 
-#: How long an idle key's state is kept, by key kind, read from ChecksConfig.
+#: How long an idle key's state is kept, by key kind, read from ChecksSettings.
 KEY_TTL_FIELDS = {
     "conn": "connection_ttl_seconds",
     "broker": "connection_ttl_seconds",
@@ -49,7 +49,7 @@ class Stats:
 class Context:
     """What a rule may do besides changing its own state: report, set timers, note evictions."""
 
-    def __init__(self, config: ChecksConfig) -> None:
+    def __init__(self, config: ChecksSettings) -> None:
         self.config = config
         self.stats = Stats()
         self.findings: list[Finding] = []

@@ -21,7 +21,7 @@ producer id an InitProducerId response assigns).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from checks.engine import Monitor, unwrap_envelope
@@ -29,9 +29,9 @@ from checks.model import Exchange, Finding
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.serde import export_state, import_state
+from checks.settings import ChecksSettings
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 
 #: Key kinds whose rules see every request (the fleet matrix, one key for the whole cluster). Routing
 #: all traffic to that key would funnel the stream through one task, so it gets each connection's first
@@ -72,16 +72,16 @@ class Route:
     request_only: bool = False
 
 
-def _stage_config(config: ChecksConfig) -> ChecksConfig:
+def _stage_config(config: ChecksSettings) -> ChecksSettings:
     # Both stages are fed in order (by seq, or by the caller's event-time release), so the monitor's
     # own lateness buffer would only add delay.
-    return config.model_copy(update={"watermark_seconds": 0.0})
+    return replace(config, watermark_seconds=0.0)
 
 
 class ConnectionShard:
     """Stage one for one connection: its own rules, and the routes of its exchanges."""
 
-    def __init__(self, config: ChecksConfig, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ChecksSettings, saved: dict[str, Any] | None = None) -> None:
         rules = all_rules()
         self.keyed_rules = [r for r in rules if not is_connection_scoped(r)]
         self.ctx = Context(_stage_config(config))
@@ -170,7 +170,7 @@ class ConnectionShard:
 class KeyedShard:
     """Stage two for one route key: the rules of one key kind, one state key, frames from any connection."""
 
-    def __init__(self, config: ChecksConfig, key: str, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ChecksSettings, key: str, saved: dict[str, Any] | None = None) -> None:
         kind, state_key = split_route_key(key)
         rules = [r for r in all_rules() if r.key_kind == kind and not is_connection_scoped(r)]
         if not rules:

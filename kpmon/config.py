@@ -15,6 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from checks.settings import DEFAULTS as CHECKS_DEFAULTS
+from checks.settings import ChecksSettings
+
 ENV_PREFIX = "KPMON__"
 
 CapturePolicy = Literal["full", "headers", "meta"]
@@ -139,14 +142,21 @@ class StreamConfig(_Section):
 
 
 class ChecksConfig(_Section):
-    watermark_seconds: float = 10.0
-    connection_ttl_seconds: float = 3600.0
-    group_ttl_seconds: float = 24 * 3600.0
-    producer_ttl_seconds: float = 7 * 24 * 3600.0
-    max_entries_per_key: int = 10_000
+    """The ``checks:`` section; the checks engine itself reads ``settings()`` (checks/settings.py)."""
+
+    watermark_seconds: float = Field(default=CHECKS_DEFAULTS.watermark_seconds, ge=0)
+    connection_ttl_seconds: float = CHECKS_DEFAULTS.connection_ttl_seconds
+    group_ttl_seconds: float = CHECKS_DEFAULTS.group_ttl_seconds
+    producer_ttl_seconds: float = CHECKS_DEFAULTS.producer_ttl_seconds
+    max_entries_per_key: int = Field(default=CHECKS_DEFAULTS.max_entries_per_key, ge=1)
     #: Client addresses (host or host:port) whose connections count as inter-broker (KIP-590).
-    broker_client_addresses: list[str] = Field(default_factory=list)
-    broker_listeners: list[str] = Field(default_factory=lambda: ["CONTROLLER", "BROKER", "REPLICATION"])
+    broker_client_addresses: list[str] = Field(
+        default_factory=lambda: list(CHECKS_DEFAULTS.broker_client_addresses)
+    )
+    broker_listeners: list[str] = Field(default_factory=lambda: list(CHECKS_DEFAULTS.broker_listeners))
+
+    def settings(self) -> ChecksSettings:
+        return ChecksSettings(**self.model_dump())
 
 
 class QualityConfig(_Section):

@@ -92,7 +92,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
             "time_mode": "EventTime",
             "input": list(STAGE_ONE_COLUMNS),
             "output": " ".join(STAGE_ROWS_DDL.split()),
-            "state": _declared_state(ConnectionProcessor(config.checks)),
+            "state": _declared_state(ConnectionProcessor(config.checks.settings())),
         },
         {
             "name": "keyed",
@@ -103,7 +103,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
             "time_mode": "EventTime",
             "input": "stage connection output",
             "output": " ".join(OUTPUT_DDL.split()),
-            "state": _declared_state(KeyedProcessor(config.checks)),
+            "state": _declared_state(KeyedProcessor(config.checks.settings())),
         },
     ]
     return {

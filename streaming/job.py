@@ -123,7 +123,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
         .withWatermark("event_time", lateness)
         .groupBy(BUCKET)
         .transformWithStateInPandas(
-            ConnectionProcessor(config.checks),
+            ConnectionProcessor(config.checks.settings()),
             STAGE_ROWS_DDL,
             "Append",
             "EventTime",
@@ -135,7 +135,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
         F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(bucket_of("route_key", buckets)),
     )
     return routed.groupBy(BUCKET).transformWithStateInPandas(
-        KeyedProcessor(config.checks), OUTPUT_DDL, "Append", "EventTime"
+        KeyedProcessor(config.checks.settings()), OUTPUT_DDL, "Append", "EventTime"
     )
 
 

@@ -27,7 +27,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from kpmon.config import ChecksConfig
+from checks.settings import ChecksSettings
 from streaming.stages import (
     EVENT_TIME_MS,
     STAGE_ROW_FIELDS,
@@ -146,7 +146,7 @@ class _BucketProcessor(StatefulProcessor):
     STATE_NAME = ""
     ENTRY: StructType
 
-    def __init__(self, config: ChecksConfig) -> None:
+    def __init__(self, config: ChecksSettings) -> None:
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 from checks.model import Finding
 from checks.rule import Stats
 from checks.serde import frame_from_dict, frame_to_dict
+from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec import taprecord
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame, decode_frame
-from kpmon.config import ChecksConfig
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
@@ -185,7 +185,7 @@ class StepResult:
 
 
 def connection_step(
-    config: ChecksConfig, saved: str | None, rows: Iterable[dict[str, Any]], watermark_ms: int
+    config: ChecksSettings, saved: str | None, rows: Iterable[dict[str, Any]], watermark_ms: int
 ) -> StepResult:
     """Stage one for one connection's rows of a micro-batch."""
     batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
@@ -254,7 +254,7 @@ class KeyedResult(StepResult):
 
 
 def keyed_step(
-    config: ChecksConfig,
+    config: ChecksSettings,
     key: str,
     saved: str | None,
     buffer: list[Buffered],
@@ -365,7 +365,7 @@ def _group(rows: Iterable[dict[str, Any]], column: str) -> dict[str, list[dict[s
 
 
 def connection_bucket(
-    config: ChecksConfig,
+    config: ChecksSettings,
     store: BucketStore,
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
@@ -417,7 +417,7 @@ def buffered_of(row: dict[str, Any]) -> Buffered:
 
 
 def _keyed_entry_step(
-    config: ChecksConfig,
+    config: ChecksSettings,
     store: BucketStore,
     key: str,
     saved: tuple[Any, ...] | None,
@@ -437,7 +437,7 @@ def _keyed_entry_step(
 
 
 def keyed_bucket(
-    config: ChecksConfig,
+    config: ChecksSettings,
     store: BucketStore,
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
@@ -457,7 +457,7 @@ def keyed_bucket(
     return BucketResult(out, timer)
 
 
-def keyed_bucket_expired(config: ChecksConfig, store: BucketStore, watermark_ms: int) -> BucketResult:
+def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_ms: int) -> BucketResult:
     """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
     out: list[dict[str, Any]] = []
     timer: int | None = None

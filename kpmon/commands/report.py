@@ -201,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             if args.capture:
                 source = f"capture {args.capture}"
-                monitor, findings = run_checks(frames_from_capture(Path(args.capture)), config.checks)
+                monitor, findings = run_checks(
+                    frames_from_capture(Path(args.capture)), config.checks.settings()
+                )
             else:
                 args.topic = args.topic or config.tap.topic
                 args.bootstrap_servers = args.bootstrap_servers or config.tap_cluster.bootstrap_servers
@@ -211,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                     if args.save_capture
                     else None
                 )
-                monitor, findings = run_checks(frames_from_topic(args, save), config.checks)
+                monitor, findings = run_checks(frames_from_topic(args, save), config.checks.settings())
     except (InputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

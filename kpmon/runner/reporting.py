@@ -28,7 +28,7 @@ class LiveReport:
         self.config = config
         self.out = out
         self.stream = StreamPaths.of(config)
-        self.monitor: Monitor = checks.new_monitor(config.checks)
+        self.monitor: Monitor = checks.new_monitor(config.checks.settings())
         self.findings: list[Finding] = []
         self.records = 0
         self._reader: TapTopicReader | None = None

@@ -265,7 +265,7 @@ def test_a_good_version_swaps_with_no_lost_findings(story: Story) -> None:
     import checks
     from codec.taprecord import frame_from_record
 
-    monitor = checks.new_monitor(config.checks)
+    monitor = checks.new_monitor(config.checks.settings())
     reference = monitor.feed_all(
         frame_from_record(r.headers, r.value, r.partition, r.offset) for r in records
     )

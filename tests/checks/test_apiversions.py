@@ -18,8 +18,8 @@ from checks.rules.apiversions import (
     fleet_matrix,
     removed_in_4_0,
 )
+from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
 MS = 1_000_000
@@ -27,7 +27,7 @@ METADATA, FETCH, PRODUCE, API_VERSIONS, CREATE_TOPICS = 3, 1, 0, 18, 19
 
 
 def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
-    monitor = Monitor([ApiVersionsRule(), ApiVersionsClusterRule()], Context(ChecksConfig()))
+    monitor = Monitor([ApiVersionsRule(), ApiVersionsClusterRule()], Context(ChecksSettings()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
     return out, monitor
@@ -305,7 +305,7 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
         "apiversions.cluster_skew",
         "apiversions.removed_in_4_0",
     }
-    watermark = int(ChecksConfig().watermark_seconds * SECOND)
+    watermark = int(ChecksSettings().watermark_seconds * SECOND)
     jitters = data.draw(st.lists(st.integers(0, watermark - 1), min_size=len(frames), max_size=len(frames)))
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected

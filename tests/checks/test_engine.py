@@ -10,8 +10,8 @@ import checks
 from checks.engine import Monitor
 from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, State
+from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
 MS = 1_000_000
@@ -43,7 +43,7 @@ class Recorder(Rule):
 
 def monitor(**config: Any) -> Monitor:
     Recorder.events = []
-    return Monitor([Recorder()], Context(ChecksConfig(**config)))
+    return Monitor([Recorder()], Context(ChecksSettings(**config)))
 
 
 def md(conv: Conversation, ts: int) -> list[TapFrame]:
@@ -216,7 +216,7 @@ def test_timers_fire_in_deadline_order_with_many_pending() -> None:
         key=lambda kv: (kv[1], kv[0]),
     )
     Alarm.fired = []
-    config = ChecksConfig(watermark_seconds=0.001)  # release (and arm) as frames come
+    config = ChecksSettings(watermark_seconds=0.001)  # release (and arm) as frames come
     m = Monitor([Alarm()], Context(config))
     half = 3 * len(frames) // 4
     m.feed_all(frames[:half])

@@ -12,8 +12,8 @@ from checks.engine import Monitor
 from checks.model import Finding
 from checks.rule import Context
 from checks.rules.envelope import EnvelopeRule
+from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
 MS = 1_000_000
@@ -21,8 +21,8 @@ ENVELOPE, BROKER_REGISTRATION, CREATE_TOPICS = 58, 62, 19
 INNER_BODY = {"Topics": [], "timeoutMs": 30000, "validateOnly": False}
 
 
-def run(frames: list[TapFrame], config: ChecksConfig | None = None) -> tuple[list[Finding], Monitor]:
-    monitor = Monitor([EnvelopeRule()], Context(config or ChecksConfig()))
+def run(frames: list[TapFrame], config: ChecksSettings | None = None) -> tuple[list[Finding], Monitor]:
+    monitor = Monitor([EnvelopeRule()], Context(config or ChecksSettings()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
     return out, monitor
@@ -68,10 +68,10 @@ def test_broker_listener_is_trusted() -> None:
 
 
 def test_broker_client_address_is_trusted() -> None:
-    config = ChecksConfig(broker_client_addresses=["10.0.0.7"])
+    config = ChecksSettings(broker_client_addresses=["10.0.0.7"])
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.7:40000"), SECOND), config)
     assert findings == []
-    config = ChecksConfig(broker_client_addresses=["10.0.0.7:40000"])
+    config = ChecksSettings(broker_client_addresses=["10.0.0.7:40000"])
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.7:40000"), SECOND), config)
     assert findings == []
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.8:40000"), SECOND), config)
@@ -106,7 +106,7 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     ]
     expected = [f.to_dict() for f in run(frames)[0]]
     assert [f["subject"] for f in expected] == ["conn:c-client", "conn:c-client"]
-    watermark = int(ChecksConfig().watermark_seconds * SECOND)
+    watermark = int(ChecksSettings().watermark_seconds * SECOND)
     jitters = data.draw(st.lists(st.integers(0, watermark - 1), min_size=len(frames), max_size=len(frames)))
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected
@@ -124,7 +124,7 @@ def test_inner_request_is_checked_by_every_rule_but_counted_once_in_the_fleet() 
     inner_resp = codec.encode_response(CREATE_TOPICS, 7, 99, {"ThrottleTimeMs": 0, "Topics": []})
     req = {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": bytes([10, 0, 0, 5])}
     frames = conv.exchange(ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, SECOND)
-    monitor = Monitor([EnvelopeRule(), FlexibleRule(), ApiVersionsClusterRule()], Context(ChecksConfig()))
+    monitor = Monitor([EnvelopeRule(), FlexibleRule(), ApiVersionsClusterRule()], Context(ChecksSettings()))
     findings = monitor.feed_all(frames) + monitor.flush()
     assert [f.rule for f in findings] == ["envelope.inner_flex.tagged_fields"]
     assert findings[0].evidence["tag"] == 5 and "envelope" in findings[0].evidence

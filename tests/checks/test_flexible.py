@@ -14,9 +14,9 @@ from checks.engine import Monitor
 from checks.model import Finding
 from checks.rule import Context
 from checks.rules.flexible import FlexibleRule, has_tag_evidence, walk_tags
+from checks.settings import ChecksSettings
 from codec.samples import random_request_body, random_response_body
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
 MS = 1_000_000
@@ -28,7 +28,7 @@ METADATA_BODY = {"Topics": [{"Name": "orders", "TopicId": uuid.UUID(int=0)}], "A
 
 
 def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
-    monitor = Monitor([FlexibleRule()], Context(ChecksConfig()))
+    monitor = Monitor([FlexibleRule()], Context(ChecksSettings()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
     return out, monitor
@@ -162,7 +162,7 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
         "flex.tagged_fields",
         "frame.decode_error",
     }
-    watermark = int(ChecksConfig().watermark_seconds * SECOND)
+    watermark = int(ChecksSettings().watermark_seconds * SECOND)
     jitters = data.draw(st.lists(st.integers(0, watermark - 1), min_size=len(frames), max_size=len(frames)))
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected

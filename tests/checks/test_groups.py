@@ -13,8 +13,8 @@ from checks.engine import Monitor
 from checks.model import Finding
 from checks.rule import Context
 from checks.rules.groups import GroupRule
+from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 
 MS = 1_000_000
@@ -23,7 +23,7 @@ GROUP = "g1"
 
 
 def run(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
-    monitor = Monitor([GroupRule()], Context(ChecksConfig()))
+    monitor = Monitor([GroupRule()], Context(ChecksSettings()))
     out = monitor.feed_all(frames)
     out.extend(monitor.flush())
     return out, monitor
@@ -341,7 +341,7 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     ]
     expected = [f.to_dict() for f in run(frames)[0]]
     assert len(expected) == 4
-    watermark = int(ChecksConfig().watermark_seconds * SECOND)
+    watermark = int(ChecksSettings().watermark_seconds * SECOND)
     jitters = data.draw(st.lists(st.integers(0, watermark - 1), min_size=len(frames), max_size=len(frames)))
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected

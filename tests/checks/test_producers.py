@@ -8,9 +8,9 @@ from checks.engine import Monitor
 from checks.model import Finding
 from checks.rule import Context
 from checks.rules.producers import ProducerRule
+from checks.settings import ChecksSettings
 from codec.records import build_record_batch
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
 MS = 1_000_000
@@ -93,7 +93,7 @@ def init_pid(
 
 
 def run(frames: list[TapFrame]) -> list[Finding]:
-    monitor = Monitor([ProducerRule()], Context(ChecksConfig()))
+    monitor = Monitor([ProducerRule()], Context(ChecksSettings()))
     return monitor.feed_all(frames) + monitor.flush()
 
 
@@ -393,7 +393,7 @@ def test_tap_gap_marks_sequence_findings_incomplete() -> None:
 def test_state_is_plain_json() -> None:
     import json
 
-    monitor = Monitor([ProducerRule()], Context(ChecksConfig()))
+    monitor = Monitor([ProducerRule()], Context(ChecksSettings()))
     conv = Conversation()
     monitor.feed_all(
         [*init_pid(conv, 0, 0), *write(conv, SECOND, 0, 0), produce(conv, 2 * SECOND, [(0, batch(0, 5))])]
@@ -433,7 +433,7 @@ def test_produce_v13_topic_ids_are_matched_with_their_answers() -> None:
 
 
 def test_state_stays_within_max_entries_per_key() -> None:
-    monitor = Monitor([ProducerRule()], Context(ChecksConfig(max_entries_per_key=4)))
+    monitor = Monitor([ProducerRule()], Context(ChecksSettings(max_entries_per_key=4)))
     conv = Conversation()
     frames: list[TapFrame] = []
     for partition in range(12):

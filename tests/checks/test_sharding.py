@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 import checks
 from checks.model import Finding
 from checks.serde import StateFormatError, export_state, frame_from_dict, frame_to_dict, import_state
+from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
@@ -30,7 +30,7 @@ from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
 from tests.checks.test_envelope import envelope
 
-CONFIG = ChecksConfig(watermark_seconds=2.0)
+CONFIG = ChecksSettings(watermark_seconds=2.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
 
 

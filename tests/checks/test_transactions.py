@@ -14,9 +14,9 @@ from checks.rule import Context
 from checks.rules import all_rules
 from checks.rules.producers import ProducerRule
 from checks.rules.transactions import PidOwnershipRule, ReadCommittedRule, TxnRule
+from checks.settings import ChecksSettings
 from codec.records import build_record_batch
 from codec.taprecord import TapFrame
-from kpmon.config import ChecksConfig
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
 MS = 1_000_000
@@ -55,7 +55,7 @@ def rules() -> list[Any]:
 
 
 def run(frames: list[TapFrame], until: int | None = None) -> tuple[list[Finding], Monitor]:
-    monitor = Monitor(rules(), Context(ChecksConfig()))
+    monitor = Monitor(rules(), Context(ChecksSettings()))
     findings = monitor.feed_all(frames)
     if until is not None:
         findings += monitor.advance(until)
@@ -398,7 +398,7 @@ def test_transaction_open_past_its_timeout_hangs_then_resolves() -> None:
     p = Producer()
     frames = [*p.init(0, epoch=0, timeout_ms=10000), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 0)]
     frames += p.end(30 * SECOND)
-    monitor = Monitor(rules(), Context(ChecksConfig()))
+    monitor = Monitor(rules(), Context(ChecksSettings()))
     findings = monitor.feed_all(frames) + monitor.flush()
     assert summary(findings) == [("txn.hanging", "warning")]
     hanging = findings[0]
@@ -447,7 +447,7 @@ def test_timed_out_transaction_resolves_when_the_coordinator_fences_its_end_txn(
     p = Producer()
     frames = [*p.init(0, epoch=0, timeout_ms=3000), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 0)]
     frames += p.end(20 * SECOND, error=FENCED)
-    monitor = Monitor(rules(), Context(ChecksConfig()))
+    monitor = Monitor(rules(), Context(ChecksSettings()))
     findings = monitor.feed_all(frames) + monitor.flush()
     assert summary(findings) == [("txn.hanging", "warning")]
     assert monitor.ctx.resolved == [("txn.hanging", f"txn:{TX}", 20 * SECOND + MS)]
@@ -638,7 +638,7 @@ def test_any_arrival_order_within_the_watermark_gives_the_same_findings(data: st
         "txn.hanging",
         "txn.read_committed_inconsistent",
     }
-    lateness = int(ChecksConfig().watermark_seconds * SECOND)
+    lateness = int(ChecksSettings().watermark_seconds * SECOND)
     delays = data.draw(st.lists(st.integers(0, lateness - 1), min_size=len(frames), max_size=len(frames)))
     # Arrival order sorted by ts + delay (delay < watermark): no frame arrives after one that is more
     # than the watermark newer than it.

@@ -126,7 +126,7 @@ def _reference(mirror: str, topic: str) -> dict[str, Any]:
 
     # Read back partition by partition, so put them in event-time order, as the job's watermark does.
     frames = sorted(read_tap_frames(mirror, topic), key=lambda f: (f.ts_ns, f.conn, f.seq))
-    monitor = checks.new_monitor(checks.ChecksConfig(watermark_seconds=LATENESS_SECONDS))
+    monitor = checks.new_monitor(checks.ChecksSettings(watermark_seconds=LATENESS_SECONDS))
     findings = monitor.feed_all(frames) + monitor.flush()
     book = AlertBook()
     alerts = {}
