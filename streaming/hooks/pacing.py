@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import random
 
+#: A refill computed for the time ``ready_at`` gave can fall short of a whole token by a rounding error;
+#: without this slack ``take`` would refuse at the very time ``ready_at`` promised, forever.
+_EPSILON = 1e-9
+
 
 class TokenBucket:
     """``rate`` requests per second on average, at most ``burst`` at once. ``rate=None`` never limits."""
@@ -30,15 +34,15 @@ class TokenBucket:
         if self.rate is None:
             return now
         self._refill(now)
-        return now if self.tokens >= 1 else now + (1 - self.tokens) / self.rate
+        return now if self.tokens >= 1 - _EPSILON else now + (1 - self.tokens) / self.rate
 
     def take(self, now: float) -> bool:
         if self.rate is None:
             return True
         self._refill(now)
-        if self.tokens < 1:
+        if self.tokens < 1 - _EPSILON:
             return False
-        self.tokens -= 1
+        self.tokens = max(0.0, self.tokens - 1)
         return True
 
 
