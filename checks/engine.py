@@ -14,13 +14,24 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, State, Stats
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
 from codec.protocol import ApiKey
-from codec.taprecord import TapFrame
+from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
 
 _SWEEP_EVERY_NS = 10 * 1_000_000_000
+
+#: Saved monitor state: ``STATE_MAGIC``, one byte of format, then a msgpack map (``Monitor.to_state``).
+#: Format 1 was JSON text (kpmon before the bucketed stages); it is refused with a clear message.
+STATE_MAGIC = b"KPMS"
+STATE_FORMAT = 2
+
+
+class StateFormatError(ValueError):
+    """Saved monitor state this build cannot read (a newer format, an older one, or corrupt bytes)."""
 
 
 @dataclass
@@ -317,6 +328,75 @@ class Monitor:
         self.last_seen.pop(skey, None)
         self.ctx.timers.pop(skey, None)
 
+    # -- saved state ------------------------------------------------------------------------------
+
+    def to_state(self) -> bytes:
+        """Everything this monitor needs to carry on after a restart (not its statistics: those are
+        deltas), as compact versioned bytes. Held frames are kept as their tap metadata and mirrored
+        bytes, and decoded again on restore: a decoded message is never saved."""
+        body = {
+            "states": [[rule, key, state] for (rule, key), state in self.states.items()],
+            "last_seen": [[rule, key, ts] for (rule, key), ts in self.last_seen.items()],
+            "conns": [
+                [conn, cs.last_seq, [frame_to_packed(f) for f in cs.pending.values()]]
+                for conn, cs in self.conns.items()
+            ],
+            "heap": [frame_to_packed(entry[-1]) for entry in self._heap],
+            "timers": [[rule, key, deadline] for (rule, key), deadline in self.ctx.timers.items()],
+            "incomplete": sorted(self.ctx.incomplete_conns),
+            "max_ts": self.max_ts,
+            "released_ts": self.released_ts,
+            "next_sweep": self._next_sweep,
+        }
+        return STATE_MAGIC + bytes([STATE_FORMAT]) + msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def from_state(
+        cls,
+        data: bytes,
+        rules: Sequence[Rule],
+        ctx: Context,
+        *,
+        only_key: str | None = None,
+        observer: ExchangeObserver | None = None,
+        track_gaps: bool = True,
+    ) -> Monitor:
+        """A monitor with ``rules`` that carries on from ``to_state`` output."""
+        body = _read_state(data)
+        monitor = cls(rules, ctx, only_key=only_key, observer=observer, track_gaps=track_gaps)
+        monitor.states = {(rule, key): state for rule, key, state in body["states"]}
+        monitor.last_seen = {(rule, key): ts for rule, key, ts in body["last_seen"]}
+        for conn, last_seq, pending in body["conns"]:
+            cs = monitor.conns[conn] = _ConnState(last_seq=last_seq)
+            for packed in pending:
+                frame = frame_from_packed(packed)
+                if frame.correlation_id is not None:
+                    cs.pending[frame.correlation_id] = frame
+        for packed in body["heap"]:
+            monitor.push(frame_from_packed(packed))
+        ctx.timers = {(rule, key): deadline for rule, key, deadline in body["timers"]}
+        ctx.incomplete_conns = set(body["incomplete"])
+        monitor.max_ts, monitor.released_ts = body["max_ts"], body["released_ts"]
+        monitor._next_sweep = body["next_sweep"]
+        return monitor
+
+    @property
+    def empty(self) -> bool:
+        """Nothing left to remember: no rule state, held frame, pending request or timer."""
+        return not self.states and not self.conns and not self._heap and not self.ctx.timers
+
+    def forget_request(self, conn: str, correlation_id: int) -> None:
+        """Stop waiting for the answer to a request (a shard that will never be sent it)."""
+        held = self.conns.get(conn)
+        if held is not None:
+            held.pending.pop(correlation_id, None)
+
+    def drop_idle_connection(self, conn: str) -> None:
+        """Forget a connection with no request waiting (a shard that never sees its close)."""
+        held = self.conns.get(conn)
+        if held is not None and not held.pending:
+            del self.conns[conn]
+
     def snapshot(self) -> dict[str, Any]:
         """Rule state as plain data (what a state store would keep)."""
         return {f"{rule}|{key}": state for (rule, key), state in self.states.items()}
@@ -369,3 +449,29 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
             )
     # ``envelope`` marks the exchange as unwrapped, so rules can tell it from the connection's own traffic.
     return Exchange(inner_request, inner_response, envelope=exchange.request)
+
+
+def _read_state(data: bytes) -> dict[str, Any]:
+    if not data.startswith(STATE_MAGIC):
+        old = " (JSON text: format 1, written before the bucketed stages)" if data[:1] == b"{" else ""
+        raise StateFormatError(
+            f"not kpmon monitor state{old}; this build reads format {STATE_FORMAT}: start from a fresh "
+            "checkpoint (kpmon run --fresh, or the redeploy DAG's allow_fresh_start)"
+        )
+    version = data[len(STATE_MAGIC)] if len(data) > len(STATE_MAGIC) else None
+    if version != STATE_FORMAT:
+        raise StateFormatError(
+            f"monitor state format {version!r}; this build reads format {STATE_FORMAT} only"
+            + (
+                " (the state is newer than this kpmon)"
+                if version is not None and version > STATE_FORMAT
+                else ""
+            )
+        )
+    try:
+        body = msgpack.unpackb(data[len(STATE_MAGIC) + 1 :], raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise StateFormatError(f"corrupt monitor state: {exc}") from exc
+    if not isinstance(body, dict):
+        raise StateFormatError("corrupt monitor state: not a map")
+    return body

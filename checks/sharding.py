@@ -24,11 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from checks.engine import Monitor, unwrap_envelope
+import msgpack
+
+from checks.engine import Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
-from checks.serde import export_state, import_state
 from checks.settings import ChecksSettings
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
@@ -81,22 +82,23 @@ def _stage_config(config: ChecksSettings) -> ChecksSettings:
 class ConnectionShard:
     """Stage one for one connection: its own rules, and the routes of its exchanges."""
 
-    def __init__(self, config: ChecksSettings, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ChecksSettings, saved: bytes | None = None) -> None:
         rules = all_rules()
         self.keyed_rules = [r for r in rules if not is_connection_scoped(r)]
         self.ctx = Context(_stage_config(config))
-        self.monitor = Monitor(
-            [r for r in rules if is_connection_scoped(r)], self.ctx, observer=self._observe
-        )
+        own_rules = [r for r in rules if is_connection_scoped(r)]
         self.routes: list[Route] = []
         #: "conn|corr" -> route keys its request went to, until the response comes.
         self.sent: dict[str, list[str]] = {}
         #: "api|version" pairs this connection already reported to the first-use-only rules.
         self.used: list[str] = []
         if saved:
-            import_state(self.monitor, saved["monitor"])
-            self.sent = dict(saved.get("sent", {}))
-            self.used = list(saved.get("used", []))
+            state = _unpack(saved)
+            self.monitor = Monitor.from_state(state["monitor"], own_rules, self.ctx, observer=self._observe)
+            self.sent = dict(state["sent"])
+            self.used = list(state["used"])
+        else:
+            self.monitor = Monitor(own_rules, self.ctx, observer=self._observe)
 
     def feed(self, frames: Iterable[TapFrame]) -> list[Finding]:
         """Frames of this connection, in seq order."""
@@ -109,8 +111,9 @@ class ConnectionShard:
         out, self.routes = self.routes, []
         return out
 
-    def export(self) -> dict[str, Any]:
-        return {"monitor": export_state(self.monitor), "sent": self.sent, "used": self.used}
+    def export(self) -> bytes:
+        """This shard's state as bytes (the monitor's binary state plus the routing memory)."""
+        return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
     def _keys(self, ex: Exchange, first_use: bool) -> list[str]:
         inner = (
@@ -170,7 +173,7 @@ class ConnectionShard:
 class KeyedShard:
     """Stage two for one route key: the rules of one key kind, one state key, frames from any connection."""
 
-    def __init__(self, config: ChecksSettings, key: str, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ChecksSettings, key: str, saved: bytes | None = None) -> None:
         kind, state_key = split_route_key(key)
         rules = [r for r in all_rules() if r.key_kind == kind and not is_connection_scoped(r)]
         if not rules:
@@ -178,9 +181,11 @@ class KeyedShard:
         self.ctx = Context(_stage_config(config))
         # Only some of a connection's frames come here, so its seq numbers have holes by design: gaps
         # are judged by the connection shard, which flags its routes ``incomplete``.
-        self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False)
         if saved:
-            import_state(self.monitor, saved["monitor"])
+            monitor = _unpack(saved)["monitor"]
+            self.monitor = Monitor.from_state(monitor, rules, self.ctx, only_key=state_key, track_gaps=False)
+        else:
+            self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False)
 
     def feed(self, routes: Iterable[Route]) -> list[Finding]:
         """Routed frames in event-time order (the caller releases them past its watermark)."""
@@ -192,15 +197,11 @@ class KeyedShard:
             else:
                 self.ctx.incomplete_conns.discard(frame.conn)
             findings.extend(self.monitor.feed(frame))
-            conn = self.monitor.conns.get(frame.conn)
-            if conn is None:
-                continue
             if route.request_only and frame.correlation_id is not None:
-                conn.pending.pop(frame.correlation_id, None)
-            if not conn.pending:
-                # Nothing to pair on this connection: keep the key's state from growing with every
-                # connection that ever touched it (close events are not routed here).
-                del self.monitor.conns[frame.conn]
+                self.monitor.forget_request(frame.conn, frame.correlation_id)
+            # Nothing to pair on this connection: keep the key's state from growing with every
+            # connection that ever touched it (close events are not routed here).
+            self.monitor.drop_idle_connection(frame.conn)
         return findings
 
     def advance(self, now_ns: int) -> list[Finding]:
@@ -216,11 +217,28 @@ class KeyedShard:
         ttl_ns = int(getattr(self.ctx.config, KEY_TTL_FIELDS[rule.key_kind]) * 1e9)
         return max(self.monitor.last_seen.values(), default=self.monitor.max_ts) + ttl_ns
 
-    def export(self) -> dict[str, Any]:
-        return {"monitor": export_state(self.monitor)}
+    def export(self) -> bytes:
+        return _pack({"monitor": self.monitor.to_state()})
 
     @property
     def empty(self) -> bool:
         """Nothing left to remember: the caller may drop this key's stored state."""
-        m = self.monitor
-        return not m.states and not m.conns and not m._heap and not self.ctx.timers
+        return self.monitor.empty
+
+
+def _pack(state: dict[str, Any]) -> bytes:
+    return msgpack.packb(state, use_bin_type=True)
+
+
+def _unpack(saved: bytes) -> dict[str, Any]:
+    """A shard's saved state; anything else (JSON text from before format 2) is a StateFormatError."""
+    fresh = "start from a fresh checkpoint (kpmon run --fresh, or the redeploy DAG's allow_fresh_start)"
+    if saved[:1] == b"{":
+        raise StateFormatError(f"shard state in format 1 was JSON text, this build reads bytes: {fresh}")
+    try:
+        state = msgpack.unpackb(saved, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise StateFormatError(f"not kpmon shard state ({exc}): {fresh}") from exc
+    if not isinstance(state, dict) or not isinstance(state.get("monitor"), bytes):
+        raise StateFormatError(f"not kpmon shard state: {fresh}")
+    return state

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -251,7 +251,8 @@ FIELDS: Final = (
 _INT_FIELDS = frozenset(
     {"seq", "ts_ns", "api_key", "api_version", "correlation_id", "broker_id", "partition", "offset"}
 )
-#: Saved checker state (``checks.serde``, state format 1) spells these fields after their headers.
+#: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the decoded-frame
+#: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
 #: Columns of the streaming job's decoded-frame rows (``streaming.frames.DECODED_FRAME_SCHEMA``).
 ROW_KEYS: Final[Mapping[str, str]] = {**STATE_KEYS, "partition": "tap_partition", "offset": "tap_offset"}
@@ -316,3 +317,23 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
     if not decode or not isinstance(raw, str):
         return frame
     return decode_frame(frame, base64.b64decode(raw))
+
+
+# --- frames as packed lists (binary state) ---------------------------------------------------------------
+
+
+def frame_to_packed(frame: TapFrame) -> list[Any]:
+    """The metadata in ``FIELDS`` order, then the mirrored bytes as bytes: the compact form binary state
+    (``checks.engine`` state format 2) keeps. ``FIELDS`` only ever grows at its end, so older packed
+    frames stay readable."""
+    return [*(getattr(frame, name) for name in FIELDS), frame.raw]
+
+
+def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
+    """A frame back from ``frame_to_packed`` output; with ``decode``, its bytes are decoded again."""
+    count = len(FIELDS)
+    frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
+    raw = values[count] if len(values) > count else None
+    if not decode or raw is None:
+        return frame
+    return decode_frame(frame, bytes(raw))

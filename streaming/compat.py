@@ -75,8 +75,8 @@ def _declared_state(processor: Any) -> dict[str, dict[str, Any]]:
 
 def query_shape(config: KpmonConfig) -> dict[str, Any]:
     """What a checkpoint written by this build with ``config`` depends on. Pure: no Spark session, no I/O."""
+    from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
-    from checks.serde import STATE_FORMAT
     from checks.sharding import ROUTE_SCHEME
     from streaming.job import BUCKET, STAGE_ONE_COLUMNS
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor

@@ -7,8 +7,8 @@ connection or route key. Inside a bucket each connection or route key has its ow
 timer, at or before the earliest entry that needs a call (TTL expiry, a rule's timer, routes waiting
 for the watermark).
 
-State lives in Spark's RocksDB state store. The shard state is JSON text carrying its own format number
-(``checks.serde.STATE_FORMAT``), and the store's Avro encoding lets the columns evolve.
+State lives in Spark's RocksDB state store. The shard state is bytes carrying their own format number
+(``checks.engine.STATE_FORMAT``), and the store's Avro encoding lets the columns evolve.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
     ValueState,
 )
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from checks.settings import ChecksSettings
 from streaming.stages import (
@@ -44,13 +44,13 @@ PASS_BUCKET = -1
 #: Map-state key of stage one (a connection) and of stage two (a route key).
 ENTRY_KEY = StructType([StructField("key", StringType())])
 #: Stage one's entry per connection: the shard (JSON) and when the connection expires.
-CONNECTION_ENTRY = StructType([StructField("shard", StringType()), StructField("expires", LongType())])
+CONNECTION_ENTRY = StructType([StructField("shard", BinaryType()), StructField("expires", LongType())])
 #: Stage two's entry per route key: the shard (JSON), the routes waiting for the watermark (JSON) and
 #: when the key next needs a call.
 KEYED_ENTRY = StructType(
     [
-        StructField("shard", StringType()),
-        StructField("buffer", StringType()),
+        StructField("shard", BinaryType()),
+        StructField("buffer", BinaryType()),
         StructField("due", LongType()),
     ]
 )
@@ -60,7 +60,7 @@ BUCKET_TIMER = StructType([StructField("timer", LongType())])
 #: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
 STAGE_ROWS_DDL = (
     "kind string, route_key string, event_time timestamp, ts_ns long, at_ms long, conn string, "
-    "seq long, frame string, flags int, payload string"
+    "seq long, frame binary, flags int, payload string"
 )
 #: Stage two's output: what foreachBatch sees.
 OUTPUT_DDL = "kind string, ts_ns long, payload string"

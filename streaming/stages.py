@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgpack
+
 from checks.model import Finding
 from checks.rule import Stats
-from checks.serde import frame_from_dict, frame_to_dict
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec import taprecord
@@ -104,6 +105,16 @@ def frame_from_row(row: dict[str, Any]) -> TapFrame:
     )
 
 
+def pack_frame(frame: TapFrame) -> bytes:
+    """A routed frame between the stages: its tap metadata and mirrored bytes, msgpack-packed."""
+    return msgpack.packb(taprecord.frame_to_packed(frame), use_bin_type=True)
+
+
+def unpack_frame(data: bytes) -> TapFrame:
+    """A routed frame back, decoded again from its bytes."""
+    return taprecord.frame_from_packed(msgpack.unpackb(data, raw=False))
+
+
 def _row(kind: str, event_ms: int, ts_ns: int, **fields: Any) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(STAGE_ROW_FIELDS)
     row.update(kind=kind, event_ms=event_ms, ts_ns=ts_ns, **fields)
@@ -177,19 +188,19 @@ def _resolve_rows(resolved: list[tuple[str, str, int]], event_ms: int) -> list[d
 
 @dataclass
 class StepResult:
-    #: The key's new saved state (JSON text), or None: nothing left to keep, delete it.
-    state: str | None
+    #: The key's new saved state (the shard's bytes), or None: nothing left to keep, delete it.
+    state: bytes | None
     rows: list[dict[str, Any]]
     #: When to be called again (event-time ms): a buffered route, a rule's timer, or the state's TTL.
     next_timer_ms: int | None = None
 
 
 def connection_step(
-    config: ChecksSettings, saved: str | None, rows: Iterable[dict[str, Any]], watermark_ms: int
+    config: ChecksSettings, saved: bytes | None, rows: Iterable[dict[str, Any]], watermark_ms: int
 ) -> StepResult:
     """Stage one for one connection's rows of a micro-batch."""
     batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
-    shard = ConnectionShard(config, json.loads(saved) if saved else None)
+    shard = ConnectionShard(config, saved or None)
     frames = [frame_from_row(r) for r in batch]
     # Spark refuses rows at or before its watermark from a stage that feeds another stateful stage.
     floor_ms = watermark_ms + 1
@@ -209,7 +220,7 @@ def connection_step(
                 at_ms=at_ms,
                 conn=route.frame.conn,
                 seq=route.frame.seq,
-                frame=json.dumps(frame_to_dict(route.frame)),
+                frame=pack_frame(route.frame),
                 flags=flags,
             )
         )
@@ -226,7 +237,7 @@ def connection_step(
         return StepResult(None, out)
     # A connection that vanished without a close record (a tap restart) expires after its TTL.
     expiry = (max(newest, watermark_ms) + int(config.connection_ttl_seconds * 1000)) if frames else None
-    return StepResult(json.dumps(shard.export()), out, expiry)
+    return StepResult(shard.export(), out, expiry)
 
 
 def expired_row(event_ms: int) -> dict[str, Any]:
@@ -244,7 +255,8 @@ class Buffered:
     ts_ns: int
     conn: str
     seq: int
-    frame: str
+    #: The frame as ``pack_frame`` made it.
+    frame: bytes
     flags: int
 
 
@@ -256,7 +268,7 @@ class KeyedResult(StepResult):
 def keyed_step(
     config: ChecksSettings,
     key: str,
-    saved: str | None,
+    saved: bytes | None,
     buffer: list[Buffered],
     watermark_ms: int,
 ) -> KeyedResult:
@@ -264,7 +276,7 @@ def keyed_step(
     ready = sorted((b for b in buffer if b.at_ms <= watermark_ms), key=lambda b: (b.ts_ns, b.conn, b.seq))
     waiting = [b for b in buffer if b.at_ms > watermark_ms]
     try:
-        shard = KeyedShard(config, key, json.loads(saved) if saved else None)
+        shard = KeyedShard(config, key, saved or None)
     except KeyError:
         # A key no rule of this build forms (state from an older route scheme): drop it, counted.
         dropped = {"unknown_route_keys": 1, "dropped_routes": len(buffer)}
@@ -273,7 +285,7 @@ def keyed_step(
     findings = shard.feed(
         Route(
             key,
-            frame_from_dict(json.loads(b.frame)),
+            unpack_frame(b.frame),
             b.at_ms * NS_PER_MS,
             bool(b.flags & INCOMPLETE),
             bool(b.flags & REQUEST_ONLY),
@@ -299,7 +311,7 @@ def keyed_step(
         out.append(expired_row(event_ms))
         return KeyedResult(None, out, None, waiting)
     timers.append(expiry_ms)
-    return KeyedResult(json.dumps(shard.export()), out, min(timers), waiting)
+    return KeyedResult(shard.export(), out, min(timers), waiting)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -424,14 +436,14 @@ def _keyed_entry_step(
     arrived: list[Buffered],
     watermark_ms: int,
 ) -> KeyedResult:
-    shard, waiting_json = (saved[0], saved[1]) if saved else (None, None)
-    waiting = [Buffered(*item) for item in json.loads(waiting_json)] if waiting_json else []
+    shard, packed = (saved[0], saved[1]) if saved else (None, None)
+    waiting = [Buffered(*item) for item in msgpack.unpackb(packed)] if packed else []
     result = keyed_step(config, key, shard, waiting + arrived, watermark_ms)
     if result.state is None and not result.buffer:
         if saved is not None:
             store.remove(key)
     else:
-        buffer = json.dumps([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
+        buffer = msgpack.packb([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
         store.put(key, (result.state, buffer, result.next_timer_ms))
     return result
 

@@ -198,8 +198,6 @@ class Alarm(Rule):
 
 def test_timers_fire_in_deadline_order_with_many_pending() -> None:
     """Many pending timers (one per open transaction, say): re-set, cancelled and restored ones too."""
-    from checks.serde import export_state, import_state
-
     suffixes = ["-slow", "", "-cancel", ""]
     convs = [Conversation(conn=f"c{i:03d}{suffixes[i % 4]}") for i in range(200)]
     shared_offsets(*convs)
@@ -222,7 +220,7 @@ def test_timers_fire_in_deadline_order_with_many_pending() -> None:
     m.feed_all(frames[:half])
     assert len(m.ctx.timers) > 50 and Alarm.fired
     # Carry on in a fresh monitor restored from a snapshot: its timers come back as a plain dict.
-    restored = import_state(Monitor([Alarm()], Context(config)), export_state(m))
+    restored = Monitor.from_state(m.to_state(), [Alarm()], Context(config))
     restored.feed_all(frames[half:])
     restored.advance(10 * SECOND + 100 * SECOND)
     assert Alarm.fired == expected

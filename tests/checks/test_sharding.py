@@ -12,17 +12,18 @@ import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import checks
+from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
-from checks.serde import StateFormatError, export_state, frame_from_dict, frame_to_dict, import_state
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec.taprecord import TapFrame
+from streaming.stages import pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
@@ -118,14 +119,9 @@ def single_run(frames: list[TapFrame]) -> list[Finding]:
     return monitor.feed_all(frames) + monitor.flush()
 
 
-def _roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(json.dumps(state))
-    return loaded
-
-
 def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
-    conn_states: dict[str, dict[str, Any]] = {}
-    key_states: dict[str, dict[str, Any]] = {}
+    conn_states: dict[str, bytes] = {}
+    key_states: dict[str, bytes] = {}
     buffers: dict[str, list[Route]] = defaultdict(list)
     findings: list[Finding] = []
     max_ts = 0
@@ -138,12 +134,12 @@ def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
         # Routes cross a process boundary as bytes plus metadata: decode them again, as the job does.
         findings.extend(
             shard.feed(
-                Route(r.key, frame_from_dict(frame_to_dict(r.frame)), r.at_ns, r.incomplete, r.request_only)
+                Route(r.key, unpack_frame(pack_frame(r.frame)), r.at_ns, r.incomplete, r.request_only)
                 for r in ready
             )
         )
         findings.extend(shard.advance(upto if upto is not None else max_ts))
-        key_states[key] = _roundtrip(shard.export())
+        key_states[key] = shard.export()
 
     bounds = [0, *sorted(set(cuts)), len(frames)]
     for lo, hi in itertools.pairwise(bounds):
@@ -159,7 +155,7 @@ def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
             findings.extend(shard.feed(sorted(mine, key=lambda f: f.seq)))
             for route in shard.take_routes():
                 buffers[route.key].append(route)
-            conn_states[conn] = _roundtrip(shard.export())
+            conn_states[conn] = shard.export()
         watermark = max_ts - LATENESS_NS
         for key in list(buffers.keys() | key_states.keys()):
             release(key, watermark)
@@ -247,22 +243,27 @@ def test_real_captured_traffic_matches() -> None:
     assert summary(sharded_run(frames, list(range(0, len(frames), 7)))) == summary(single_run(frames))
 
 
-def test_state_survives_json_and_refuses_a_newer_format() -> None:
+def test_state_survives_bytes_and_refuses_other_formats() -> None:
     monitor = checks.new_monitor(CONFIG)
     frames = scenario()
     monitor.feed_all(frames[: len(frames) // 2])
-    saved = _roundtrip(export_state(monitor))
-    restored = import_state(checks.new_monitor(CONFIG), saved)
+    saved = monitor.to_state()
+    assert saved.startswith(STATE_MAGIC + bytes([STATE_FORMAT]))
+    restored = Monitor.from_state(saved, checks.all_rules(), checks.Context(CONFIG))
     rest = frames[len(frames) // 2 :]
     expected = monitor.feed_all(rest) + monitor.flush()
     assert summary(restored.feed_all(rest) + restored.flush()) == summary(expected)
-    saved["format"] = 99
-    try:
-        import_state(checks.new_monitor(CONFIG), saved)
-    except StateFormatError as exc:
-        assert "newer" in str(exc)
-    else:
-        raise AssertionError("a newer state format must be refused")
+    newer = STATE_MAGIC + bytes([STATE_FORMAT + 1]) + saved[len(STATE_MAGIC) + 1 :]
+    older_json = json.dumps({"format": 1, "states": []}).encode()
+    for data, message in (
+        (newer, "newer than this kpmon"),
+        (older_json, "JSON text: format 1"),
+        (saved[:-3], "corrupt"),
+    ):
+        with pytest.raises(StateFormatError, match=message):
+            Monitor.from_state(data, checks.all_rules(), checks.Context(CONFIG))
+    with pytest.raises(StateFormatError, match="format 1 was JSON"):
+        ConnectionShard(CONFIG, json.dumps({"monitor": {"format": 1}}).encode())
 
 
 def test_keyed_state_is_dropped_when_nothing_is_left() -> None:

@@ -141,14 +141,15 @@ def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> Non
     assert _meta(frame_from_dict(frame_to_dict(frame))) == _meta(frame)
 
 
-def test_serde_writes_the_persisted_layout() -> None:
-    from checks.serde import frame_from_dict as load
-    from checks.serde import frame_to_dict as save
+def test_packed_frames_round_trip_with_their_bytes() -> None:
+    from codec.taprecord import frame_from_packed, frame_to_packed
 
     frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
-    saved = save(frame)
-    assert saved[Header.DIR] == "req" and saved[Header.CORR_ID] == 7 and "direction" not in saved
-    assert _meta(load(saved)) == _meta(frame)
+    packed = frame_to_packed(frame)
+    assert packed[-1] == frame.raw and isinstance(packed[-1], bytes)
+    again = frame_from_packed(packed)
+    assert _meta(again) == _meta(frame) and again.message == frame.message
+    assert frame_from_packed(packed, decode=False).message is None
 
 
 def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:

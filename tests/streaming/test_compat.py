@@ -42,8 +42,8 @@ def keyed_variable(shape: dict[str, Any]) -> str:
 
 
 def test_the_shape_describes_the_query(shape: dict[str, Any]) -> None:
+    from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
-    from checks.serde import STATE_FORMAT
 
     connection, keyed = stage(shape, "connection"), stage(shape, "keyed")
     assert connection["group_by"] == ["bucket"] and keyed["group_by"] == ["bucket"]
