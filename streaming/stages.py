@@ -125,6 +125,10 @@ def finding_row(finding: Finding, event_ms: int) -> dict[str, Any]:
     return _row("finding", event_ms, finding.ts_ns, route_key=PASS_KEY, payload=json.dumps(finding.to_dict()))
 
 
+#: The counts of an aggregate row (summed when rows are combined).
+AGG_COUNTS = ("frames", "decode_errors", "null_protocol_type", "error_responses")
+
+
 def _aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (dir, api, version) counts of this batch: the data-quality suites' input."""
     out: dict[tuple[str, int | None, int | None], dict[str, Any]] = {}
@@ -140,10 +144,7 @@ def _aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "api_key": api,
                 "api_name": _opt_str(row.get("api_name")),
                 "api_version": version,
-                "frames": 0,
-                "decode_errors": 0,
-                "null_protocol_type": 0,
-                "error_responses": 0,
+                **dict.fromkeys(AGG_COUNTS, 0),
             },
         )
         agg["frames"] += 1
@@ -400,7 +401,60 @@ def connection_bucket(
             continue
         store.put(conn, (result.state, result.next_timer_ms))
         timer = _earliest(timer, result.next_timer_ms)
-    return BucketResult(out, timer)
+    return BucketResult(combine_rows(out), timer)
+
+
+def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fewer, larger rows between the stages: one route row per route key (its frames packed in
+    order), one aggregate row per (dir, api, version) and one counters row, per bucket call. Every
+    row costs Spark a conversion, a shuffle entry and a pandas row on each side, and a busy producer
+    sends many frames to one key per batch. Findings and resolves pass unchanged."""
+    out: list[dict[str, Any]] = []
+    routes: dict[str, dict[str, Any]] = {}
+    packed: dict[str, list[list[Any]]] = {}
+    aggs: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
+    counters: dict[str, Any] | None = None
+    counts: dict[str, int] = {}
+    for row in rows:
+        kind = row["kind"]
+        if kind == "route":
+            key = row["route_key"]
+            if key not in routes:
+                routes[key] = _row("route", row["event_ms"], row["ts_ns"], route_key=key)
+                packed[key] = []
+            entry = routes[key]
+            entry["event_ms"] = min(entry["event_ms"], row["event_ms"])
+            packed[key].append(
+                [row["at_ms"], row["ts_ns"], row["conn"], row["seq"], row["frame"], row["flags"]]
+            )
+        elif kind == "agg":
+            agg = json.loads(row["payload"])
+            group = (agg["dir"], agg["api_key"], agg["api_version"])
+            if group not in aggs:
+                aggs[group] = (row, agg)
+                continue
+            first, total = aggs[group]
+            first["event_ms"] = max(first["event_ms"], row["event_ms"])
+            total["api_name"] = total["api_name"] or agg["api_name"]
+            for name in AGG_COUNTS:
+                total[name] += agg[name]
+        elif kind == "stat":
+            counters = counters or row
+            counters["event_ms"] = max(counters["event_ms"], row["event_ms"])
+            for name, value in json.loads(row["payload"]).items():
+                counts[name] = counts.get(name, 0) + value
+        else:
+            out.append(row)
+    for key, route in routes.items():
+        route["frame"] = msgpack.packb(packed[key], use_bin_type=True)
+        out.append(route)
+    for row, agg in aggs.values():
+        row["payload"] = json.dumps(agg)
+        out.append(row)
+    if counters is not None:
+        counters["payload"] = json.dumps(counts)
+        out.append(counters)
+    return out
 
 
 def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketResult:
@@ -416,16 +470,12 @@ def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketRe
     return BucketResult(out, timer)
 
 
-def buffered_of(row: dict[str, Any]) -> Buffered:
-    """A stage-one route row as stage two buffers it."""
-    return Buffered(
-        int(row["at_ms"]),
-        int(row["ts_ns"]),
-        str(row["conn"]),
-        int(row["seq"]),
-        row["frame"],
-        int(row["flags"]),
-    )
+def buffered_of(row: dict[str, Any]) -> list[Buffered]:
+    """A combined route row (``combine_rows``) as the routed frames stage two buffers."""
+    return [
+        Buffered(int(at_ms), int(ts_ns), str(conn), int(seq), bytes(frame), int(flags))
+        for at_ms, ts_ns, conn, seq, frame, flags in msgpack.unpackb(row["frame"], raw=False)
+    ]
 
 
 def _keyed_entry_step(
@@ -462,7 +512,7 @@ def keyed_bucket(
     out: list[dict[str, Any]] = []
     timer = armed_ms
     for key, key_rows in _group(rows, "route_key").items():
-        arrived = [buffered_of(r) for r in key_rows]
+        arrived = [b for r in key_rows for b in buffered_of(r)]
         result = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
         out.extend(result.rows)
         timer = _earliest(timer, result.next_timer_ms)

@@ -16,6 +16,7 @@ from streaming.stages import (
     BucketResult,
     Buffered,
     DictBucketStore,
+    buffered_of,
     connection_bucket,
     connection_bucket_expired,
     connection_step,
@@ -279,3 +280,23 @@ def test_a_bucket_keeps_an_earlier_armed_timer() -> None:
     frames = [f for f in scenario() if f.conn == "tap1-av"]
     rows = [decode_row(*tap_record(f)) for f in frames]
     assert connection_bucket(CONFIG, DictBucketStore(), rows, 0, 5).timer_ms == 5
+
+
+def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
+    frames = scenario()
+    rows = [decode_row(*tap_record(f)) for f in frames]
+    result = connection_bucket(CONFIG, DictBucketStore(), rows, 0, None)
+    per_conn = [
+        connection_step(CONFIG, None, [r for r in rows if r["conn"] == c], 0).rows
+        for c in {r["conn"] for r in rows}
+    ]
+    separate = [r for conn_rows in per_conn for r in conn_rows]
+    routes = [r for r in result.rows if r["kind"] == "route"]
+    aggs = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "agg"]
+    stats = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "stat"]
+    assert len({r["route_key"] for r in routes}) == len(routes) < sum(r["kind"] == "route" for r in separate)
+    assert sum(len(buffered_of(r)) for r in routes) == sum(r["kind"] == "route" for r in separate)
+    assert len({(a["dir"], a["api_key"], a["api_version"]) for a in aggs}) == len(aggs)
+    assert sum(a["frames"] for a in aggs) == sum(1 for f in frames if f.direction in ("req", "resp"))
+    assert len(stats) == 1 and stats[0]["frames"] == len(frames)
+    assert all(r["event_ms"] > 0 for r in result.rows)
