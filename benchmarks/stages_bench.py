@@ -4,7 +4,7 @@ Runs the fleet workload of ``benchmarks/stream_bench.py`` (client sessions: ApiV
 InitProducerId, 18 idempotent Produce exchanges with real v2 batches, close) through exactly what the
 job's Python workers run, in micro-batches, with the job's default bucket count:
 
-1. **decode**: ``streaming.frames.decode_row`` per tap record (the ``mapInArrow`` stage);
+1. **decode**: ``streaming.frames.frame_row`` per tap record (the ``mapInArrow`` stage: headers only);
 2. **stage one**: ``streaming.stages.connection_bucket`` per bucket (plus its timers);
 3. **stage two**: ``streaming.stages.keyed_bucket`` per bucket (plus its timers).
 
@@ -39,7 +39,7 @@ import codec  # noqa: E402
 from benchmarks.stream_bench import session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
-from streaming.frames import decode_row  # noqa: E402
+from streaming.frames import frame_row  # noqa: E402
 from streaming.stages import (  # noqa: E402
     PASS_KEY,
     BucketResult,
@@ -123,7 +123,7 @@ def run(
                 profiler.enable()
             t0 = time.perf_counter()
             if part == "decode":
-                rows = [decode_row(*r) for r in chunk]
+                rows = [frame_row(*r) for r in chunk]
             elif part == "stage1":
                 routed = one.run(
                     rows,
@@ -171,7 +171,7 @@ def main() -> int:
     print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}")
     print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
     for name, label in (
-        ("decode", "decode_row (mapInArrow)"),
+        ("decode", "frame_row (mapInArrow)"),
         ("stage1", "stage one"),
         ("stage2", "stage two"),
     ):

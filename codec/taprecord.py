@@ -254,7 +254,7 @@ _INT_FIELDS = frozenset(
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the decoded-frame
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
-#: Columns of the streaming job's decoded-frame rows (``streaming.frames.DECODED_FRAME_SCHEMA``).
+#: Columns of the streaming job's decoded-frame rows (``streaming.frames.FRAME_ROW_SCHEMA``).
 ROW_KEYS: Final[Mapping[str, str]] = {**STATE_KEYS, "partition": "tap_partition", "offset": "tap_offset"}
 #: Every other key a field may be found under in a saved dict, newest layout first.
 KEY_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {

@@ -1,7 +1,7 @@
 """The always-on monitor: tap topic -> decode -> per-connection stage -> per-key stage -> alerts.
 
     Kafka source (includeHeaders, bounded maxOffsetsPerTrigger)
-      -> mapInArrow(streaming.frames.decode_batches)          projected decode, one row per frame
+      -> mapInArrow(streaming.frames.frame_row_batches)       tap-record headers as columns, one row per frame
       -> withWatermark(event_time, checks.watermark_seconds)
       -> groupBy(bucket of conn).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
       -> groupBy(bucket of route_key).transformWithStateInPandas(KeyedProcessor)   stage two
@@ -33,14 +33,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kpmon.stream")
 
-#: Decoded-frame columns stage one needs (the rest of the table is for the data-quality aggregates).
+#: Tap-record columns stage one reads (``streaming.frames.FRAME_ROW_SCHEMA``; ``event_time`` is added here).
 STAGE_ONE_COLUMNS = [
     "conn",
     "seq",
     "ts_ns",
     "dir",
     "api_key",
-    "api_name",
     "api_version",
     "corr_id",
     "client",
@@ -51,9 +50,6 @@ STAGE_ONE_COLUMNS = [
     "truncated",
     "tap_partition",
     "tap_offset",
-    "decode_error",
-    "error_code",
-    "protocol_type",
     "value",
     "event_time",
 ]
@@ -74,21 +70,21 @@ def source_options(config: KpmonConfig) -> dict[str, str]:
     return options
 
 
-def decoded_frames(spark: SparkSession, config: KpmonConfig) -> DataFrame:
-    """The decoded-frame table as a stream (documented in docs/streaming.md)."""
+def frame_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
+    """The tap-record rows as a stream (documented in docs/streaming.md)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from streaming.frames import DECODED_FRAME_SCHEMA, decode_batches
+    from streaming.frames import FRAME_ROW_SCHEMA, frame_row_batches
 
     reader = spark.readStream.format("kafka")
     for key, value in source_options(config).items():
         reader = reader.option(key, value)
     raw = reader.load().select("value", "headers", "partition", "offset")
-    decoded = raw.mapInArrow(decode_batches, from_arrow_schema(DECODED_FRAME_SCHEMA))
+    rows = raw.mapInArrow(frame_row_batches, from_arrow_schema(FRAME_ROW_SCHEMA))
     # A record without a ts_ns header (not from a tap) still needs an event time: its arrival.
     event_time = F.coalesce(F.timestamp_micros(F.floor(F.col("ts_ns") / 1000)), F.current_timestamp())
-    return decoded.withColumn("event_time", event_time)
+    return rows.withColumn("event_time", event_time)
 
 
 #: The grouping column of both stateful stages.
@@ -211,7 +207,7 @@ def start(
     spark = spark or build_session(config)
     listener = ProgressListener(paths, metrics, lambda: {**last, "hooks": hooks.stats()}, terminal)
     spark.streams.addListener(listener)
-    pipeline = checks_pipeline(decoded_frames(spark, config), config)
+    pipeline = checks_pipeline(frame_rows(spark, config), config)
     query = (
         pipeline.writeStream.queryName("kpmon")
         .foreachBatch(sink)

@@ -21,13 +21,15 @@ from typing import Any, Protocol
 
 import msgpack
 
+import codec
 from checks.model import Finding
 from checks.rule import Stats
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec import taprecord
+from codec.errors import DecodeError
 from codec.protocol import ApiKey
-from codec.taprecord import TapFrame, decode_frame
+from codec.taprecord import REQ, RESP, TapFrame, decode_frame
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
@@ -95,7 +97,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 def frame_from_row(row: dict[str, Any]) -> TapFrame:
-    """A decoded-frame row (``streaming.frames.DECODED_FRAME_SCHEMA``) back to a checks frame.
+    """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``) to a checks frame: the one decode.
 
     ``codec.taprecord`` reads the row's column names (``ROW_KEYS``) and Spark's NaN nulls."""
     frame = taprecord.frame_from_dict(row, decode=False)
@@ -129,39 +131,73 @@ def finding_row(finding: Finding, event_ms: int) -> dict[str, Any]:
 AGG_COUNTS = ("frames", "decode_errors", "null_protocol_type", "error_responses")
 
 
-def _aggregates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (dir, api, version) counts of this batch: the data-quality suites' input."""
+#: Responses whose error code the data-quality error rate counts: the top-level ``ErrorCode`` (for
+#: Produce, the first failing partition's). Kept as it was when a projected decode fed the rate.
+ERROR_RATE_APIS = frozenset(
+    {
+        ApiKey.PRODUCE,
+        ApiKey.JOIN_GROUP,
+        ApiKey.SYNC_GROUP,
+        ApiKey.API_VERSIONS,
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.END_TXN,
+    }
+)
+
+
+def _api_name(api_key: int | None) -> str | None:
+    try:
+        return codec.api_name(api_key) if api_key is not None else None
+    except (KeyError, DecodeError):
+        return None
+
+
+def _first_error_code(body: dict[str, Any], api_key: int) -> int | None:
+    code = body.get("ErrorCode")
+    if isinstance(code, int):
+        return code
+    if api_key == ApiKey.PRODUCE:
+        for topic in body.get("Responses") or ():
+            for part in topic.get("PartitionResponses") or ():
+                if part.get("ErrorCode"):
+                    return int(part["ErrorCode"])
+        return 0
+    return None
+
+
+def _aggregates(frames: list[TapFrame]) -> list[dict[str, Any]]:
+    """Per (dir, api, version) counts of this batch, from the one decode: the data-quality suites' input."""
     out: dict[tuple[str, int | None, int | None], dict[str, Any]] = {}
-    for row in rows:
-        direction = _opt_str(row.get("dir")) or ""
-        if direction not in ("req", "resp"):
+    for frame in frames:
+        direction = frame.direction
+        if direction not in (REQ, RESP):
             continue
-        api, version = _opt_int(row.get("api_key")), _opt_int(row.get("api_version"))
-        agg = out.setdefault(
-            (direction, api, version),
-            {
+        api, version = frame.api_key, frame.api_version
+        agg = out.get((direction, api, version))
+        if agg is None:
+            agg = out[(direction, api, version)] = {
                 "dir": direction,
                 "api_key": api,
-                "api_name": _opt_str(row.get("api_name")),
+                "api_name": _api_name(api),
                 "api_version": version,
                 **dict.fromkeys(AGG_COUNTS, 0),
-            },
-        )
+            }
         agg["frames"] += 1
-        agg["api_name"] = agg["api_name"] or _opt_str(row.get("api_name"))
-        if _opt_str(row.get("decode_error")) is not None:
+        if frame.error is not None:
             agg["decode_errors"] += 1
             continue
-        error = _opt_int(row.get("error_code"))
-        if direction != "resp" or error is None:
+        response = frame.response
+        if response is None or api not in ERROR_RATE_APIS:
+            continue
+        error = _first_error_code(response.body, api)
+        if error is None:
             continue
         if error:
             agg["error_responses"] += 1
         elif (
-            ((api == JOIN_GROUP and (version or 0) >= 7) or (api == SYNC_GROUP and (version or 0) >= 5))
-            and _opt_str(row.get("protocol_type")) is None
-            and _opt_str(row.get("capture")) != "meta"
-        ):
+            (api == ApiKey.JOIN_GROUP and (version or 0) >= 7)
+            or (api == ApiKey.SYNC_GROUP and (version or 0) >= 5)
+        ) and response.body.get("ProtocolType") is None:
             # KIP-559: a successful answer of these versions always names the protocol type.
             agg["null_protocol_type"] += 1
     return list(out.values())
@@ -228,7 +264,7 @@ def connection_step(
     out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
     out.extend(
         _row("agg", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps(agg))
-        for agg in _aggregates(batch)
+        for agg in _aggregates(frames)
     )
     stat = _stat_row(shard.ctx.stats, event_ms)
     if stat is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from codec.taprecord import TapFrame
-from streaming.frames import decode_row
+from streaming.frames import frame_row
 from streaming.stages import (
     PASS_KEY,
     BucketResult,
@@ -66,7 +66,7 @@ def run_stages(frames: list[TapFrame], batch_size: int) -> list[dict[str, Any]]:
             watermark_ms = max_ts // NS_PER_MS + 1
         rows_by_conn: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for frame in batch:
-            row = decode_row(*tap_record(frame))
+            row = frame_row(*tap_record(frame))
             rows_by_conn[row["conn"]].append(row)
         for conn, rows in rows_by_conn.items():
             result = connection_step(CONFIG, conn_state.get(conn), rows, watermark_ms)
@@ -139,7 +139,7 @@ def run_bucketed(frames: list[TapFrame], batch_size: int, buckets: int) -> tuple
     for n, batch in enumerate(batches):
         if n == len(batches) - 1:
             watermark_ms = max_ts // NS_PER_MS + 1
-        rows = [decode_row(*tap_record(frame)) for frame in batch]
+        rows = [frame_row(*tap_record(frame)) for frame in batch]
         routed = stage_one.batch(
             rows,
             "conn",
@@ -212,7 +212,7 @@ def test_join_group_answer_without_protocol_type_is_counted() -> None:
 
 
 def test_a_record_that_is_not_from_a_tap_is_a_decode_error() -> None:
-    row = decode_row({}, b"hello", 3, 42)
+    row = frame_row({}, b"hello", 3, 42)
     result = connection_step(CONFIG, None, [row], 0)
     findings = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "finding"]
     assert [f["rule"] for f in findings] == ["frame.decode_error"]
@@ -225,7 +225,7 @@ def test_a_closed_connection_leaves_no_state() -> None:
     from tests.checks.builders import Conversation
 
     closing = Conversation(conn="tap1-av", seq=frames[-1].seq + 1)
-    rows = [decode_row(*tap_record(f)) for f in [*frames, closing.close(frames[-1].ts_ns + 1)]]
+    rows = [frame_row(*tap_record(f)) for f in [*frames, closing.close(frames[-1].ts_ns + 1)]]
     assert connection_step(CONFIG, None, rows[:-1], 0).state is not None
     assert connection_step(CONFIG, None, rows, 0).state is None
 
@@ -264,7 +264,7 @@ def test_a_batch_makes_a_call_per_bucket_not_per_key() -> None:
 def test_an_idle_connection_expires_by_the_bucket_timer() -> None:
     frames = [f for f in scenario() if f.conn == "tap1-av"]
     store = DictBucketStore()
-    rows = [decode_row(*tap_record(f)) for f in frames]
+    rows = [frame_row(*tap_record(f)) for f in frames]
     result = connection_bucket(CONFIG, store, rows, 0, None)
     assert list(store.entries) == ["tap1-av"] and result.timer_ms is not None
     ttl_ms = int(CONFIG.connection_ttl_seconds * 1000)
@@ -278,13 +278,13 @@ def test_an_idle_connection_expires_by_the_bucket_timer() -> None:
 
 def test_a_bucket_keeps_an_earlier_armed_timer() -> None:
     frames = [f for f in scenario() if f.conn == "tap1-av"]
-    rows = [decode_row(*tap_record(f)) for f in frames]
+    rows = [frame_row(*tap_record(f)) for f in frames]
     assert connection_bucket(CONFIG, DictBucketStore(), rows, 0, 5).timer_ms == 5
 
 
 def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
     frames = scenario()
-    rows = [decode_row(*tap_record(f)) for f in frames]
+    rows = [frame_row(*tap_record(f)) for f in frames]
     result = connection_bucket(CONFIG, DictBucketStore(), rows, 0, None)
     per_conn = [
         connection_step(CONFIG, None, [r for r in rows if r["conn"] == c], 0).rows
