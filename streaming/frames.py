@@ -10,13 +10,12 @@ and the tap clock (the watermark).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
-from codec.taprecord import REQ, ROW_KEYS, Header, connection_of, header_only, headers_dict, int_header
+from codec.taprecord import ROW_KEYS, Header, connection_of, header_only, headers_dict, int_header
 
 FRAME_ROW_SCHEMA = pa.schema(
     [
@@ -42,10 +41,6 @@ FRAME_ROW_SCHEMA = pa.schema(
     ]
 )
 
-#: Every request header starts api key (int16), api version (int16), correlation id (int32).
-_REQUEST_HEAD = struct.Struct(">hhi")
-
-
 def _spark_headers(raw: Any) -> dict[str, str]:
     """The Kafka source's ``headers`` column: an array of ``{key, value}`` structs."""
     return headers_dict((item["key"], item["value"]) for item in raw or ())
@@ -53,8 +48,9 @@ def _spark_headers(raw: Any) -> dict[str, str]:
 
 def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
     """One tap record as a row. Header-derived columns are named after their headers; the record's own
-    place gets ``ROW_KEYS``. A request's api key, version and correlation id are read from its first
-    eight bytes (the tap sends them as headers on responses only)."""
+    place gets ``ROW_KEYS``. A request's api key, version and correlation id stay null here (the tap
+    sends them as headers on responses only): stage one's decode fills them, exactly as
+    ``codec.taprecord.frame_from_record`` does, so an undecodable request looks the same everywhere."""
     direction = headers.get(Header.DIR, "")
     row: dict[str, Any] = {
         Header.CONN: connection_of(headers.get(Header.CONN), partition),
@@ -76,8 +72,6 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         "size": len(value) if value is not None else None,
         "value": value,
     }
-    if direction == REQ and value is not None and len(value) >= _REQUEST_HEAD.size:
-        row[Header.API_KEY], row[Header.API_VERSION], row[Header.CORR_ID] = _REQUEST_HEAD.unpack_from(value)
     return row
 
 
