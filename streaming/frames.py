@@ -41,6 +41,7 @@ FRAME_ROW_SCHEMA = pa.schema(
     ]
 )
 
+
 def _spark_headers(raw: Any) -> dict[str, str]:
     """The Kafka source's ``headers`` column: an array of ``{key, value}`` structs."""
     return headers_dict((item["key"], item["value"]) for item in raw or ())
