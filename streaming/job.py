@@ -87,6 +87,8 @@ def frame_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
     return rows.withColumn("event_time", event_time)
 
 
+#: Long columns of stage one's input that must reach pandas without nulls (see checks_pipeline).
+NON_NULL_LONGS = ("seq", "ts_ns")
 #: The grouping column of both stateful stages.
 BUCKET = "bucket"
 
@@ -113,8 +115,14 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
 
     buckets = config.stream.buckets
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
+    # Spark hands a nullable long column to pandas as float64 when a batch has a null in it, and the
+    # tap clock (~1.8e18 ns) does not fit a double's 53 bits: a record from outside the tap (no ts_ns
+    # header) in the same bucket would round every other frame's ts_ns there. Missing longs become 0,
+    # the tap-record contract's default for them (codec/taprecord.py).
+    longs = {c: F.coalesce(F.col(c), F.lit(0)) for c in NON_NULL_LONGS}
     stage_one = (
         frames.select(*STAGE_ONE_COLUMNS)
+        .withColumns(longs)
         .withColumn(BUCKET, bucket_of("conn", buckets))
         .withWatermark("event_time", lateness)
         .groupBy(BUCKET)
