@@ -28,7 +28,7 @@ import pstats
 import sys
 import time
 import zlib
-from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +40,7 @@ from benchmarks.stream_bench import session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
 from streaming.frames import frame_row  # noqa: E402
-from streaming.stages import (  # noqa: E402
-    PASS_KEY,
-    BucketResult,
-    DictBucketStore,
-    connection_bucket,
-    connection_bucket_expired,
-    keyed_bucket,
-    keyed_bucket_expired,
-)
+from streaming.stages import LocalStages  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stages_bench.json"
 TARGET_US = 25.0
@@ -67,32 +59,6 @@ def tap_records(sessions: int) -> list[tuple[dict[str, str], bytes, int, int]]:
     return [(h, raw, part, offset) for offset, (_, h, raw, part) in enumerate(out)]
 
 
-class Buckets:
-    """One stage's buckets as Spark keeps them: a store and one armed timer each."""
-
-    def __init__(self, count: int) -> None:
-        self.stores = [DictBucketStore() for _ in range(count)]
-        self.timers: list[int | None] = [None] * count
-
-    def run(
-        self, rows: list[dict[str, Any]], column: str, watermark_ms: int, on_input: Any, on_timer: Any
-    ) -> list:
-        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            by_bucket[zlib.crc32(str(row[column]).encode()) % len(self.stores)].append(row)
-        out: list[dict[str, Any]] = []
-        for b, bucket_rows in by_bucket.items():
-            result: BucketResult = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
-            self.timers[b] = result.timer_ms
-            out.extend(result.rows)
-        for b, armed in enumerate(self.timers):
-            if armed is not None and armed <= watermark_ms:
-                result = on_timer(self.stores[b], watermark_ms)
-                self.timers[b] = result.timer_ms
-                out.extend(result.rows)
-        return out
-
-
 def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
     start = time.perf_counter()
     for headers, raw, _, _ in records:
@@ -107,42 +73,29 @@ def run(
     records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None
 ) -> dict[str, float]:
     config = ChecksSettings(watermark_seconds=2.0)
-    buckets = StreamConfig().buckets
-    one, two = Buckets(buckets), Buckets(buckets)
+    stages = LocalStages(config, StreamConfig().buckets)
     lateness_ms = int(config.watermark_seconds * 1000)
     seconds = {"decode": 0.0, "stage1": 0.0, "stage2": 0.0}
     profiler = cProfile.Profile() if profile else None
     watermark_ms, max_ms = 0, 0
+
+    def timed(part: str, work: Callable[..., Any], *args: Any) -> Any:
+        if profiler is not None and part == profile:
+            profiler.enable()
+        t0 = time.perf_counter()
+        result = work(*args)
+        seconds[part] += time.perf_counter() - t0
+        if profiler is not None and part == profile:
+            profiler.disable()
+        return result
+
     for start in [*range(0, len(records), batch), len(records)]:
         chunk = records[start : start + batch]
         if not chunk:
             watermark_ms = max_ms + 1  # the end: let the watermark pass everything
-        for part, work in (("decode", None), ("stage1", None), ("stage2", None)):
-            del work
-            if profiler is not None and part == profile:
-                profiler.enable()
-            t0 = time.perf_counter()
-            if part == "decode":
-                rows = [frame_row(*r) for r in chunk]
-            elif part == "stage1":
-                routed = one.run(
-                    rows,
-                    "conn",
-                    watermark_ms,
-                    lambda store, r, wm, armed: connection_bucket(config, store, r, wm, armed),
-                    connection_bucket_expired,
-                )
-            else:
-                two.run(
-                    [r for r in routed if r["route_key"] != PASS_KEY],
-                    "route_key",
-                    watermark_ms,
-                    lambda store, r, wm, armed: keyed_bucket(config, store, r, wm, armed),
-                    lambda store, wm: keyed_bucket_expired(config, store, wm),
-                )
-            seconds[part] += time.perf_counter() - t0
-            if profiler is not None and part == profile:
-                profiler.disable()
+        rows = timed("decode", lambda records: [frame_row(*r) for r in records], chunk)
+        routed = timed("stage1", stages.stage_one, rows, watermark_ms)
+        timed("stage2", stages.stage_two, routed, watermark_ms)
         if chunk:
             max_ms = max(max_ms, max(int(r[0]["ts_ns"]) // NS_PER_MS for r in chunk))
             watermark_ms = max(watermark_ms, max_ms - lateness_ms)

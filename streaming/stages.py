@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -568,3 +569,76 @@ def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_m
         out.extend(result.rows)
         timer = _earliest(timer, result.next_timer_ms)
     return BucketResult(out, timer)
+
+
+class _LocalBuckets:
+    """One bucketed stage's buckets as Spark keeps them: a store and one armed timer each."""
+
+    def __init__(self, buckets: int) -> None:
+        self.stores = [DictBucketStore() for _ in range(buckets)]
+        self.timers: list[int | None] = [None] * buckets
+        self.calls = 0
+
+    def run(
+        self,
+        rows: list[dict[str, Any]],
+        column: str,
+        watermark_ms: int,
+        on_input: Callable[[BucketStore, list[dict[str, Any]], int, int | None], BucketResult],
+        on_timer: Callable[[BucketStore, int], BucketResult],
+    ) -> list[dict[str, Any]]:
+        by_bucket: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_bucket.setdefault(zlib.crc32(str(row[column]).encode()) % len(self.stores), []).append(row)
+        out: list[dict[str, Any]] = []
+        for b, bucket_rows in by_bucket.items():
+            self.calls += 1
+            result = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
+            self.timers[b] = result.timer_ms
+            out.extend(result.rows)
+        # A timer armed at or before the watermark by this batch's calls fires in the next batch.
+        for b, armed in enumerate(self.timers):
+            if armed is not None and armed <= watermark_ms:
+                self.calls += 1
+                result = on_timer(self.stores[b], watermark_ms)
+                self.timers[b] = result.timer_ms
+                out.extend(result.rows)
+        return out
+
+
+class LocalStages:
+    """Both bucketed stages in one process, called the way Spark calls the job's processors: per
+    micro-batch, each bucket with input once, then each bucket whose timer the watermark passed.
+    For tests and benchmarks; the job runs the same steps through ``streaming.processors``."""
+
+    def __init__(self, config: ChecksSettings, buckets: int) -> None:
+        self.config = config
+        self.one = _LocalBuckets(buckets)
+        self.two = _LocalBuckets(buckets)
+
+    @property
+    def calls(self) -> int:
+        """Python calls made so far, both stages (what Spark pays a pandas round trip for)."""
+        return self.one.calls + self.two.calls
+
+    def stage_one(self, rows: list[dict[str, Any]], watermark_ms: int) -> list[dict[str, Any]]:
+        """Tap-record rows (``streaming.frames.frame_row``) in, stage one's output rows out."""
+        return self.one.run(
+            rows,
+            "conn",
+            watermark_ms,
+            lambda store, r, wm, armed: connection_bucket(self.config, store, r, wm, armed),
+            connection_bucket_expired,
+        )
+
+    def stage_two(self, routed: list[dict[str, Any]], watermark_ms: int) -> list[dict[str, Any]]:
+        """Stage one's output in; what ``foreachBatch`` sees out (pass-through rows included)."""
+        out = [r for r in routed if r["route_key"] == PASS_KEY]
+        out += self.two.run(
+            [r for r in routed if r["route_key"] != PASS_KEY],
+            "route_key",
+            watermark_ms,
+            lambda store, r, wm, armed: keyed_bucket(self.config, store, r, wm, armed),
+            lambda store, wm: keyed_bucket_expired(self.config, store, wm),
+        )
+        return out

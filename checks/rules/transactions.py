@@ -77,19 +77,23 @@ def _txn_id(value: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------------
 
 
+#: The RPCs of a transactional producer's life (KIP-98): what the txn and pid-ownership rules read.
+TXN_RPCS = frozenset(
+    {
+        ApiKey.PRODUCE,
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_OFFSETS_TO_TXN,
+        ApiKey.END_TXN,
+        ApiKey.TXN_OFFSET_COMMIT,
+    }
+)
+
+
 class TxnRule(Rule):
     name = "txn"
     key_kind = "txn"
-    api_keys = frozenset(
-        {
-            ApiKey.PRODUCE,
-            ApiKey.INIT_PRODUCER_ID,
-            ApiKey.ADD_PARTITIONS_TO_TXN,
-            ApiKey.ADD_OFFSETS_TO_TXN,
-            ApiKey.END_TXN,
-            ApiKey.TXN_OFFSET_COMMIT,
-        }
-    )
+    api_keys = TXN_RPCS
 
     def keys(self, ex: Exchange) -> list[str]:
         body = ex.req.body
@@ -337,16 +341,7 @@ def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
 class PidOwnershipRule(Rule):
     name = "txn_pid"
     key_kind = "producer"
-    api_keys = frozenset(
-        {
-            ApiKey.PRODUCE,
-            ApiKey.INIT_PRODUCER_ID,
-            ApiKey.ADD_PARTITIONS_TO_TXN,
-            ApiKey.ADD_OFFSETS_TO_TXN,
-            ApiKey.END_TXN,
-            ApiKey.TXN_OFFSET_COMMIT,
-        }
-    )
+    api_keys = TXN_RPCS
 
     def keys(self, ex: Exchange) -> list[str]:
         if ex.api_key == ApiKey.INIT_PRODUCER_ID:

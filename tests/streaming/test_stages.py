@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections import defaultdict
 from typing import Any
 
@@ -13,15 +12,13 @@ from codec.taprecord import TapFrame
 from streaming.frames import frame_row
 from streaming.stages import (
     PASS_KEY,
-    BucketResult,
     Buffered,
     DictBucketStore,
+    LocalStages,
     buffered_of,
     connection_bucket,
     connection_bucket_expired,
     connection_step,
-    keyed_bucket,
-    keyed_bucket_expired,
     keyed_step,
 )
 from tests.checks.test_sharding import CONFIG, LATENESS_NS, corpus_frames, scenario, single_run, summary
@@ -89,49 +86,9 @@ def run_stages(frames: list[TapFrame], batch_size: int) -> list[dict[str, Any]]:
     return out
 
 
-class SparkBuckets:
-    """What Spark does with one bucketed stage: a store and one armed timer per bucket, input rows first,
-    then every timer the batch's watermark passed (once per batch: a timer armed at or before the
-    watermark by that call fires in the next batch, as Spark's do)."""
-
-    def __init__(self, buckets: int) -> None:
-        self.buckets = buckets
-        self.stores = [DictBucketStore() for _ in range(buckets)]
-        self.timers: list[int | None] = [None] * buckets
-        self.calls = 0
-
-    def bucket(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % self.buckets
-
-    def batch(
-        self,
-        rows: list[dict[str, Any]],
-        column: str,
-        watermark_ms: int,
-        on_input: Any,
-        on_timer: Any,
-    ) -> list[dict[str, Any]]:
-        by_bucket: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            by_bucket[self.bucket(row[column])].append(row)
-        out: list[dict[str, Any]] = []
-        for b, bucket_rows in by_bucket.items():
-            self.calls += 1
-            result: BucketResult = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
-            self.timers[b] = result.timer_ms
-            out.extend(result.rows)
-        for b, armed in enumerate(self.timers):
-            if armed is not None and armed <= watermark_ms:
-                self.calls += 1
-                result = on_timer(self.stores[b], watermark_ms)
-                self.timers[b] = result.timer_ms
-                out.extend(result.rows)
-        return out
-
-
 def run_bucketed(frames: list[TapFrame], batch_size: int, buckets: int) -> tuple[list[dict[str, Any]], int]:
     """``run_stages`` through the bucketed steps the job's processors run; the rows and the Python calls."""
-    stage_one, stage_two = SparkBuckets(buckets), SparkBuckets(buckets)
+    stages = LocalStages(CONFIG, buckets)
     out: list[dict[str, Any]] = []
     watermark_ms = 0
     max_ts = 0
@@ -139,28 +96,12 @@ def run_bucketed(frames: list[TapFrame], batch_size: int, buckets: int) -> tuple
     for n, batch in enumerate(batches):
         if n == len(batches) - 1:
             watermark_ms = max_ts // NS_PER_MS + 1
-        rows = [frame_row(*tap_record(frame)) for frame in batch]
-        routed = stage_one.batch(
-            rows,
-            "conn",
-            watermark_ms,
-            lambda store, r, wm, armed: connection_bucket(CONFIG, store, r, wm, armed),
-            connection_bucket_expired,
-        )
+        routed = stages.stage_one([frame_row(*tap_record(frame)) for frame in batch], watermark_ms)
         assert all(r["event_ms"] > watermark_ms for r in routed), "stage one emits rows after the watermark"
-        out.extend(r for r in routed if r["route_key"] == PASS_KEY)
-        out.extend(
-            stage_two.batch(
-                [r for r in routed if r["route_key"] != PASS_KEY],
-                "route_key",
-                watermark_ms,
-                lambda store, r, wm, armed: keyed_bucket(CONFIG, store, r, wm, armed),
-                lambda store, wm: keyed_bucket_expired(CONFIG, store, wm),
-            )
-        )
+        out.extend(stages.stage_two(routed, watermark_ms))
         max_ts = max([max_ts, *(f.ts_ns for f in batch)])
         watermark_ms = max(watermark_ms, (max_ts - LATENESS_NS) // NS_PER_MS)
-    return out, stage_one.calls + stage_two.calls
+    return out, stages.calls
 
 
 def findings_of(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
