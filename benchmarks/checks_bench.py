@@ -759,8 +759,7 @@ def measure_timer_scaling(shape: Shape, pending: int) -> dict[str, Any]:
         gc.collect()
         monitor = new_monitor()
         for i in range(armed):
-            monitor.ctx._rule, monitor.ctx._key = "txn", f"open-{i}"
-            monitor.ctx.set_timer(10**18 + i)
+            monitor.ctx.set_timer("txn", f"open-{i}", 10**18 + i)
         start = time.perf_counter()
         monitor.feed_all(frames)
         elapsed = time.perf_counter() - start

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from checks.model import Exchange, Finding, Severity
-from checks.rule import KEY_TTL_FIELDS, Context, Rule, State, Stats
+from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, Stats
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
@@ -187,33 +187,30 @@ class Monitor:
         self.stats.exchanges += 1
         self._dispatch("on_response", exchange)
 
-    def _dispatch(self, hook: str, exchange: Exchange) -> None:
+    def _dispatch(self, hook: str, exchange: Exchange, envelope: Exchange | None = None) -> None:
+        """Call every rule's ``hook`` for every key of ``exchange``; ``envelope``: the Envelope the
+        exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for."""
         api_key = exchange.api_key
-        if self.observer is not None and self.ctx._envelope is None:
+        if self.observer is not None and envelope is None:
             self.observer(hook, exchange)
         for rule in self.rules:
             if rule.api_keys is not None and api_key not in rule.api_keys:
                 continue
             for key in rule.keys(exchange):
                 if self.only_key is None or key == self.only_key:
-                    self._call(rule, key, hook, exchange)
+                    self._call(rule, key, hook, exchange, envelope)
         if api_key == ApiKey.ENVELOPE:
             inner = unwrap_envelope(exchange)
             if inner is not None:
-                self.ctx._envelope = exchange
-                try:
-                    self._dispatch(hook, inner)
-                finally:
-                    self.ctx._envelope = None
+                self._dispatch(hook, inner, exchange)
 
-    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange) -> None:
+    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
         skey = (rule.name, key)
         state = self.states.get(skey)
         if state is None:
             state = self.states[skey] = {}
         self.last_seen[skey] = exchange.response.ts_ns if exchange.response else exchange.ts_ns
-        self.ctx._rule, self.ctx._key = skey
-        getattr(rule, hook)(state, key, exchange, self.ctx)
+        getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, rule.name, key, envelope))
 
     def _fire_timers(self, now_ns: int) -> None:
         """Fire timers due by ``now_ns``, in (deadline, rule, key) order.
@@ -229,10 +226,10 @@ class Monitor:
         if not timers:
             heap.clear()
             return
-        if ctx._timer_heap_for is not timers or not len(timers) <= len(heap) <= 2 * len(timers) + 64:
+        if ctx.timer_heap_for is not timers or not len(timers) <= len(heap) <= 2 * len(timers) + 64:
             # Out of step (timers restored from a snapshot, or set directly), or mostly stale entries.
             heap[:] = sorted((deadline, rule, key) for (rule, key), deadline in timers.items())
-            ctx._timer_heap_for = timers
+            ctx.timer_heap_for = timers
         if heap[0][0] > now_ns:
             return
         due: list[tuple[int, str, str]] = []
@@ -248,8 +245,7 @@ class Monitor:
             state = self.states.get(skey)
             if rule is None or state is None:
                 continue
-            self.ctx._rule, self.ctx._key = skey
-            rule.on_timer(state, skey[1], deadline, self.ctx)
+            rule.on_timer(state, key, deadline, RuleContext(ctx, rule_name, key))
 
     def _close(self, frame: TapFrame, conn: _ConnState) -> None:
         for rule in self.rules:
@@ -257,8 +253,9 @@ class Monitor:
             state = self.states.get(skey)
             if state is None:
                 continue
-            self.ctx._rule, self.ctx._key = skey
-            if rule.on_close(state, frame.conn, frame.conn, frame.ts_ns, self.ctx):
+            if rule.on_close(
+                state, frame.conn, frame.conn, frame.ts_ns, RuleContext(self.ctx, rule.name, frame.conn)
+            ):
                 self._drop(skey)
         self.conns.pop(frame.conn, None)
         self.ctx.incomplete_conns.discard(frame.conn)
@@ -307,8 +304,7 @@ class Monitor:
             skey = (rule.name, frame.conn)
             state = self.states.setdefault(skey, {})
             self.last_seen[skey] = frame.ts_ns
-            self.ctx._rule, self.ctx._key = skey
-            hook(state, frame.conn, frame, self.ctx)
+            hook(state, frame.conn, frame, RuleContext(self.ctx, rule.name, frame.conn))
 
     def _sweep(self, now_ns: int) -> None:
         self._next_sweep = now_ns + _SWEEP_EVERY_NS

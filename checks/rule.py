@@ -58,11 +58,10 @@ class Context:
         #: (deadline, rule, key) per ``set_timer`` call: the engine fires timers in deadline order
         #: without scanning ``timers``. May hold stale entries; ``timers`` is what counts.
         self.timer_heap: list[tuple[int, str, str]] = []
-        self._timer_heap_for: dict[tuple[str, str], int] | None = self.timers
+        #: The ``timers`` dict ``timer_heap`` was built for (the engine rebuilds the heap when restored
+        #: state replaced it).
+        self.timer_heap_for: dict[tuple[str, str], int] | None = self.timers
         self.incomplete_conns: set[str] = set()
-        self._envelope: Exchange | None = None
-        self._rule = ""
-        self._key = ""
 
     def emit(
         self,
@@ -73,11 +72,13 @@ class Context:
         ts_ns: int,
         evidence: dict[str, Any],
         conns: tuple[str, ...] = (),
+        envelope: Exchange | None = None,
     ) -> None:
+        """Report a finding; one about an exchange unwrapped from ``envelope`` is prefixed as such."""
         incomplete = any(c in self.incomplete_conns for c in conns)
-        if self._envelope is not None:
+        if envelope is not None:
             rule = f"envelope.inner_{rule}"
-            evidence = {**evidence, "envelope": self._envelope.evidence()}
+            evidence = {**evidence, "envelope": envelope.evidence()}
         if incomplete and severity != Severity.INFO:
             summary += " (incomplete: the tap dropped frames on this connection)"
         finding = Finding(rule, severity, subject, summary, ts_ns, evidence, incomplete)
@@ -88,13 +89,13 @@ class Context:
         """The condition behind (rule, subject) has cleared: alert hooks send a resolve."""
         self.resolved.append((rule, subject, ts_ns))
 
-    def set_timer(self, deadline_ns: int) -> None:
-        """Call this rule's ``on_timer`` for the current key once event time passes ``deadline_ns``."""
-        self.timers[(self._rule, self._key)] = deadline_ns
-        heapq.heappush(self.timer_heap, (deadline_ns, self._rule, self._key))
+    def set_timer(self, rule: str, key: str, deadline_ns: int) -> None:
+        """Call ``rule``'s ``on_timer`` for ``key`` once event time passes ``deadline_ns``."""
+        self.timers[(rule, key)] = deadline_ns
+        heapq.heappush(self.timer_heap, (deadline_ns, rule, key))
 
-    def cancel_timer(self) -> None:
-        self.timers.pop((self._rule, self._key), None)
+    def cancel_timer(self, rule: str, key: str) -> None:
+        self.timers.pop((rule, key), None)
 
     def trim(self, container: dict[Any, Any] | list[Any]) -> None:
         """Keep a state container within ``max_entries_per_key``, dropping the oldest entries."""
@@ -110,6 +111,51 @@ class Context:
         self.stats.evicted_entries += excess
 
 
+class RuleContext:
+    """What one rule call may do, bound to the rule and key being called (and the Envelope the exchange
+    was unwrapped from): report, set or cancel this key's timer, keep its state bounded. The engine
+    makes one per call, so nothing about the call lives in shared mutable fields."""
+
+    __slots__ = ("engine", "envelope", "key", "rule")
+
+    def __init__(self, engine: Context, rule: str, key: str, envelope: Exchange | None = None) -> None:
+        self.engine = engine
+        self.rule = rule
+        self.key = key
+        self.envelope = envelope
+
+    @property
+    def config(self) -> ChecksSettings:
+        return self.engine.config
+
+    def emit(
+        self,
+        rule: str,
+        severity: Severity,
+        subject: str,
+        summary: str,
+        ts_ns: int,
+        evidence: dict[str, Any],
+        conns: tuple[str, ...] = (),
+    ) -> None:
+        self.engine.emit(rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope)
+
+    def resolve(self, rule: str, subject: str, ts_ns: int) -> None:
+        """The condition behind (rule, subject) has cleared: alert hooks send a resolve."""
+        self.engine.resolve(rule, subject, ts_ns)
+
+    def set_timer(self, deadline_ns: int) -> None:
+        """Call this rule's ``on_timer`` for this key once event time passes ``deadline_ns``."""
+        self.engine.set_timer(self.rule, self.key, deadline_ns)
+
+    def cancel_timer(self) -> None:
+        self.engine.cancel_timer(self.rule, self.key)
+
+    def trim(self, container: dict[Any, Any] | list[Any]) -> None:
+        """Keep a state container within ``max_entries_per_key``, dropping the oldest entries."""
+        self.engine.trim(container)
+
+
 class Rule:
     """Base class: override ``keys`` and the hooks you need."""
 
@@ -123,15 +169,15 @@ class Rule:
     def keys(self, ex: Exchange) -> list[str]:
         raise NotImplementedError
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         """``ex.response`` is None here: the request as it was sent."""
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         """The request with its response (``ex.response`` None when no response can come)."""
 
-    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
         """A deadline set with ``ctx.set_timer`` has passed in event time."""
 
-    def on_close(self, state: State, key: str, conn: str, ts_ns: int, ctx: Context) -> bool:
+    def on_close(self, state: State, key: str, conn: str, ts_ns: int, ctx: RuleContext) -> bool:
         """A connection closed. Return True to drop this key's state (connection-scoped rules)."""
         return self.key_kind == "conn" and key == conn

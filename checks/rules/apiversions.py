@@ -36,7 +36,7 @@ from functools import cache
 from typing import Any
 
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from codec.api import api_name
 from codec.protocol import ApiKey, ErrorCode
 from codec.schema import load_table
@@ -117,7 +117,7 @@ class ApiVersionsRule(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         api, version = ex.api_key, ex.api_version
         if "first_seq" not in state:
             state["first_seq"] = ex.request.seq
@@ -166,7 +166,7 @@ class ApiVersionsRule(Rule):
             conns=(ex.conn,),
         )
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if ex.api_key != ApiKey.API_VERSIONS or resp is None:
             return
@@ -263,7 +263,7 @@ class ApiVersionsClusterRule(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [CLUSTER_KEY]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.envelope is not None:
             # A forwarded request: the client's own request to the broker was already counted.
             return
@@ -300,7 +300,7 @@ class ApiVersionsClusterRule(Rule):
             conns=(ex.conn,),
         )
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if ex.api_key != ApiKey.API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
             return
@@ -322,7 +322,7 @@ class ApiVersionsClusterRule(Rule):
         ctx.trim(brokers)
         self._check_skew(state, brokers, ex, ctx)
 
-    def _check_skew(self, state: State, brokers: dict[str, Any], ex: Exchange, ctx: Context) -> None:
+    def _check_skew(self, state: State, brokers: dict[str, Any], ex: Exchange, ctx: RuleContext) -> None:
         plain = {b: v for b, v in brokers.items() if v["role"] == "broker"}
         controllers = {b: v for b, v in brokers.items() if v["role"] == "controller"}
         reported: list[str] = state.setdefault("skew_reported", [])
@@ -371,7 +371,7 @@ class ApiVersionsClusterRule(Rule):
         summary: str,
         ranges: dict[str, list[int] | None],
         ex: Exchange,
-        ctx: Context,
+        ctx: RuleContext,
     ) -> None:
         if sig in reported:
             return

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from codec.nested import EmbeddedRequest
 from codec.protocol import ApiKey
 
@@ -27,7 +27,7 @@ class EnvelopeRule(Rule):
         # Inner exchanges of an Envelope are not the connection's own traffic.
         return [ex.conn] if ex.envelope is None else []
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         frame = ex.request
         if ex.api_key == ApiKey.BROKER_REGISTRATION:
             state["broker_registration"] = [frame.partition, frame.offset]

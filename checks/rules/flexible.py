@@ -27,7 +27,7 @@ from typing import Any
 
 import codec
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
 from codec.taprecord import TapFrame
 
@@ -138,13 +138,13 @@ class FlexibleRule(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         req = ex.req
         self._tags(state, ex, "req", req.header, req.body, ctx)
         if "_trailing" in req.body and ex.envelope is None:
             self._header(state, ex.request, ex, None, ctx)
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if resp is None:
             return
@@ -152,7 +152,7 @@ class FlexibleRule(Rule):
         if "_trailing" in resp.body and ex.response is not None:
             self._header(state, ex.response, ex, (ex.api_key, ex.api_version), ctx)
 
-    def on_undecodable(self, state: State, key: str, frame: TapFrame, ctx: Context) -> None:
+    def on_undecodable(self, state: State, key: str, frame: TapFrame, ctx: RuleContext) -> None:
         """An undecodable frame (engine hook): was its header version the fault?"""
         api = None
         if frame.direction == "resp" and frame.api_key is not None and frame.api_version is not None:
@@ -160,7 +160,12 @@ class FlexibleRule(Rule):
         self._header(state, frame, None, api, ctx)
 
     def _header(
-        self, state: State, frame: TapFrame, ex: Exchange | None, api: tuple[int, int] | None, ctx: Context
+        self,
+        state: State,
+        frame: TapFrame,
+        ex: Exchange | None,
+        api: tuple[int, int] | None,
+        ctx: RuleContext,
     ) -> None:
         found = redecode(frame, api)
         if found is None:
@@ -202,7 +207,9 @@ class FlexibleRule(Rule):
             conns=(frame.conn,),
         )
 
-    def _tags(self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: Context) -> None:
+    def _tags(
+        self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: RuleContext
+    ) -> None:
         frame = ex.request if direction == "req" else ex.response
         assert frame is not None
         try:
@@ -237,7 +244,7 @@ class FlexibleRule(Rule):
             )
 
     @staticmethod
-    def _first(state: State, sig: str, ctx: Context) -> bool:
+    def _first(state: State, sig: str, ctx: RuleContext) -> bool:
         seen: list[str] = state.setdefault("reported", [])
         if sig in seen:
             return False

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from codec.nested import ConsumerAssignment, ConsumerSubscription
 from codec.protocol import ApiKey, ErrorCode
 
@@ -74,7 +74,7 @@ class GroupRule(Rule):
 
     # -- events -------------------------------------------------------------------------------------
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         body = ex.req.body
         if ex.api_key == ApiKey.JOIN_GROUP and body.get("MemberId"):
             # A rejoin names its member id already: its subscription is known at send time.
@@ -105,7 +105,7 @@ class GroupRule(Rule):
                         ctx,
                     )
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if resp is None:
             return
@@ -121,7 +121,7 @@ class GroupRule(Rule):
     # -- JoinGroup ----------------------------------------------------------------------------------
 
     def _join_answered(
-        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: Context
+        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: RuleContext
     ) -> None:
         req = ex.req.body
         error = body.get("ErrorCode")
@@ -175,7 +175,7 @@ class GroupRule(Rule):
                 self._subscribe(state, str(m["MemberId"]), gen, topics, ctx)
 
     def _subscribe_from_request(
-        self, state: State, member: str, ex: Exchange, ctx: Context, gen: int = -1, chosen: Any = None
+        self, state: State, member: str, ex: Exchange, ctx: RuleContext, gen: int = -1, chosen: Any = None
     ) -> None:
         protocols = ex.req.body.get("Protocols") or []
         picked = [p for p in protocols if p.get("Name") == chosen] or protocols
@@ -189,7 +189,7 @@ class GroupRule(Rule):
         if known:
             self._subscribe(state, member, gen, sorted(topics), ctx)
 
-    def _subscribe(self, state: State, member: str, gen: int, topics: list[str], ctx: Context) -> None:
+    def _subscribe(self, state: State, member: str, gen: int, topics: list[str], ctx: RuleContext) -> None:
         subs: dict[str, Any] = state.setdefault("subs", {})
         old = subs.pop(member, None)
         if gen < 0 and old is not None:
@@ -200,7 +200,7 @@ class GroupRule(Rule):
     # -- SyncGroup ----------------------------------------------------------------------------------
 
     def _sync_answered(
-        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: Context
+        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: RuleContext
     ) -> None:
         req = ex.req.body
         gen = int(req.get("GenerationId", -1))
@@ -249,7 +249,9 @@ class GroupRule(Rule):
 
     # -- DescribeGroups -----------------------------------------------------------------------------
 
-    def _described(self, state: State, key: str, ex: Exchange, group: dict[str, Any], ctx: Context) -> None:
+    def _described(
+        self, state: State, key: str, ex: Exchange, group: dict[str, Any], ctx: RuleContext
+    ) -> None:
         if group.get("ErrorCode") != 0 or group.get("GroupState") in ("Empty", "Dead", ""):
             return
         ptype = group.get("ProtocolType")
@@ -278,7 +280,15 @@ class GroupRule(Rule):
     # -- shared -------------------------------------------------------------------------------------
 
     def _agree(
-        self, state: State, key: str, gen: int, ptype: Any, pname: Any, where: str, ex: Exchange, ctx: Context
+        self,
+        state: State,
+        key: str,
+        gen: int,
+        ptype: Any,
+        pname: Any,
+        where: str,
+        ex: Exchange,
+        ctx: RuleContext,
     ) -> None:
         """Compare with the generation's type and protocol; a newer generation replaces them."""
         known_gen = int(state.get("gen", -1))
@@ -314,7 +324,7 @@ class GroupRule(Rule):
         assignment: Any,
         where: str,
         ex: Exchange,
-        ctx: Context,
+        ctx: RuleContext,
     ) -> None:
         assigned = assigned_topics(assignment)
         sub = (state.get("subs") or {}).get(member)
@@ -345,7 +355,9 @@ class GroupRule(Rule):
             conns=(ex.conn,),
         )
 
-    def _mismatch(self, state: State, key: str, summary: str, ex: Exchange, ctx: Context, sig: str) -> None:
+    def _mismatch(
+        self, state: State, key: str, summary: str, ex: Exchange, ctx: RuleContext, sig: str
+    ) -> None:
         reported: list[str] = state.setdefault("reported", [])
         if sig in reported:
             return

@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from codec.protocol import ApiKey, ErrorCode
 
 #: Sequence numbers are non-negative int32s that wrap to 0 after 2**31 - 1 (as the broker computes them).
@@ -150,7 +150,7 @@ class ProducerRule(Rule):
 
     # -- events -----------------------------------------------------------------------------------
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key != ApiKey.PRODUCE:
             return
         pid = int(key)
@@ -172,7 +172,7 @@ class ProducerRule(Rule):
                 pending[f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}"] = decision
                 ctx.trim(pending)
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key == ApiKey.PRODUCE:
             self._produce_answered(state, key, ex, ctx)
             return
@@ -212,7 +212,7 @@ class ProducerRule(Rule):
 
     @staticmethod
     def _sent(
-        streams: dict[str, Any], epoch: int, topic: str, partition: int, batch: Any, ctx: Context
+        streams: dict[str, Any], epoch: int, topic: str, partition: int, batch: Any, ctx: RuleContext
     ) -> int | None:
         """Record a batch as sent; return the expected base sequence when it skips ahead of it."""
         base, count = int(batch.base_sequence), max(int(batch.record_count), 1)
@@ -230,7 +230,7 @@ class ProducerRule(Rule):
             stream["next"] = end
         return expected if seq_ahead(base, expected) > 0 else None
 
-    def _produce_answered(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def _produce_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)
         answers = produce_answers(ex)
         pending: dict[str, Any] = state.get("pending", {})
@@ -270,7 +270,7 @@ class ProducerRule(Rule):
 
 
 def _report_stale(
-    known: list[Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: Context
+    known: list[Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
 ) -> None:
     newest, source, since = int(known[0]), str(known[1]), int(known[2])
     evidence = {**evidence, "newest_epoch": newest, "newest_epoch_source": source, "newest_epoch_ts": since}
@@ -305,7 +305,7 @@ def _report_stale(
 
 
 def _report_gap(
-    expected: int, error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: Context
+    expected: int, error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
 ) -> None:
     base = int(evidence["base_sequence"])
     missing = seq_ahead(base, expected)
@@ -329,7 +329,7 @@ def _report_gap(
 
 
 def _check_duplicate(
-    stream: dict[str, Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: Context
+    stream: dict[str, Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
 ) -> None:
     """Compare an answered batch with the acknowledged ones of its stream, then remember it."""
     base, count, offset = (

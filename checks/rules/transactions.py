@@ -50,7 +50,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.model import Exchange, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Rule, RuleContext, State
 from checks.rules.producers import (
     is_producing,
     produce_answers,
@@ -106,13 +106,13 @@ class TxnRule(Rule):
             ids = [_txn_id(body.get("TransactionalId"))]
         return [i for i in dict.fromkeys(ids) if i is not None]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key == ApiKey.END_TXN and not self._zombie(state, ex):
             state["ending"] = True
         elif ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
             state["explicit"] = True
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if resp is None:
             return
@@ -161,7 +161,7 @@ class TxnRule(Rule):
         elif api == ApiKey.PRODUCE:
             self._produced(state, key, ex, ctx)
 
-    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
         if not state.get("open") or state.get("hanging"):
             return
         if state.get("ending"):
@@ -199,7 +199,7 @@ class TxnRule(Rule):
         return int(ex.req.body.get("ProducerEpoch", -1)) < int(state.get("epoch", -1))
 
     @staticmethod
-    def _open(state: State, ex: Exchange, ctx: Context) -> None:
+    def _open(state: State, ex: Exchange, ctx: RuleContext) -> None:
         conns: list[str] = state.setdefault("conns", [])
         if ex.conn not in conns:
             conns.append(ex.conn)
@@ -217,7 +217,7 @@ class TxnRule(Rule):
         ctx.set_timer(int(state["deadline"]))
 
     @staticmethod
-    def _close(state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def _close(state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         ts = ex.response.ts_ns if ex.response is not None else ex.ts_ns
         if state.get("hanging"):
             ctx.resolve("txn.hanging", f"txn:{key}", ts)
@@ -251,7 +251,7 @@ class TxnRule(Rule):
             if part.get("PartitionErrorCode") == 0
         ]
 
-    def _produced(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def _produced(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         answers = produce_answers(ex)
         current_epoch = int(state.get("epoch", -1))
         explicit = ex.api_version < PRODUCE_TXN_V2 or bool(state.get("explicit"))
@@ -355,7 +355,7 @@ class PidOwnershipRule(Rule):
     def _client(ex: Exchange) -> str:
         return f"{ex.request.client_host}|{ex.req.client_id or ''}"
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)
         client = self._client(ex)
         claim = next(((e, t) for p, e, t in _client_pids(ex) if p == pid), None)
@@ -379,7 +379,7 @@ class PidOwnershipRule(Rule):
         elif epoch > owner_epoch:
             state["epoch"] = epoch
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if resp is None or resp.body.get("ErrorCode") != 0:
             return
@@ -403,7 +403,7 @@ class PidOwnershipRule(Rule):
         pid: int,
         what: str,
         ex: Exchange,
-        ctx: Context,
+        ctx: RuleContext,
         epoch: int,
         txn: str | None,
         client: str,
@@ -474,7 +474,7 @@ class ReadCommittedRule(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn] if ex.req.body.get("IsolationLevel") == READ_COMMITTED else []
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         if resp is None:
             return
@@ -483,7 +483,7 @@ class ReadCommittedRule(Rule):
             for part in topic.get("Partitions") or []:
                 self._partition(tkey, part, ex, ctx)
 
-    def _partition(self, topic: str, part: dict[str, Any], ex: Exchange, ctx: Context) -> None:
+    def _partition(self, topic: str, part: dict[str, Any], ex: Exchange, ctx: RuleContext) -> None:
         index = int(part.get("PartitionIndex", -1))
         subject = f"partition:{topic}-{index}"
         hw, lso = int(part.get("HighWatermark", -1)), int(part.get("LastStableOffset", -1))

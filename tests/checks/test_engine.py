@@ -9,7 +9,7 @@ import pytest
 import checks
 from checks.engine import Monitor
 from checks.model import Exchange, Finding, Severity
-from checks.rule import Context, Rule, State
+from checks.rule import Context, Rule, RuleContext, State
 from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
 from tests.checks.builders import SECOND, Conversation, shared_offsets
@@ -30,11 +30,11 @@ class Recorder(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         self.events.append(("req", ex.conn, ex.request.correlation_id, ex.response is not None))
         state["n"] = int(state.get("n", 0)) + 1
 
-    def on_response(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         self.events.append(("resp", ex.conn, ex.request.correlation_id, ex.response is not None))
         ctx.emit(
             "rec.seen", Severity.WARNING, f"conn:{ex.conn}", "seen", ex.ts_ns, ex.evidence(), conns=(ex.conn,)
@@ -184,7 +184,7 @@ class Alarm(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn]
 
-    def on_request(self, state: State, key: str, ex: Exchange, ctx: Context) -> None:
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         delay = 3000 if ex.conn.endswith("-slow") else 1000
         state["n"] = int(state.get("n", 0)) + 1
         if ex.conn.endswith("-cancel") and state["n"] > 1:
@@ -192,7 +192,7 @@ class Alarm(Rule):
         else:
             ctx.set_timer(ex.ts_ns + delay * MS)
 
-    def on_timer(self, state: State, key: str, now_ns: int, ctx: Context) -> None:
+    def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
         self.fired.append((key, now_ns))
 
 
