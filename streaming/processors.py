@@ -43,9 +43,9 @@ PASS_BUCKET = -1
 
 #: Map-state key of stage one (a connection) and of stage two (a route key).
 ENTRY_KEY = StructType([StructField("key", StringType())])
-#: Stage one's entry per connection: the shard (JSON) and when the connection expires.
+#: Stage one's entry per connection: the shard's state (bytes) and when the connection expires.
 CONNECTION_ENTRY = StructType([StructField("shard", BinaryType()), StructField("expires", LongType())])
-#: Stage two's entry per route key: the shard (JSON), the routes waiting for the watermark (JSON) and
+#: Stage two's entry per route key: the shard's state (bytes), the routes waiting for the watermark (msgpack) and
 #: when the key next needs a call.
 KEYED_ENTRY = StructType(
     [

@@ -1,13 +1,16 @@
 """The two stateful stages of the job, as pure steps over plain rows (no Spark in this module).
 
-``connection_step`` is stage one, per tap connection: it runs ``checks.sharding.ConnectionShard`` over
-the connection's decoded-frame rows and emits findings, routes, per-batch aggregates and counters.
-``keyed_step`` is stage two, per route key: it buffers routed frames until Spark's event-time
-watermark passes them, then feeds them to ``checks.sharding.KeyedShard`` in event-time order.
-``streaming.processors`` wraps both in ``transformWithStateInPandas``; tests drive them directly.
+``connection_step`` is stage one, per tap connection: it decodes the connection's tap-record rows
+once, runs ``checks.sharding.ConnectionShard`` over them and emits findings, routes, per-batch
+aggregates and counters. ``keyed_step`` is stage two, per route key: it buffers routed frames until
+Spark's event-time watermark passes them, then feeds them to ``checks.sharding.KeyedShard`` in
+event-time order. ``connection_bucket`` and ``keyed_bucket`` (and their ``*_expired`` timer calls) run
+those steps for every connection or route key of one bucket, which is what
+``streaming.processors`` wraps in ``transformWithStateInPandas``; ``LocalStages`` calls them the way
+Spark does, for tests and benchmarks.
 
 Rows between the stages all have ``STAGE_ROW_FIELDS``; ``kind`` says which fields mean something:
-``route`` (a frame for a keyed shard), ``finding``, ``resolve``, ``agg`` (frame counts for the
+``route`` (frames for a keyed shard, packed), ``finding``, ``resolve``, ``agg`` (frame counts for the
 data-quality suites) and ``stat`` (engine counters such as late frames and evictions).
 """
 
@@ -544,7 +547,7 @@ def keyed_bucket(
 ) -> BucketResult:
     """Stage two for one bucket's routed rows: ``keyed_step`` per route key that received frames.
 
-    Entries are ``(shard state, buffered routes as JSON, next call ms)``.
+    Entries are ``(shard state, buffered routes packed with msgpack, next call ms)``.
     """
     out: list[dict[str, Any]] = []
     timer = armed_ms
