@@ -11,9 +11,10 @@ anyway (a frame's message is decoded here), and this module imports nothing outs
 Vocabulary: on the wire the headers keep their short names (``dir``, ``corr_id``; changing them would
 change the tap topic format). In Python a frame's fields are ``TapFrame``'s attribute names
 (``direction``, ``correlation_id``, ``partition``, ``offset``), and ``frame_to_dict`` writes those.
-Two persisted layouts spell some fields differently and are read as aliases by ``frame_from_dict``:
-saved checker state (``STATE_KEYS``: kpmon state format 1, kept on the wire so an older build can
-still restore it after a rollback) and the streaming job's decoded-frame rows (``ROW_KEYS``).
+Two layouts spell some fields after their headers and are read as aliases by ``frame_from_dict``:
+the JSON checker state of kpmon state format 1 (``STATE_KEYS``; no longer written: the engine's
+format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-record rows
+(``ROW_KEYS``).
 """
 
 from __future__ import annotations
@@ -251,10 +252,10 @@ FIELDS: Final = (
 _INT_FIELDS = frozenset(
     {"seq", "ts_ns", "api_key", "api_version", "correlation_id", "broker_id", "partition", "offset"}
 )
-#: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the decoded-frame
+#: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
-#: Columns of the streaming job's decoded-frame rows (``streaming.frames.FRAME_ROW_SCHEMA``).
+#: Columns of the streaming job's tap-record rows (``streaming.frames.FRAME_ROW_SCHEMA``).
 ROW_KEYS: Final[Mapping[str, str]] = {**STATE_KEYS, "partition": "tap_partition", "offset": "tap_offset"}
 #: Every other key a field may be found under in a saved dict, newest layout first.
 KEY_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {
@@ -277,7 +278,7 @@ _DEFAULTS: Final[Mapping[str, Any]] = {
 
 def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dict[str, Any]:
     """JSON-ready metadata plus the mirrored bytes (``raw``, base64), under the field names, or under
-    ``keys[field]`` for a persisted layout (``STATE_KEYS``)."""
+    ``keys[field]`` for another layout (``STATE_KEYS``, the format-1 state layout)."""
     rename = keys or {}
     out: dict[str, Any] = {rename.get(name, name): getattr(frame, name) for name in FIELDS}
     out["raw"] = base64.b64encode(frame.raw).decode("ascii") if frame.raw is not None else None

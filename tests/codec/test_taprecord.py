@@ -119,7 +119,7 @@ def test_a_response_reads_its_api_from_the_headers() -> None:
 def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> None:
     frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
     saved = frame_to_dict(frame, keys=STATE_KEYS)
-    # Exactly the keys kpmon wrote before the vocabulary was unified, so an older build can restore it.
+    # Exactly the keys of the format-1 JSON state (no longer written; its layout stays readable).
     assert set(saved) == {
         "conn",
         "seq",
