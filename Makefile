@@ -1,6 +1,10 @@
 # Two entry points matter: `make run` and `make test` (see README.md).
 # Everything else is a prerequisite they pull in, so a fresh clone needs nothing by hand.
-PYTHON ?= python3.11
+# Any Python >= 3.11 the machine has, newest first; `make PYTHON=/path/to/python` picks one by hand.
+PYTHON_OK := import sys; sys.exit(sys.version_info < (3, 11))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(foreach p,python3.13 python3.12 python3.11 python3,$(shell $(p) -c '$(PYTHON_OK)' >/dev/null 2>&1 && command -v $(p))))
+endif
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -9,7 +13,8 @@ export KPMON_HOME ?= $(CURDIR)/.kpmon
 .PHONY: setup jars tools schemas lint typecheck test unit run clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.11 found (tried python3.13, python3.12, python3.11, python3); install one or set PYTHON=/path/to/python"; exit 1; }
+	@$(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { echo "error: $(PYTHON) is not a Python >= 3.11 (found: $$($(PYTHON) --version 2>&1))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,bench,ops]'

@@ -286,7 +286,10 @@ def _short(n: int) -> str:
 # -- text and HTML ----------------------------------------------------------------------------------------
 
 
-def summary_text(report: ReportData) -> str:
+def summary_text(report: ReportData, timeline: list[TimelineEntry] | None = None) -> str:
+    """The report's summary. ``timeline`` (the live report) adds the streaming job's alerts, counted
+    apart from the findings: the two come from different monitors (this report's own checks over the
+    records it read, and the job's batches), so one must never be shown under the other's count."""
     s = report.stats
     lines = [
         f"kpmon report: {report.source}" if report.source else "kpmon report",
@@ -294,9 +297,16 @@ def summary_text(report: ReportData) -> str:
         f"{s.get('decode_errors', 0)}, gaps {s.get('gaps', 0)}, late {s.get('late_frames', 0)}",
         f"brokers {len(report.brokers)}, groups {len(report.groups)}, producers {len(report.producers)}, "
         f"client software {len({r.software for r in report.fleet})}",
-        f"findings: {len(report.findings)}",
+        f"findings: {len(report.findings)}"
+        + (" (this report's checks over the records above; see Findings)" if timeline is not None else ""),
     ]
     lines += [f"  {sev:<8} {rule:<42} {n}" for rule, sev, n in report.finding_counts]
+    if timeline is not None:
+        firing = sum(1 for e in timeline if e.status != "resolved")
+        lines.append(
+            f"alerts: {len(timeline)} raised by the streaming job, {firing} still firing (see Alert timeline)"
+        )
+        lines += [f"  {sev:<8} {rule:<42} {n}" for (rule, sev), n in _counts_by_rule(timeline)]
     removed = sorted({(r.software, r.api_name, r.version) for r in report.fleet if r.removed_in_4_0})
     if removed:
         lines.append("not ready for Kafka 4.0 (KIP-896):")
@@ -416,13 +426,18 @@ def render_timeline_svg(entries: list[TimelineEntry], width: int = 900) -> str:
     return "".join(out)
 
 
+def _counts_by_rule(entries: list[TimelineEntry]) -> list[tuple[tuple[str, str], int]]:
+    """((rule, severity), alerts), the most severe first."""
+    counts = Counter((e.rule, e.severity) for e in entries)
+    return sorted(counts.items(), key=lambda item: (-SEVERITY_RANK.get(item[0][1], 0), item[0][0]))
+
+
 def render_timeline_html(entries: list[TimelineEntry]) -> str:
     """The timeline section: counts by rule and severity, the SVG, and every alert in order."""
     if not entries:
         return '<p class="muted">no alerts yet</p>'
-    counts = Counter((e.rule, e.severity) for e in entries)
     firing = Counter((e.rule, e.severity) for e in entries if e.status != "resolved")
-    by_rule = sorted(counts.items(), key=lambda item: (-SEVERITY_RANK.get(item[0][1], 0), item[0][0]))
+    by_rule = _counts_by_rule(entries)
     parts = [
         _table(
             ["severity", "rule", "alerts", "still firing"],
@@ -501,7 +516,7 @@ def render_html(
             for label, href in links
         )
         parts.append(f"<ul class='links'>{items}</ul>")
-    parts += ["<h2>Summary</h2>", f"<pre>{html.escape(summary_text(report))}</pre>"]
+    parts += ["<h2>Summary</h2>", f"<pre>{html.escape(summary_text(report, timeline))}</pre>"]
     if timeline is not None:
         parts += ["<h2>Alert timeline</h2>", render_timeline_html(timeline)]
     parts.append("<h2>ApiVersions coverage</h2>")

@@ -121,3 +121,26 @@ def test_render_html_adds_the_timeline_and_links_only_when_given() -> None:
     assert "<h2>Alert timeline</h2>" in page and "<svg" in page
     assert "<a href='../stream/data-docs/site/index.html'>Data Docs</a>" in page
     assert page.index("Alert timeline") < page.index("ApiVersions coverage")
+
+
+def _summary(page: str) -> str:
+    return page.split("<h2>Summary</h2>", 1)[1].split("</pre>", 1)[0]
+
+
+def test_the_live_summary_counts_the_alerts_it_lists_apart_from_the_findings() -> None:
+    # The live report lists the streaming job's alerts by rule; its summary once said "findings: 0"
+    # above them, because its findings come from another monitor (the report's own checks).
+    entries = alert_timeline(batches())
+    summary = _summary(render_html(_empty_report(), None, timeline=entries))
+    assert "findings: 0 (this report&#x27;s checks over the records above; see Findings)" in summary
+    assert (
+        f"alerts: {len(entries)} raised by the streaming job, 2 still firing (see Alert timeline)" in summary
+    )
+    for entry in entries:
+        assert entry.rule in summary
+    assert summary.index("alerts:") > summary.index("findings:")
+
+
+def test_the_capture_summary_has_no_alert_line() -> None:
+    summary = _summary(render_html(_empty_report(), None))
+    assert "findings: 0\n" in summary + "\n" and "alerts:" not in summary
