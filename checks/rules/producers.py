@@ -4,13 +4,18 @@ One rule, ``producer``, keeps per producer id the newest epoch known and, per ep
 sequence numbers the producer sent and the broker acknowledged. It reports:
 
 ``producer.stale_epoch_rejected`` (warning) / ``producer.stale_epoch_accepted`` (critical)
-    A Produce whose batch epoch is older than the newest epoch known for that producer id *when the
-    request was sent* (its ``ts_ns``). Staleness is judged in ``on_request``: the engine releases events
-    in event-time order, so at that point every epoch made known before the send has been seen, and
-    nothing after it. A zombie's write sent before the new instance's InitProducerId answer is therefore
-    not stale even if its response arrives later. The broker's per-partition answer splits the two:
-    PRODUCER_FENCED (90), INVALID_PRODUCER_EPOCH (47) or any other error means the write did not land
-    (warning); no error means the broker appended a zombie's write (critical: fencing failed).
+    A request carrying a producer id and epoch -- Produce, AddPartitionsToTxn (v0-v3 from the client,
+    v4+ batched from a partition leader verifying a write, KIP-890), AddOffsetsToTxn, TxnOffsetCommit,
+    EndTxn -- whose epoch is older than the newest epoch known for that producer id *when the request
+    was sent* (its ``ts_ns``). Staleness is judged in ``on_request``: the engine releases events in
+    event-time order, so at that point every epoch made known before the send has been seen, and
+    nothing after it. A zombie's request sent before the new instance's InitProducerId answer is
+    therefore not stale even if its response arrives later. The broker's answer splits the two:
+    PRODUCER_FENCED (90), INVALID_PRODUCER_EPOCH (47) or any other error means it was refused
+    (warning); no error means the broker accepted a zombie's request (critical: fencing failed). A
+    Produce is judged per batch, a batched AddPartitionsToTxn per transaction, the others per request.
+    Subject and evidence name the transactional id, the RPC, and both clients: the stale request's and
+    the one whose answer made the newer epoch known.
 
     An epoch becomes known when a broker confirms it: a successful InitProducerId answer, an EndTxn v5+
     answer (KIP-890 transactions v2 bump the epoch on every EndTxn and return it), a WriteTxnMarkers
@@ -39,10 +44,12 @@ streams are keyed by epoch. The first batch seen on a stream is the baseline: th
 started mid-stream, so it never raises a gap. Writes judged stale skip the sequence checks (one alert
 for a zombie write, not two).
 
-State (JSON-compatible, per producer id): ``epoch``/``epoch_src``/``epoch_ts`` (newest known epoch),
+State (JSON-compatible, per producer id): ``epoch``/``epoch_src``/``epoch_ts``/``epoch_client``
+(newest known epoch, and the answer and client it came from), ``txn`` (its transactional id),
 ``streams`` ("epoch|topic|partition" -> ``next`` sequence after everything sent, ``acked`` recent
 acknowledged batches as [base, count, base offset]), and ``pending`` (decisions taken when a request
-was sent, keyed "conn|correlation id|topic|partition|batch index", applied when its answer comes).
+was sent, keyed "conn|correlation id|topic|partition|batch index" for Produce and
+"conn|correlation id|txn|claim index" for the other RPCs, applied when its answer comes).
 """
 
 from __future__ import annotations
@@ -106,6 +113,90 @@ def produce_answers(ex: Exchange) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: The RPCs besides Produce that carry a producer id and epoch, and that a broker fences (KIP-98, KIP-890).
+FENCED_TXN_RPCS = frozenset(
+    {ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.END_TXN}
+)
+#: AddPartitionsToTxn v4+ is the batched form brokers send (KIP-890 part 1 verification).
+ADD_PARTITIONS_BATCHED = 4
+
+
+def txn_id_of(value: Any) -> str | None:
+    """A transactional id field's value, None when absent or empty."""
+    return value if isinstance(value, str) and value else None
+
+
+def txn_claims(ex: Exchange) -> list[tuple[int, int, str | None]]:
+    """(producer id, epoch, transactional id) of every transaction a non-Produce transactional request
+    names, in request order: one for AddOffsetsToTxn, TxnOffsetCommit, EndTxn and AddPartitionsToTxn
+    v0-v3, one per transaction for the batched AddPartitionsToTxn v4+."""
+    body, api = ex.req.body, ex.api_key
+    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
+        if ex.api_version >= ADD_PARTITIONS_BATCHED:
+            return [
+                (
+                    int(t.get("ProducerId", -1)),
+                    int(t.get("ProducerEpoch", -1)),
+                    txn_id_of(t.get("TransactionalId")),
+                )
+                for t in body.get("Transactions") or []
+            ]
+        return [
+            (
+                int(body.get("V3AndBelowProducerId", -1)),
+                int(body.get("V3AndBelowProducerEpoch", -1)),
+                txn_id_of(body.get("V3AndBelowTransactionalId")),
+            )
+        ]
+    if api in FENCED_TXN_RPCS:
+        return [
+            (
+                int(body.get("ProducerId", -1)),
+                int(body.get("ProducerEpoch", -1)),
+                txn_id_of(body.get("TransactionalId")),
+            )
+        ]
+    return []
+
+
+def txn_claim_error(ex: Exchange, index: int) -> int | None:
+    """The broker's answer to claim ``index`` of ``txn_claims``: 0 when anything it asked for was done,
+    else its (first fencing, else first) error code; None when no answer was seen."""
+    resp = ex.resp
+    if resp is None:
+        return None
+    body, api = resp.body, ex.api_key
+    if api in (ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN):
+        return int(body.get("ErrorCode", 0))
+    if api == ApiKey.TXN_OFFSET_COMMIT:
+        codes = [
+            int(p.get("ErrorCode", 0)) for t in body.get("Topics") or [] for p in t.get("Partitions") or []
+        ]
+    elif ex.api_version < ADD_PARTITIONS_BATCHED:
+        codes = [
+            int(p.get("PartitionErrorCode", 0))
+            for t in body.get("ResultsByTopicV3AndBelow") or []
+            for p in t.get("ResultsByPartition") or []
+        ]
+    else:
+        top = int(body.get("ErrorCode", 0))
+        if top != 0:
+            return top
+        claims = txn_claims(ex)
+        txn = claims[index][2] if index < len(claims) else None
+        codes = [
+            int(p.get("PartitionErrorCode", 0))
+            for r in body.get("ResultsByTransaction") or []
+            if r.get("TransactionalId") == txn
+            for t in r.get("TopicResults") or []
+            for p in t.get("ResultsByPartition") or []
+        ]
+    if not codes or 0 in codes:
+        return 0
+    fencing = [c for c in codes if c in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH)]
+    return (fencing or codes)[0]
+
+
 def is_producing(batch: Any) -> bool:
     """A batch written by an idempotent or transactional producer (not a control batch)."""
     return int(getattr(batch, "producer_id", -1)) >= 0 and not bool(getattr(batch, "is_control", False))
@@ -132,17 +223,22 @@ def seq_overlap(base_a: int, count_a: int, base_b: int, count_b: int) -> bool:
 class ProducerRule(Rule):
     name = "producer"
     key_kind = "producer"
-    api_keys = frozenset({ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN, ApiKey.WRITE_TXN_MARKERS})
+    api_keys = frozenset(
+        {ApiKey.PRODUCE, ApiKey.INIT_PRODUCER_ID, ApiKey.WRITE_TXN_MARKERS, *FENCED_TXN_RPCS}
+    )
 
     def keys(self, ex: Exchange) -> list[str]:
         api = ex.api_key
         pids: list[int] = []
         if api == ApiKey.PRODUCE:
             pids = [int(b.producer_id) for _, _, _, b in produce_batches(ex) if is_producing(b)]
-        elif api in (ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN):
+        elif api in FENCED_TXN_RPCS:
+            pids = [pid for pid, _, _ in txn_claims(ex)]
+        if api in (ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN):
+            # EndTxn v5+ may answer with a new producer id (epoch exhaustion, KIP-890).
             resp = ex.resp
             if resp is not None and resp.body.get("ProducerId") is not None:
-                pids = [int(resp.body["ProducerId"])]
+                pids.append(int(resp.body["ProducerId"]))
         elif api == ApiKey.WRITE_TXN_MARKERS:
             pids = [int(m.get("ProducerId", -1)) for m in ex.req.body.get("Markers") or []]
         # Ordered and unique: findings come out in a stable order.
@@ -151,19 +247,28 @@ class ProducerRule(Rule):
     # -- events -----------------------------------------------------------------------------------
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
-        if ex.api_key != ApiKey.PRODUCE:
-            return
         pid = int(key)
         known = int(state.get("epoch", -1))
-        streams: dict[str, Any] = state.setdefault("streams", {})
         pending: dict[str, Any] = state.setdefault("pending", {})
+        txn = _request_txn_id(ex)
+        if txn is not None:
+            state["txn"] = txn
+        if ex.api_key in FENCED_TXN_RPCS:
+            for index, (claim_pid, epoch, _txn) in enumerate(txn_claims(ex)):
+                if claim_pid == pid and 0 <= epoch < known:
+                    pending[f"{ex.conn}|{ex.request.correlation_id}|txn|{index}"] = {"stale": _known(state)}
+                    ctx.trim(pending)
+            return
+        if ex.api_key != ApiKey.PRODUCE:
+            return
+        streams: dict[str, Any] = state.setdefault("streams", {})
         for topic, partition, index, batch in produce_batches(ex):
             if not is_producing(batch) or int(batch.producer_id) != pid:
                 continue
             epoch = int(batch.producer_epoch)
             decision: dict[str, Any] = {}
             if 0 <= epoch < known:
-                decision["stale"] = [known, state.get("epoch_src", ""), state.get("epoch_ts", 0)]
+                decision["stale"] = _known(state)
             else:
                 expected = self._sent(streams, epoch, topic, partition, batch, ctx)
                 if expected is not None:
@@ -176,13 +281,23 @@ class ProducerRule(Rule):
         if ex.api_key == ApiKey.PRODUCE:
             self._produce_answered(state, key, ex, ctx)
             return
+        if ex.api_key in FENCED_TXN_RPCS:
+            self._txn_rpc_answered(state, key, ex, ctx)
         resp = ex.resp
         if resp is None:
             return
         pid = int(key)
         if ex.api_key == ApiKey.INIT_PRODUCER_ID and resp.body.get("ErrorCode") == 0:
+            txn = _request_txn_id(ex)
+            if txn is not None:
+                state["txn"] = txn
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "InitProducerId", ex)
-        elif ex.api_key == ApiKey.END_TXN and resp.body.get("ErrorCode") == 0 and ex.api_version >= 5:
+        elif (
+            ex.api_key == ApiKey.END_TXN
+            and resp.body.get("ErrorCode") == 0
+            and ex.api_version >= 5
+            and int(resp.body.get("ProducerId", -1)) == pid
+        ):
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "EndTxn", ex)
         elif ex.api_key == ApiKey.WRITE_TXN_MARKERS:
             written = {
@@ -199,12 +314,30 @@ class ProducerRule(Rule):
 
     # -- helpers ----------------------------------------------------------------------------------
 
+    def _txn_rpc_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
+        """Judge the stale claims of an AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit or EndTxn."""
+        pid = int(key)
+        pending: dict[str, Any] = state.get("pending", {})
+        for index, (claim_pid, epoch, txn) in enumerate(txn_claims(ex)):
+            decision = pending.pop(f"{ex.conn}|{ex.request.correlation_id}|txn|{index}", None)
+            if claim_pid != pid or decision is None:
+                continue
+            evidence = {
+                **_stale_evidence(ex, pid, epoch, txn or state.get("txn")),
+                "broker_error": txn_claim_error(ex, index),
+            }
+            if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
+                verify = [t.get("VerifyOnly") for t in ex.req.body.get("Transactions") or []]
+                evidence["verify_only"] = bool(verify[index]) if index < len(verify) else None
+            _report_stale(decision["stale"], evidence["broker_error"], evidence, ex, ctx)
+
     @staticmethod
     def _learn(state: State, epoch: int, source: str, ex: Exchange) -> None:
         """A broker confirmed ``epoch``: from the answer's time on, older epochs are stale."""
         if epoch > int(state.get("epoch", -1)):
             ts = ex.response.ts_ns if ex.response is not None else ex.ts_ns
             state["epoch"], state["epoch_src"], state["epoch_ts"] = epoch, source, ts
+            state["epoch_client"] = [ex.request.client, ex.req.client_id or ""]
             # Sequence state of epochs two or more behind is only zombie business: drop it.
             streams = state.get("streams", {})
             for skey in [s for s in streams if int(s.split("|", 1)[0]) < epoch - 1]:
@@ -245,9 +378,7 @@ class ProducerRule(Rule):
             offset = int(answer.get("BaseOffset", -1)) if answer is not None and index == 0 else -1
             decision = pending.pop(f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}", {})
             evidence = {
-                **ex.evidence(),
-                "producer_id": pid,
-                "producer_epoch": epoch,
+                **_stale_evidence(ex, pid, epoch, _request_txn_id(ex) or state.get("txn")),
                 "topic": topic,
                 "partition": partition,
                 "base_sequence": base,
@@ -269,19 +400,63 @@ class ProducerRule(Rule):
                 _check_duplicate(stream, error, evidence, ex, ctx)
 
 
+def _request_txn_id(ex: Exchange) -> str | None:
+    """The transactional id a Produce, InitProducerId or transactional RPC names (v4+ AddPartitionsToTxn
+    names one per transaction: see ``txn_claims``)."""
+    if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+        ids = [txn for _, _, txn in txn_claims(ex) if txn is not None]
+        return ids[0] if len(ids) == 1 else None
+    return txn_id_of(ex.req.body.get("TransactionalId"))
+
+
+def _known(state: State) -> list[Any]:
+    """The newest known epoch with where it came from, as a pending decision keeps it."""
+    client, client_id = state.get("epoch_client") or ["", ""]
+    return [state.get("epoch", -1), state.get("epoch_src", ""), state.get("epoch_ts", 0), client, client_id]
+
+
+def _stale_evidence(ex: Exchange, pid: int, epoch: int, txn: str | None) -> dict[str, Any]:
+    return {
+        **ex.evidence(),
+        "rpc": f"{ex.req.api_name} v{ex.api_version}",
+        "client_id": ex.req.client_id,
+        "transactional_id": txn,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+    }
+
+
 def _report_stale(
     known: list[Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
 ) -> None:
     newest, source, since = int(known[0]), str(known[1]), int(known[2])
-    evidence = {**evidence, "newest_epoch": newest, "newest_epoch_source": source, "newest_epoch_ts": since}
-    pid, epoch = evidence["producer_id"], evidence["producer_epoch"]
-    what = f"producer {pid} wrote to {evidence['topic']}-{evidence['partition']} with epoch {epoch}"
+    # Decisions pending in state saved before the source client was kept have three elements.
+    src_client, src_client_id = (str(known[3]), str(known[4])) if len(known) >= 5 else ("", "")
+    evidence = {
+        **evidence,
+        "newest_epoch": newest,
+        "newest_epoch_source": source,
+        "newest_epoch_ts": since,
+        "newest_epoch_client": src_client,
+        "newest_epoch_client_id": src_client_id,
+    }
+    pid, epoch, txn = evidence["producer_id"], evidence["producer_epoch"], evidence.get("transactional_id")
+    subject = f"txn:{txn}" if txn else f"producer:{pid}"
+    who = f"producer {pid}" + (f" (transactional id {txn!r})" if txn else "")
+    sender = f"client {evidence.get('client_id')!r} at {ex.request.client}"
+    known_by = f"{source} answered to {src_client_id!r} at {src_client}" if src_client else source
+    if ex.api_key == ApiKey.PRODUCE:
+        what = f"{who} wrote to {evidence['topic']}-{evidence['partition']} with epoch {epoch} ({sender})"
+        landed = "the broker appended it"
+    else:
+        what = f"{who} sent {evidence['rpc']} with epoch {epoch} ({sender})"
+        landed = "the broker accepted it"
     if error == 0:
         ctx.emit(
             "producer.stale_epoch_accepted",
             Severity.CRITICAL,
-            f"producer:{pid}",
-            f"{what} after epoch {newest} was known ({source}), and the broker appended it: fencing failed",
+            subject,
+            f"{what} after epoch {newest} was known ({known_by}), and {landed}: fencing failed",
             ex.ts_ns,
             evidence,
             conns=(ex.conn,),
@@ -296,8 +471,8 @@ def _report_stale(
     ctx.emit(
         "producer.stale_epoch_rejected",
         Severity.WARNING,
-        f"producer:{pid}",
-        f"zombie write: {what} after epoch {newest} was known ({source}); {outcome}",
+        subject,
+        f"zombie: {what} after epoch {newest} was known ({known_by}); {outcome}",
         ex.ts_ns,
         evidence,
         conns=(ex.conn,),

@@ -52,11 +52,14 @@ from typing import Any
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from checks.rules.producers import (
+    ADD_PARTITIONS_BATCHED,
     is_producing,
     produce_answers,
     produce_batches,
     record_batches,
     topic_key,
+    txn_claims,
+    txn_id_of,
 )
 from codec.control import ABORT, COMMIT
 from codec.protocol import ApiKey, ErrorCode
@@ -68,10 +71,6 @@ READ_COMMITTED = 1
 PRODUCE_TXN_V2 = 12
 NS_PER_MS = 1_000_000
 #: Control record types (the key's second int16).
-
-
-def _txn_id(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,11 +98,11 @@ class TxnRule(Rule):
         body = ex.req.body
         if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
             if ex.api_version <= 3:
-                ids = [_txn_id(body.get("V3AndBelowTransactionalId"))]
+                ids = [txn_id_of(body.get("V3AndBelowTransactionalId"))]
             else:
-                ids = [_txn_id(t.get("TransactionalId")) for t in body.get("Transactions") or []]
+                ids = [txn_id_of(t.get("TransactionalId")) for t in body.get("Transactions") or []]
         else:
-            ids = [_txn_id(body.get("TransactionalId"))]
+            ids = [txn_id_of(body.get("TransactionalId"))]
         return [i for i in dict.fromkeys(ids) if i is not None]
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
@@ -309,33 +308,16 @@ class TxnRule(Rule):
 
 def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
     """(producer id, epoch, transactional id) that a *client* request claims."""
-    body, api = ex.req.body, ex.api_key
-    if api == ApiKey.PRODUCE:
-        txn = _txn_id(body.get("TransactionalId"))
+    if ex.api_key == ApiKey.PRODUCE:
+        txn = txn_id_of(ex.req.body.get("TransactionalId"))
         return [
             (int(b.producer_id), int(b.producer_epoch), txn)
             for _, _, _, b in produce_batches(ex)
             if is_producing(b)
         ]
-    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
-        if ex.api_version > 3:
-            return []  # v4+ is sent by brokers
-        return [
-            (
-                int(body.get("V3AndBelowProducerId", -1)),
-                int(body.get("V3AndBelowProducerEpoch", -1)),
-                _txn_id(body.get("V3AndBelowTransactionalId")),
-            )
-        ]
-    if api in (ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT):
-        return [
-            (
-                int(body.get("ProducerId", -1)),
-                int(body.get("ProducerEpoch", -1)),
-                _txn_id(body.get("TransactionalId")),
-            )
-        ]
-    return []
+    if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
+        return []  # v4+ is sent by brokers
+    return txn_claims(ex)
 
 
 class PidOwnershipRule(Rule):
@@ -390,7 +372,7 @@ class PidOwnershipRule(Rule):
         if ex.api_key != ApiKey.INIT_PRODUCER_ID:
             return
         pid, epoch = int(key), int(resp.body.get("ProducerEpoch", -1))
-        txn = _txn_id(ex.req.body.get("TransactionalId"))
+        txn = txn_id_of(ex.req.body.get("TransactionalId"))
         if state.get("txn") is not None and txn is not None and txn != state["txn"]:
             # The coordinator handed one producer id to two transactional ids.
             self._report(state, pid, f"txn={txn}", ex, ctx, epoch, txn, self._client(ex))

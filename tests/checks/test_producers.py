@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from checks.engine import Monitor
 from checks.model import Finding
 from checks.rule import Context
@@ -125,7 +129,18 @@ def test_zombie_write_after_the_fence_rejected_is_a_warning() -> None:
     assert (evidence["producer_id"], evidence["producer_epoch"], evidence["newest_epoch"]) == (PID, 0, 1)
     assert evidence["broker_error"] == FENCED and evidence["topic"] == TOPIC and evidence["partition"] == 0
     assert evidence["newest_epoch_source"] == "InitProducerId"
-    assert findings[0].subject == f"producer:{PID}"
+    # Named after the transactional id the fenced InitProducerId carried; both clients in the evidence.
+    assert findings[0].subject == "txn:tx"
+    assert (evidence["transactional_id"], evidence["rpc"], evidence["client_id"]) == (
+        "tx",
+        "Produce v9",
+        "zombie",
+    )
+    assert (evidence["newest_epoch_client"], evidence["newest_epoch_client_id"]) == (
+        "10.0.0.8:40000",
+        "fencer",
+    )
+    assert evidence["client"] == "10.0.0.7:40000"
     # Tap offsets of the zombie's request and response.
     assert evidence["offsets"] == [[0, frames[-2].offset], [0, frames[-1].offset]]
 
@@ -442,3 +457,198 @@ def test_state_stays_within_max_entries_per_key() -> None:
     monitor.flush()
     state = monitor.snapshot()[f"producer|{PID}"]
     assert len(state["streams"]) <= 4 and monitor.stats.evicted_entries >= 8
+
+
+# -- fencing on every transactional RPC (KIP-98, KIP-890) -------------------------------------------
+
+ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
+INVALID_EPOCH = 47
+
+
+def txn_rpc(
+    conv: Conversation, api: int, version: int, ts: int, epoch: int, error: int, txn: str = "tx"
+) -> list[TapFrame]:
+    """One transactional RPC by ``conv`` with ``epoch``, answered with ``error``."""
+    ids = {"TransactionalId": txn, "ProducerId": PID, "ProducerEpoch": epoch}
+    if api == ADD_PARTITIONS and version <= 3:
+        req: dict[str, Any] = {
+            "V3AndBelowTransactionalId": txn,
+            "V3AndBelowProducerId": PID,
+            "V3AndBelowProducerEpoch": epoch,
+            "V3AndBelowTopics": [{"Name": TOPIC, "Partitions": [0, 1]}],
+        }
+        parts = [{"PartitionIndex": p, "PartitionErrorCode": error} for p in (0, 1)]
+        resp: dict[str, Any] = {"ResultsByTopicV3AndBelow": [{"Name": TOPIC, "ResultsByPartition": parts}]}
+    elif api == ADD_PARTITIONS:
+        # The batched form a partition leader sends its coordinator (KIP-890 verification), with a
+        # second, current transaction in the same request.
+        other = {"TransactionalId": "other", "ProducerId": PID + 1, "ProducerEpoch": 0}
+        req = {
+            "Transactions": [
+                {**ids, "VerifyOnly": True, "Topics": [{"Name": TOPIC, "Partitions": [0]}]},
+                {**other, "VerifyOnly": True, "Topics": [{"Name": TOPIC, "Partitions": [1]}]},
+            ]
+        }
+        resp = {
+            "ErrorCode": 0,
+            "ResultsByTransaction": [
+                {
+                    "TransactionalId": t,
+                    "TopicResults": [
+                        {
+                            "Name": TOPIC,
+                            "ResultsByPartition": [{"PartitionIndex": p, "PartitionErrorCode": e}],
+                        }
+                    ],
+                }
+                for t, p, e in ((txn, 0, error), ("other", 1, 0))
+            ],
+        }
+    elif api == ADD_OFFSETS:
+        req, resp = {**ids, "GroupId": "g"}, {"ErrorCode": error}
+    elif api == END_TXN:
+        req, resp = {**ids, "Committed": True}, {"ErrorCode": error}
+    else:
+        req = {
+            **ids,
+            "GroupId": "g",
+            "GenerationIdOrMemberEpoch": -1,
+            "MemberId": "",
+            "GroupInstanceId": None,
+            "Topics": [{"Name": TOPIC, "Partitions": [{"PartitionIndex": 0, "CommittedOffset": 5}]}],
+        }
+        resp = {"Topics": [{"Name": TOPIC, "Partitions": [{"PartitionIndex": 0, "ErrorCode": error}]}]}
+    return conv.exchange(api, version, req, resp, ts)
+
+
+def test_librdkafka_zombie_fenced_on_add_partitions_v0() -> None:
+    """The issue's case: the zombie's next AddPartitionsToTxn v0 (epoch 0) answered 47, no Produce."""
+    zombie, fencer = two_clients()
+    frames = [
+        *init_pid(zombie, 0, epoch=0),
+        *init_pid(fencer, SECOND, epoch=1),
+        *txn_rpc(zombie, ADD_PARTITIONS, 0, 2 * SECOND, epoch=0, error=INVALID_EPOCH),
+    ]
+    findings = run(frames)
+    assert rules(findings) == [("producer.stale_epoch_rejected", "warning")]
+    finding = findings[0]
+    ev = finding.evidence
+    assert finding.subject == "txn:tx"
+    assert (ev["rpc"], ev["broker_error"], ev["producer_epoch"], ev["newest_epoch"]) == (
+        "AddPartitionsToTxn v0",
+        INVALID_EPOCH,
+        0,
+        1,
+    )
+    assert (ev["client_id"], ev["client"], ev["newest_epoch_client_id"], ev["newest_epoch_client"]) == (
+        "zombie",
+        "10.0.0.7:40000",
+        "fencer",
+        "10.0.0.8:40000",
+    )
+    assert ev["transactional_id"] == "tx"
+    for text in ("AddPartitionsToTxn v0", "'zombie'", "'fencer'", "INVALID_PRODUCER_EPOCH"):
+        assert text in finding.summary
+
+
+@pytest.mark.parametrize(
+    ("api", "version"),
+    [
+        (ADD_PARTITIONS, 0),
+        (ADD_PARTITIONS, 3),
+        (ADD_PARTITIONS, 4),
+        (ADD_PARTITIONS, 5),
+        (ADD_OFFSETS, 0),
+        (ADD_OFFSETS, 4),
+        (TXN_OFFSET_COMMIT, 0),
+        (TXN_OFFSET_COMMIT, 5),
+        (END_TXN, 0),
+        (END_TXN, 5),
+    ],
+)
+def test_every_transactional_rpc_is_fenced(api: int, version: int) -> None:
+    zombie, fencer = two_clients()
+    fence = [*init_pid(zombie, 0, epoch=2), *init_pid(fencer, SECOND, epoch=3)]
+    # Rejected: a warning naming the RPC. Accepted: critical.
+    rejected = run([*fence, *txn_rpc(zombie, api, version, 2 * SECOND, epoch=2, error=FENCED)])
+    assert rules(rejected) == [("producer.stale_epoch_rejected", "warning")]
+    assert rejected[0].evidence["rpc"].endswith(f" v{version}")
+    assert rejected[0].evidence["broker_error"] == FENCED
+    zombie, fencer = two_clients()
+    fence = [*init_pid(zombie, 0, epoch=2), *init_pid(fencer, SECOND, epoch=3)]
+    accepted = run([*fence, *txn_rpc(zombie, api, version, 2 * SECOND, epoch=2, error=0)])
+    assert rules(accepted) == [("producer.stale_epoch_accepted", "critical")]
+    # The current epoch is not stale, whatever the answer.
+    zombie, fencer = two_clients()
+    fence = [*init_pid(zombie, 0, epoch=2), *init_pid(fencer, SECOND, epoch=3)]
+    assert run([*fence, *txn_rpc(fencer, api, version, 2 * SECOND, epoch=3, error=FENCED)]) == []
+
+
+def test_batched_add_partitions_judges_each_transaction_on_its_own() -> None:
+    zombie, fencer = two_clients()
+    leader = Conversation(conn="tap1-b", client="10.0.0.2:9093", client_id="broker-2")
+    shared_offsets(zombie, leader)
+    frames = [
+        *init_pid(zombie, 0, epoch=0),
+        *init_pid(fencer, SECOND, epoch=1),
+        *txn_rpc(leader, ADD_PARTITIONS, 5, 2 * SECOND, epoch=0, error=INVALID_EPOCH),
+    ]
+    findings = run(frames)
+    # Only producer PID's transaction is stale; the request's other transaction is current.
+    assert rules(findings) == [("producer.stale_epoch_rejected", "warning")]
+    ev = findings[0].evidence
+    assert (ev["producer_id"], ev["verify_only"], ev["client_id"]) == (PID, True, "broker-2")
+
+
+def test_rpc_sent_before_the_fence_is_answered_is_not_stale() -> None:
+    zombie, fencer = two_clients()
+    early = txn_rpc(zombie, ADD_OFFSETS, 3, SECOND - 5 * MS, epoch=0, error=FENCED)
+    frames = [*init_pid(zombie, 0, epoch=0), early[0], *init_pid(fencer, SECOND, epoch=1), early[1]]
+    assert run(frames) == []
+
+
+def test_transactions_v2_commits_bump_the_epoch_without_false_fences() -> None:
+    """Java 4.x with transactions v2: EndTxn v5 returns epoch + 1 each time; the next transaction uses it."""
+    conv = Conversation()
+    frames = [*init_pid(conv, 0, epoch=0)]
+    for n in range(3):
+        ts = (n + 1) * SECOND
+        frames += txn_rpc(conv, TXN_OFFSET_COMMIT, 5, ts, epoch=n, error=0)
+        frames += conv.exchange(
+            END_TXN,
+            5,
+            {"TransactionalId": "tx", "ProducerId": PID, "ProducerEpoch": n, "Committed": True},
+            {"ErrorCode": 0, "ProducerId": PID, "ProducerEpoch": n + 1},
+            ts + 100 * MS,
+        )
+    assert run(frames) == []
+    stale = txn_rpc(Conversation(conn="tap1-old", client_id="old"), ADD_OFFSETS, 4, 9 * SECOND, 1, FENCED)
+    findings = run([*frames, *stale])
+    assert rules(findings) == [("producer.stale_epoch_rejected", "warning")]
+    assert findings[0].evidence["newest_epoch_source"] == "EndTxn"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    api=st.sampled_from([ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT]),
+    known=st.integers(0, 5),
+    sent=st.integers(0, 6),
+    error=st.sampled_from([0, FENCED, INVALID_EPOCH, 51]),
+)
+def test_fencing_verdict_depends_only_on_the_epoch_at_send_and_the_answer(
+    api: int, known: int, sent: int, error: int
+) -> None:
+    version = {ADD_PARTITIONS: 3, ADD_OFFSETS: 3, END_TXN: 4, TXN_OFFSET_COMMIT: 3}[api]
+    zombie, fencer = two_clients()
+    frames = [
+        *init_pid(fencer, 0, epoch=known),
+        *txn_rpc(zombie, api, version, SECOND, epoch=sent, error=error),
+    ]
+    expected = []
+    if sent < known:
+        expected = (
+            [("producer.stale_epoch_accepted", "critical")]
+            if error == 0
+            else [("producer.stale_epoch_rejected", "warning")]
+        )
+    assert rules(run(frames)) == expected

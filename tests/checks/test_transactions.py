@@ -388,7 +388,10 @@ def test_zombie_write_is_reported_as_stale_epoch_only() -> None:
     frames += fencer.produce(4 * SECOND + 10 * MS, 0)
     frames += fencer.end(4 * SECOND + 20 * MS)
     findings, _ = run(frames, until=500 * SECOND)
-    assert summary(findings) == [("producer.stale_epoch_rejected", "warning")]
+    # The zombie's Produce and its EndTxn are both fenced: one finding each, naming the RPC.
+    assert summary(findings) == [("producer.stale_epoch_rejected", "warning")] * 2
+    assert [f.evidence["rpc"].split()[0] for f in findings] == ["Produce", "EndTxn"]
+    assert {f.subject for f in findings} == {f"txn:{TX}"}
 
 
 # -- txn.hanging ---------------------------------------------------------------------------------
@@ -460,8 +463,9 @@ def test_a_zombie_end_txn_neither_ends_nor_defers_the_current_transaction() -> N
     frames += fencer.add(2 * SECOND, [0])
     frames += zombie.end(3 * SECOND, error=FENCED)
     findings, _ = run(frames, until=100 * SECOND)
-    assert summary(findings) == [("txn.hanging", "warning")]
-    assert findings[0].ts_ns == 7 * SECOND
+    # The zombie's EndTxn is a fenced stale epoch; the fencer's transaction still hangs on time.
+    assert summary(findings) == [("producer.stale_epoch_rejected", "warning"), ("txn.hanging", "warning")]
+    assert findings[1].ts_ns == 7 * SECOND
 
 
 # -- txn.pid_hijack ------------------------------------------------------------------------------
