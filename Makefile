@@ -42,10 +42,11 @@ $(ALERTMANAGER):
 jars: $(STAMP)
 	$(PY) -m deploy.fetch
 
-# Regenerate codec/schema_table.json from the pinned kafka-clients jars.
+# Regenerate codec/schema_table.json (and the lists derived from the jars) from the pinned Kafka jars.
 schemas: jars
 	$(PY) -m codec.generator --write
 	$(PY) -m codec.protocol_gen --write
+	$(PY) -m tap.password_configs_gen --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

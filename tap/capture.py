@@ -17,6 +17,7 @@ import codec.peek
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import SASL_TOKEN, Header
+from tap.secret_configs import is_password_config
 
 Policy = Literal["full", "headers", "meta"]
 Direction = Literal["req", "resp"]
@@ -32,8 +33,42 @@ SECRETS: dict[tuple[int, Direction], tuple[str, ...]] = {
     (ApiKey.EXPIRE_DELEGATION_TOKEN, "req"): ("Hmac",),
     (ApiKey.DESCRIBE_DELEGATION_TOKEN, "resp"): ("Tokens[].Hmac",),
 }
-_SECRET_REQUEST_KEYS = frozenset(k for (k, d) in SECRETS if d == "req")
-_SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in SECRETS if d == "resp")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntries:
+    """Where a message carries config name/value pairs: ``path`` walks to the entry list."""
+
+    path: str
+    name: str = "Name"
+    value: str = "Value"
+    #: What a secret value becomes: null where the field is nullable (Kafka's own DescribeConfigs
+    #: answer for a sensitive config), else the empty string.
+    blank: str | None = None
+
+
+_TOPIC_CONFIGS = ("RepartitionSourceTopics[].TopicConfigs[]", "StateChangelogTopics[].TopicConfigs[]")
+
+#: Every message that carries config values (from the schema table: fields named Configs/TopicConfigs
+#: with a Value). The values of password-type configs (``tap/secret_configs.py``) are blanked.
+CONFIG_VALUES: dict[tuple[int, Direction], tuple[ConfigEntries, ...]] = {
+    (ApiKey.CREATE_TOPICS, "req"): (ConfigEntries("Topics[].Configs[]"),),
+    (ApiKey.CREATE_TOPICS, "resp"): (ConfigEntries("Topics[].Configs[]"),),
+    (ApiKey.ALTER_CONFIGS, "req"): (ConfigEntries("Resources[].Configs[]"),),
+    (ApiKey.INCREMENTAL_ALTER_CONFIGS, "req"): (ConfigEntries("Resources[].Configs[]"),),
+    (ApiKey.DESCRIBE_CONFIGS, "resp"): (ConfigEntries("Results[].Configs[]"),),
+    (ApiKey.STREAMS_GROUP_HEARTBEAT, "req"): tuple(
+        ConfigEntries(f"Topology.Subtopologies[].{p}", "Key", blank="") for p in _TOPIC_CONFIGS
+    ),
+    (ApiKey.STREAMS_GROUP_DESCRIBE, "resp"): tuple(
+        ConfigEntries(f"Groups[].Topology.Subtopologies[].{p}", "Key", blank="") for p in _TOPIC_CONFIGS
+    ),
+}
+#: ``DescribeConfigsResponse.ConfigType`` of a password (Kafka's ``ConfigDef.Type.PASSWORD``).
+CONFIG_TYPE_PASSWORD = 9
+
+_SECRET_REQUEST_KEYS = frozenset(k for (k, d) in (*SECRETS, *CONFIG_VALUES) if d == "req")
+_SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in (*SECRETS, *CONFIG_VALUES) if d == "resp")
 
 #: Where the headers policy strips record payloads.
 _RECORDS: frozenset[tuple[int, Direction]] = frozenset(
@@ -118,6 +153,54 @@ def _blank(node: Any, parts: list[str]) -> bool:
         return _blank(node[name], rest)
     node[name] = b"" if node[name] is not None else None
     return True
+
+
+def _walk(node: Any, parts: list[str]) -> list[dict[str, Any]]:
+    """The dicts at ``parts`` under ``node`` (``name[]`` walks an array, a plain name a struct)."""
+    if node is None:
+        return []
+    if not parts:
+        return [node] if isinstance(node, dict) else []
+    if not isinstance(node, dict):
+        return []
+    name, rest = parts[0], parts[1:]
+    if name.endswith("[]"):
+        return [hit for item in node.get(name[:-2]) or () for hit in _walk(item, rest)]
+    return _walk(node.get(name), rest)
+
+
+def _is_secret_entry(entry: dict[str, Any], where: ConfigEntries) -> bool:
+    return bool(
+        is_password_config(entry.get(where.name))
+        or entry.get("IsSensitive")
+        or entry.get("ConfigType") == CONFIG_TYPE_PASSWORD
+    )
+
+
+def redact_configs(body: dict[str, Any], places: tuple[ConfigEntries, ...]) -> list[str]:
+    """Blank the value of every password-type config in ``body``; the names of those that had one.
+
+    DescribeConfigs synonyms of a secret config are blanked with it (they hold the same kind of value,
+    set at another level).
+    """
+    names: list[str] = []
+    for where in places:
+        for entry in _walk(body, where.path.split(".")):
+            secret = _is_secret_entry(entry, where)
+            hit = False
+            if secret and entry.get(where.value) not in (None, ""):
+                entry[where.value] = where.blank
+                hit = True
+            for synonym in entry.get("Synonyms") or ():
+                if (secret or is_password_config(synonym.get("Name"))) and synonym.get("Value") not in (
+                    None,
+                    "",
+                ):
+                    synonym["Value"] = where.blank
+                    hit = True
+            if hit:
+                names.append(f"config:{entry.get(where.name)}")
+    return names
 
 
 def _strip_records(node: Any, strip: Callable[[bytes], bytes]) -> None:
@@ -206,15 +289,19 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
     if info.api_key == ApiKey.ENVELOPE and secrets:
         return header_only()
     value = head
-    if secrets:
+    configs = CONFIG_VALUES.get((info.api_key, info.direction), ()) if info.api_key is not None else ()
+    if secrets or configs:
         try:
             message = _decode(head, info)
             for path in secrets:
                 _blank(message.body, path.split("."))
-            value = codec.encode(message)
+            config_names = redact_configs(message.body, configs)
+            if secrets or config_names:
+                value = codec.encode(message)
         except Exception:
             # Fail closed: a secret-bearing frame we cannot rewrite is mirrored header-only.
             return header_only({Header.REDACTION_FAILED: "1"})
+        secrets = (*secrets, *config_names)
     if policy == "headers" and info.api_key is not None and (info.api_key, info.direction) in _RECORDS:
         strip = _strip_payloads()
         try:
