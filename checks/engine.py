@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 
 from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, Stats
+from codec.api import Request
+from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
+from codec.peek import peek_request_header
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
 
@@ -148,10 +151,12 @@ class Monitor:
             return
         if frame.error is not None:
             self._decode_error(frame)
+            self._header_only_request(frame)
             return
         if frame.message is None:
-            # Captured header-only (``meta`` policy, or truncated as too large): nothing to check.
+            # Captured header-only (``meta`` policy, or truncated as too large): only the header's facts.
             self.stats.header_only += 1
+            self._header_only_request(frame)
             return
         if frame.direction == "req":
             self._on_request(frame, conn)
@@ -182,6 +187,25 @@ class Monitor:
         # Nested payloads that need the request (Envelope inner responses, pre-v7 JoinGroup metadata).
         expand_response(response, request_frame.request)
         self._complete(Exchange(request_frame, frame))
+
+    def _header_only_request(self, frame: TapFrame) -> None:
+        """A request known only by its header: the rules that judge headers alone still see it.
+
+        Not shown to the observer: a shard routes frames by decoded content, and this frame's content is
+        only its header (the connection-scoped rules of the shard itself do see it).
+        """
+        request = header_request(frame)
+        if request is None:
+            return
+        exchange = Exchange(replace(frame, message=request), None)
+        for rule in self.rules:
+            if not rule.judges_headers or (
+                rule.api_keys is not None and request.api_key not in rule.api_keys
+            ):
+                continue
+            for key in rule.keys(exchange):
+                if self.only_key is None or key == self.only_key:
+                    self._call(rule, key, "on_request", exchange, None)
 
     def _complete(self, exchange: Exchange) -> None:
         self.stats.exchanges += 1
@@ -396,6 +420,27 @@ class Monitor:
     def snapshot(self) -> dict[str, Any]:
         """Rule state as plain data (what a state store would keep)."""
         return {f"{rule}|{key}": state for (rule, key), state in self.states.items()}
+
+
+def header_request(frame: TapFrame) -> Request | None:
+    """The request header of a request frame whose body is unknown, as a ``Request`` with an empty body.
+
+    The api key and version are the tap's (it read them from the frame's first four bytes, which every
+    request has); the client id is read from the mirrored bytes when they are there. None for responses,
+    and for records the tap could not place (no api key: SASL tokens, records not from a tap).
+    """
+    if frame.direction != "req" or frame.api_key is None or frame.api_version is None:
+        return None
+    client_id: str | None = None
+    if frame.raw is not None:
+        try:
+            peeked = peek_request_header(frame.raw)
+        except DecodeError:
+            peeked = None
+        if peeked is not None and (peeked.api_key, peeked.api_version) == (frame.api_key, frame.api_version):
+            client_id = peeked.client_id
+    corr = frame.correlation_id if frame.correlation_id is not None else -1
+    return Request(frame.api_key, frame.api_version, corr, client_id, {}, {}, -1)
 
 
 def unwrap_envelope(exchange: Exchange) -> Exchange | None:

@@ -165,6 +165,11 @@ class Rule:
     key_kind: ClassVar[str]
     #: API keys this rule looks at; None means every API.
     api_keys: ClassVar[frozenset[int] | None] = None
+    #: Also call ``on_request`` for a request whose body did not decode or was not mirrored (header-only
+    #: capture): ``ex.req`` then holds the request header's api key, version, correlation id and client
+    #: id with an empty body, and ``ex.request.error`` / ``ex.request.raw`` say why. For rules that judge
+    #: facts of the header alone (version coverage). Such requests never get ``on_response``.
+    judges_headers: ClassVar[bool] = False
 
     def keys(self, ex: Exchange) -> list[str]:
         raise NotImplementedError

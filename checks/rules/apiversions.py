@@ -8,7 +8,9 @@ Two rules share this module because they read the same exchanges at two scopes:
     came on). Judged when the request is sent, against the newest successful ApiVersions answer before
     it. After an UNSUPPORTED_VERSION (35) answer the broker only lists ApiVersions' own range (the v0
     fallback, KIP-511), so until a full answer arrives only ApiVersions requests are judged: anything
-    else would be a guess. Reported once per connection, api and version.
+    else would be a guess. Reported once per connection, api and version. Judged from the request
+    header (``judges_headers``): a request whose body did not decode, or was mirrored header-only, is
+    judged too; ``body`` in the evidence says which.
 
     ``apiversions.no_handshake`` (info): the connection sent some other request before any
     ApiVersions. Only judged when the monitor saw the connection from its start (first request with
@@ -18,7 +20,7 @@ Two rules share this module because they read the same exchanges at two scopes:
 ``apiversions.cluster`` (key: ``cluster``)
     ``apiversions.removed_in_4_0`` (info): a client software (name/version from ApiVersions v3+, else
     its client id) using an API version that Kafka 4.0 removed (KIP-896). Once per software, api and
-    version. The usage counts behind it are the fleet matrix (``fleet_matrix``/``coverage``), which the
+    version. Judged from the request header too. The usage counts behind it are the fleet matrix (``fleet_matrix``/``coverage``), which the
     report renders.
 
     ``apiversions.cluster_skew`` (warning): brokers advertising different ranges for one API (rolling
@@ -106,6 +108,14 @@ def _in_range(ranges: dict[str, list[int]], api_key: int, version: int) -> bool:
     return rng is not None and rng[0] <= version <= rng[1]
 
 
+def body_status(ex: Exchange) -> str:
+    """``decoded``, ``undecodable`` or ``not captured``: how much of the request the rule saw (version
+    coverage is judged from the header, whatever happened to the body)."""
+    if ex.request.error is not None:
+        return "undecodable"
+    return "decoded" if ex.req.header_version >= 0 else "not captured"
+
+
 def _fmt(rng: list[int] | None) -> str:
     return "absent" if rng is None else f"v{rng[0]}-v{rng[1]}"
 
@@ -113,6 +123,7 @@ def _fmt(rng: list[int] | None) -> str:
 class ApiVersionsRule(Rule):
     name = "apiversions"
     key_kind = "conn"
+    judges_headers = True
 
     def keys(self, ex: Exchange) -> list[str]:
         return [ex.conn]
@@ -162,7 +173,12 @@ class ApiVersionsRule(Rule):
             f"{ex.req.api_name} v{version} sent, but broker {ex.request.broker} advertised "
             f"{_fmt(rng)} on this connection",
             ex.ts_ns,
-            {**ex.evidence(), "advertised": rng, "advertised_at": state.get("advertised_at")},
+            {
+                **ex.evidence(),
+                "advertised": rng,
+                "advertised_at": state.get("advertised_at"),
+                "body": body_status(ex),
+            },
             conns=(ex.conn,),
         )
 
@@ -259,6 +275,7 @@ def coverage(state: State) -> list[CoverageCell]:
 class ApiVersionsClusterRule(Rule):
     name = "apiversions.cluster"
     key_kind = "cluster"
+    judges_headers = True
 
     def keys(self, ex: Exchange) -> list[str]:
         return [CLUSTER_KEY]
@@ -296,7 +313,7 @@ class ApiVersionsClusterRule(Rule):
             f"client:{software}",
             f"{software} uses {ex.req.api_name} v{version}, which Kafka 4.0 removed (KIP-896)",
             ex.ts_ns,
-            {**ex.evidence(), "software": software},
+            {**ex.evidence(), "software": software, "body": body_status(ex)},
             conns=(ex.conn,),
         )
 

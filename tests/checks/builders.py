@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,28 @@ class Conversation:
             else {}
         )
         return self._frame(direction, ts_ns, message=message, error=error, raw=data, **ids)
+
+    def undecodable_request(self, api_key: int, version: int, body: bytes, ts_ns: int) -> TapFrame:
+        """A request whose header is sound (header v1: api key, version, correlation id, client id) and
+        whose body the codec cannot read, tagged as the tap tags it (api key and version from the
+        frame's first bytes), with the DecodeError kept on the frame as ingest does."""
+        self.corr += 1
+        cid = self.client_id.encode()
+        data = struct.pack(">hhih", api_key, version, self.corr, len(cid)) + cid + body
+        try:
+            codec.decode_request(data)
+        except codec.DecodeError as exc:
+            error = exc
+        else:
+            raise AssertionError("the codec decoded the body meant to be undecodable")
+        ids = {"api_key": api_key, "api_version": version, "correlation_id": self.corr}
+        return self._frame("req", ts_ns, error=error, raw=data, **ids)
+
+    def header_only_request(self, api_key: int, version: int, ts_ns: int) -> TapFrame:
+        """A request mirrored without its body (``meta`` capture): only the tap's header fields."""
+        self.corr += 1
+        ids = {"api_key": api_key, "api_version": version, "correlation_id": self.corr}
+        return self._frame("req", ts_ns, capture="meta", **ids)
 
     def raw_response(self, request: TapFrame, data: bytes, ts_ns: int) -> TapFrame:
         """A response frame from raw bytes, decoded as ingest does (the error kept on the frame)."""

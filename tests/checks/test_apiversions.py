@@ -317,3 +317,58 @@ def test_no_handshake_judged_on_tap_numbering() -> None:
     conv = Conversation(seq=1)
     findings, _ = run([conv.open(0), *metadata(conv, 12, SECOND)])
     assert rules_of(findings) == ["apiversions.no_handshake"]
+
+
+# -- judged from the request header, whatever happened to the body -----------------------------------
+
+
+def test_undecodable_version_beyond_the_codec_is_out_of_range_and_a_decode_error() -> None:
+    """The issue's case: Metadata v99 after ApiVersions; the body cannot decode (no codec defines v99)."""
+    conv = Conversation(client_id="old-client")
+    bad = conv.undecodable_request(METADATA, 99, b"\x00\x00\x00\x00", 2 * SECOND)
+    findings, _ = run([conv.open(0), *handshake(conv, 1 * SECOND), bad])
+    # Both, as separate findings: the body is undecodable, and the version was never advertised.
+    assert sorted(rules_of(findings)) == ["apiversions.out_of_range", "frame.decode_error"]
+    (oor,) = [f for f in findings if f.rule == "apiversions.out_of_range"]
+    ev = oor.evidence
+    assert (ev["api_key"], ev["api_version"], ev["advertised"], ev["body"]) == (
+        METADATA,
+        99,
+        [0, 12],
+        "undecodable",
+    )
+    assert ev["correlation_id"] == bad.correlation_id and ev["offsets"] == [[0, bad.offset]]
+    assert "Metadata v99" in oor.summary and "v0-v12" in oor.summary
+
+
+def test_undecodable_body_of_a_removed_version_is_still_judged() -> None:
+    conv = Conversation(client_id="legacy-app")
+    bad = conv.undecodable_request(FETCH, 3, b"\xff", 2 * SECOND)
+    findings, monitor = run([conv.open(0), *handshake(conv, 1 * SECOND), bad])
+    assert sorted(rules_of(findings)) == [
+        "apiversions.out_of_range",
+        "apiversions.removed_in_4_0",
+        "frame.decode_error",
+    ]
+    (removed,) = [f for f in findings if f.rule == "apiversions.removed_in_4_0"]
+    assert removed.evidence["body"] == "undecodable" and removed.subject == "client:librdkafka/2.6.0"
+    # The fleet matrix counts it like any other use.
+    rows = fleet_matrix(monitor.states[("apiversions.cluster", "cluster")])
+    assert [(r.api_key, r.version, r.count) for r in rows if r.api_key == FETCH] == [(FETCH, 3, 1)]
+
+
+def test_header_only_capture_is_judged_from_the_header() -> None:
+    conv = Conversation(client_id="meta-app")
+    frames = [conv.open(0), conv.header_only_request(FETCH, 3, 1 * SECOND)]
+    findings, _ = run(frames)
+    # No ApiVersions answer was captured, so only the 4.0 readiness can be judged.
+    assert rules_of(findings) == ["apiversions.no_handshake", "apiversions.removed_in_4_0"]
+    assert findings[1].evidence["body"] == "not captured"
+    assert findings[1].subject == "client:client.id="  # the client id was not mirrored either
+
+
+def test_in_range_undecodable_request_is_only_a_decode_error() -> None:
+    conv = Conversation()
+    bad = conv.undecodable_request(METADATA, 12, b"\x7f", 2 * SECOND)
+    findings, _ = run([conv.open(0), *handshake(conv, 1 * SECOND), bad])
+    assert rules_of(findings) == ["frame.decode_error"]
