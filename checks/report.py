@@ -21,11 +21,11 @@ import io
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from checks.engine import Monitor
-from checks.model import SEVERITY_RANK, Finding
+from checks.model import SEVERITY_RANK, Finding, Severity
 from checks.rule import Context, State, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
@@ -312,6 +312,59 @@ def summary_text(report: ReportData, timeline: list[TimelineEntry] | None = None
         lines.append("not ready for Kafka 4.0 (KIP-896):")
         lines += [f"  {sw}: {api} v{v}" for sw, api, v in removed]
     return "\n".join(lines)
+
+
+# -- JSON and the CI gate ---------------------------------------------------------------------------------
+
+#: The ``kpmon report --json`` document's layout; raised when a field changes meaning or goes away.
+JSON_SCHEMA_VERSION = 1
+
+
+def finding_severity(finding: Mapping[str, Any]) -> Severity:
+    """A finding's severity as alerts count it: an ``incomplete`` one (the tap dropped frames on its
+    connection) is only ``info``, whatever the rule said."""
+    return Severity.INFO if finding.get("incomplete") else Severity(finding["severity"])
+
+
+def highest_severity(report: ReportData) -> Severity | None:
+    """The most urgent severity among the report's findings, None when there are none."""
+    severities = [finding_severity(f) for f in report.findings]
+    return max(severities, key=lambda s: s.rank) if severities else None
+
+
+def failing_findings(report: ReportData, threshold: Severity) -> list[dict[str, Any]]:
+    """The findings at or above ``threshold`` (``--fail-on``)."""
+    return [f for f in report.findings if finding_severity(f).rank >= threshold.rank]
+
+
+def report_json(report: ReportData, fail_on: Severity | None = None) -> dict[str, Any]:
+    """The findings and the summary as one JSON-ready document (``kpmon report --json``)."""
+    worst = highest_severity(report)
+    doc: dict[str, Any] = {
+        "schema": JSON_SCHEMA_VERSION,
+        "source": report.source,
+        "stats": report.stats,
+        "summary": {
+            "findings": len(report.findings),
+            "highest_severity": worst.value if worst is not None else None,
+            "by_rule": [{"rule": r, "severity": s, "count": n} for r, s, n in report.finding_counts],
+            "brokers": [{"broker": b, "role": role} for b, role in report.brokers],
+            "groups": [asdict(g) for g in report.groups],
+            "producers": [
+                {**asdict(p), "transactional_ids": list(p.transactional_ids)} for p in report.producers
+            ],
+            "not_ready_for_4_0": [
+                {"software": sw, "api": api, "version": v}
+                for sw, api, v in sorted(
+                    {(r.software, r.api_name, r.version) for r in report.fleet if r.removed_in_4_0}
+                )
+            ],
+        },
+        "findings": report.findings,
+    }
+    if fail_on is not None:
+        doc["fail_on"] = {"severity": fail_on.value, "failing": len(failing_findings(report, fail_on))}
+    return doc
 
 
 # -- alert timeline (from the streaming job's per-batch results) --------------------------------------

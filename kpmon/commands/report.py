@@ -8,25 +8,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from checks.model import Severity
 from checks.report import (
     ReportData,
     TimelineEntry,
     build_report,
+    failing_findings,
     frame_from_json,
     record_to_json,
     render_coverage_png,
     render_html,
+    report_json,
     run_checks,
     summary_text,
 )
 from codec.taprecord import TapFrame
 from kpmon.config import ConfigError, load_config
+
+#: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_FINDINGS = 0, 1, 2, 3
 
 
 class InputError(ValueError):
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     out = Path(args.out)
     try:
         with contextlib.ExitStack() as stack:
@@ -216,12 +223,34 @@ def run(args: argparse.Namespace) -> int:
                 monitor, findings = run_checks(frames_from_topic(args, save), config.checks.settings())
     except (InputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     report = build_report(monitor.states, findings, monitor.stats, source)
     png_path = write_report(report, out)
-    print(summary_text(report))
-    print(f"wrote {out} and {png_path}")
-    return 0
+    fail_on = Severity(args.fail_on) if args.fail_on else None
+    # With the JSON on stdout, the human summary goes to stderr so a pipe gets JSON only.
+    human = sys.stderr if args.json == "-" else sys.stdout
+    print(summary_text(report), file=human)
+    print(f"wrote {out} and {png_path}", file=human)
+    if args.json:
+        text = json.dumps(report_json(report, fail_on), indent=2, default=str) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            try:
+                Path(args.json).write_text(text, encoding="utf-8")
+            except OSError as exc:
+                print(f"error: cannot write {args.json}: {exc.strerror}", file=sys.stderr)
+                return EXIT_ERROR
+            print(f"wrote {args.json}", file=human)
+    if fail_on is not None:
+        failing = failing_findings(report, fail_on)
+        if failing:
+            print(
+                f"fail: {len(failing)} finding(s) at or above {fail_on.value} (--fail-on {fail_on.value})",
+                file=sys.stderr,
+            )
+            return EXIT_FINDINGS
+    return EXIT_OK
 
 
 def register(sub: Any) -> None:
@@ -234,7 +263,10 @@ def register(sub: Any) -> None:
             "coverage heatmap (PNG next to it), groups, producers and findings."
         ),
         epilog="examples:\n  kpmon report --capture tap.jsonl --out report.html\n"
-        "  kpmon report --topic kpmon.tap --bootstrap-servers 127.0.0.1:9092 --save-capture tap.jsonl",
+        "  kpmon report --topic kpmon.tap --bootstrap-servers 127.0.0.1:9092 --save-capture tap.jsonl\n"
+        "  kpmon report --capture tap.jsonl --json - --fail-on warning   # a CI gate\n\n"
+        "exit codes: 0 done (and nothing at or above --fail-on); 1 the input or an output could not be\n"
+        "read or written; 2 bad usage or config; 3 a finding at or above --fail-on exists.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group()
@@ -249,4 +281,15 @@ def register(sub: Any) -> None:
         "--save-capture", help="also save the records read from the topic to this capture file"
     )
     parser.add_argument("--out", default="kpmon-report.html", help="HTML file to write (default %(default)s)")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the findings and the summary as JSON to PATH ('-': stdout, the text summary "
+        "then goes to stderr)",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=[s.value for s in Severity],
+        help="exit 3 when a finding at or above this severity exists (incomplete findings count as info)",
+    )
     parser.set_defaults(func=run)
