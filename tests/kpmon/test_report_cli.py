@@ -22,9 +22,15 @@ def _no_env_config(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def clean_capture(path: Path) -> None:
+def capture_of(path: Path, handshake_first: bool = True) -> None:
+    """One client's capture: handshake then Metadata (clean), or Metadata first (one info finding)."""
     conv = Conversation(client_id="clean-app")
-    frames = [conv.open(0), *handshake(conv, SECOND), *metadata(conv, 12, 2 * SECOND)]
+    frames = [conv.open(0)]
+    if handshake_first:
+        frames += handshake(conv, SECOND)
+    frames += metadata(conv, 12, 2 * SECOND)
+    if not handshake_first:
+        frames += handshake(conv, 3 * SECOND)
     path.write_text("".join(record_of(f) + "\n" for f in frames), encoding="utf-8")
 
 
@@ -75,12 +81,10 @@ def test_fail_on_passes_clean_traffic_and_counts_only_what_reaches_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     capture = tmp_path / "clean.jsonl"
-    clean_capture(capture)
+    capture_of(capture)
     assert report(tmp_path, capture, "--fail-on", "info") == EXIT_OK
     # One info finding (no_handshake) only: it fails the strictest gate, not a warning gate.
-    conv = Conversation(client_id="eager")
-    frames = [conv.open(0), *metadata(conv, 12, SECOND), *handshake(conv, 2 * SECOND)]
-    capture.write_text("".join(record_of(f) + "\n" for f in frames), encoding="utf-8")
+    capture_of(capture, handshake_first=False)
     assert report(tmp_path, capture, "--fail-on", "warning") == EXIT_OK
     assert report(tmp_path, capture, "--fail-on", "info") == EXIT_FINDINGS
     capsys.readouterr()
@@ -93,7 +97,7 @@ def test_exit_codes_for_bad_input_usage_and_output(
     bad.write_text("not json\n", encoding="utf-8")
     assert report(tmp_path, bad, "--fail-on", "warning") == EXIT_ERROR
     clean = tmp_path / "clean.jsonl"
-    clean_capture(clean)
+    capture_of(clean)
     assert report(tmp_path, clean, "--json", str(tmp_path / "missing-dir" / "x.json")) == EXIT_ERROR
     with pytest.raises(SystemExit) as usage:
         report(tmp_path, clean, "--fail-on", "fatal")
