@@ -29,6 +29,7 @@ from checks.model import SEVERITY_RANK, Finding, Severity
 from checks.rule import Context, State, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
+from checks.rules.groups import CLASSIC, group_protocol_label
 from checks.settings import ChecksSettings
 from codec.api import api_name
 from codec.schema import load_table
@@ -65,10 +66,18 @@ def frame_from_json(line: str) -> TapFrame:
 @dataclass(frozen=True)
 class GroupRow:
     group: str
+    #: The group protocol(s) it was answered under: ``classic``, ``consumer`` (KIP-848), ``share``
+    #: (KIP-932), ``streams`` (KIP-1071), or several joined by ``+`` (an online migration).
+    protocol: str
+    #: Classic groups: the agreed protocol type and name (KIP-559); the assignor for the others.
     protocol_type: str | None
     protocol_name: str | None
+    #: Classic: the generation; the other protocols: the group epoch (-1 when unknown).
     generation: int
+    #: Classic: members with a known subscription; the others: members with a live member epoch (or
+    #: the newest describe answer's count).
     members: int
+    state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,17 +121,7 @@ def build_report(
 ) -> ReportData:
     """The report's content from a monitor's rule states, its findings and its counters."""
     cluster = states.get(("apiversions.cluster", CLUSTER_KEY), {})
-    groups = [
-        GroupRow(
-            group=key,
-            protocol_type=state.get("ptype"),
-            protocol_name=state.get("pname"),
-            generation=int(state.get("gen", -1)),
-            members=len(state.get("subs") or {}),
-        )
-        for (rule, key), state in sorted(states.items())
-        if rule == "group"
-    ]
+    groups = group_rows(states)
     txn_by_pid: dict[int, list[tuple[str, bool]]] = {}
     for (rule, key), state in states.items():
         if rule == "txn" and state.get("pid") is not None:
@@ -155,6 +154,49 @@ def build_report(
         producers=producers,
         brokers=brokers,
     )
+
+
+def group_rows(states: Mapping[tuple[str, str], State]) -> list[GroupRow]:
+    """One row per group id, from the classic rule's state (``group``) and the protocol rule's
+    (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it)."""
+    classic = {key: state for (rule, key), state in states.items() if rule == "group"}
+    modern = {key: state for (rule, key), state in states.items() if rule == "group_protocol"}
+    rows: list[GroupRow] = []
+    for key in sorted(classic.keys() | modern.keys()):
+        old, new = classic.get(key), modern.get(key) or {}
+        protocols = dict(new.get("protocols") or {})
+        if old is not None and "gen" in old:
+            protocols.setdefault(CLASSIC, 0)
+        label = group_protocol_label(protocols)
+        described = new.get("describe") or {}
+        if old is not None and label == CLASSIC:
+            rows.append(
+                GroupRow(
+                    key,
+                    label,
+                    old.get("ptype"),
+                    old.get("pname"),
+                    int(old.get("gen", -1)),
+                    len(old.get("subs") or {}),
+                )
+            )
+            continue
+        live = [m for m in (new.get("members") or {}).values() if "fenced" not in m]
+        epoch = described.get("epoch")
+        if epoch is None:
+            epoch = max((int(m.get("epoch", -1)) for m in live), default=-1)
+        rows.append(
+            GroupRow(
+                key,
+                label,
+                (old or {}).get("ptype"),
+                described.get("assignor") or (old or {}).get("pname"),
+                int(epoch),
+                int(described.get("members", len(live))),
+                described.get("state"),
+            )
+        )
+    return rows
 
 
 # -- heatmap ----------------------------------------------------------------------------------------------
@@ -598,10 +640,32 @@ def render_html(
     )
     parts.append("<h2>Consumer groups</h2>")
     parts.append(
+        "<p>Group protocol: classic (JoinGroup/SyncGroup), consumer (KIP-848), share (KIP-932), streams "
+        "(KIP-1071); several joined by + when one group id was served under more than one (a KIP-848 "
+        "online migration). Classic groups show the generation and the members with a known "
+        "subscription, the others the group epoch and the live members.</p>"
+    )
+    parts.append(
         _table(
-            ["group", "protocol type", "protocol", "generation", "members with known subscription"],
             [
-                [g.group, str(g.protocol_type), str(g.protocol_name), str(g.generation), str(g.members)]
+                "group",
+                "group protocol",
+                "protocol type",
+                "protocol / assignor",
+                "generation / epoch",
+                "members",
+                "state",
+            ],
+            [
+                [
+                    g.group,
+                    g.protocol,
+                    str(g.protocol_type),
+                    str(g.protocol_name),
+                    str(g.generation),
+                    str(g.members),
+                    str(g.state or ""),
+                ]
                 for g in report.groups
             ],
         )

@@ -56,6 +56,8 @@ CATALOGUE_RULES = frozenset(
         "apiversions.cluster_skew",
         "group.protocol_type_mismatch",
         "group.assignment_outside_subscription",
+        "group.member_epoch_fenced",
+        "group.mixed_protocol_rejected",
         "producer.stale_epoch_rejected",
         "producer.stale_epoch_accepted",
         "producer.sequence_gap",

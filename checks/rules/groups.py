@@ -1,4 +1,7 @@
-"""Classic consumer-group protocol consistency (KIP-559), keyed by group id.
+"""Consumer groups, keyed by group id: classic protocol consistency (KIP-559, ``GroupRule``) and the
+member-epoch protocols -- KIP-848 consumer, KIP-932 share and KIP-1071 streams groups
+(``GroupProtocolRule``, described on the class: member-epoch fencing, mixed protocols the broker
+refuses, and which protocols serve each group id for the report).
 
 ``group.protocol_type_mismatch`` (warning)
     Members of one generation must agree on the protocol type and name, and KIP-559 put both into
@@ -380,4 +383,236 @@ class GroupRule(Rule):
         )
 
 
-RULES: list[type[Rule]] = [GroupRule]
+# ---------------------------------------------------------------------------------------------------
+# The group protocols after the classic one: KIP-848 consumer groups, KIP-932 share groups, KIP-1071
+# streams groups.
+
+RULE_FENCED_HEARTBEAT = "group.member_epoch_fenced"
+RULE_MIXED_REJECTED = "group.mixed_protocol_rejected"
+
+CLASSIC, KIP848, SHARE, STREAMS = "classic", "consumer", "share", "streams"
+#: The heartbeat of each member-epoch protocol: the request that carries (member id, member epoch).
+HEARTBEATS: dict[int, str] = {
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: KIP848,
+    ApiKey.SHARE_GROUP_HEARTBEAT: SHARE,
+    ApiKey.STREAMS_GROUP_HEARTBEAT: STREAMS,
+}
+DESCRIBES: dict[int, str] = {
+    ApiKey.CONSUMER_GROUP_DESCRIBE: KIP848,
+    ApiKey.SHARE_GROUP_DESCRIBE: SHARE,
+    ApiKey.STREAMS_GROUP_DESCRIBE: STREAMS,
+}
+#: Other requests that name a group and tell its protocol (share groups fetch through the group).
+MEMBERSHIP: dict[int, str] = {
+    ApiKey.JOIN_GROUP: CLASSIC,
+    ApiKey.SYNC_GROUP: CLASSIC,
+    ApiKey.HEARTBEAT: CLASSIC,
+    ApiKey.SHARE_FETCH: SHARE,
+    ApiKey.SHARE_ACKNOWLEDGE: SHARE,
+}
+#: Answers that fence a member epoch: the member must rejoin with epoch 0 (or leave) before anything else.
+FENCING_ERRORS = frozenset({ErrorCode.FENCED_MEMBER_EPOCH, ErrorCode.UNKNOWN_MEMBER_ID})
+#: Answers that refuse a member because the group id is held by a group of another type.
+MIXED_ERRORS = frozenset({ErrorCode.INCONSISTENT_GROUP_PROTOCOL, ErrorCode.GROUP_ID_NOT_FOUND})
+#: Member epochs a client sends on purpose: 0 joins, -1 leaves, -2 leaves a static membership.
+JOIN_EPOCH = 0
+
+
+def group_protocol_label(protocols: Any) -> str:
+    """``consumer``, ``classic+consumer`` (a KIP-848 online migration) ...: every protocol a group was
+    seen answered under, in a fixed order."""
+    order = (CLASSIC, KIP848, SHARE, STREAMS)
+    seen = [p for p in order if p in (protocols or {})]
+    return "+".join(seen) if seen else "?"
+
+
+class GroupProtocolRule(Rule):
+    """Which protocols serve a group id, and its members' epochs (KIP-848, KIP-932, KIP-1071), keyed by
+    group id.
+
+    ``group.member_epoch_fenced`` (warning)
+        The group analogue of a zombie producer. After the coordinator answers a member's heartbeat
+        FENCED_MEMBER_EPOCH (110) or UNKNOWN_MEMBER_ID (25) -- its epoch was bumped past, or it was
+        removed -- the member must rejoin with epoch 0 (or leave with -1/-2). Reported when the same
+        member id sends another heartbeat with a positive epoch that the coordinator has not handed it
+        since, judged at send time (a heartbeat sent before the fencing answer arrived is not one).
+        Once per member and fenced epoch.
+
+    ``group.mixed_protocol_rejected`` (warning)
+        One group id, members of two protocols, and the broker said no: a ConsumerGroupHeartbeat,
+        ShareGroupHeartbeat or StreamsGroupHeartbeat answered INCONSISTENT_GROUP_PROTOCOL (23) or
+        GROUP_ID_NOT_FOUND (69) (the id is held by a group of another type). The broker's error code is
+        the ground truth (KIP-559's rule for proxies): what it allows -- KIP-848's online migration
+        between classic and consumer members -- is reported by nothing. A classic JoinGroup or
+        SyncGroup answered 23 is ``group.protocol_type_mismatch``'s. Once per member, protocol and
+        error.
+
+    State per group id: ``protocols`` (protocol -> tap time of its newest successful answer),
+    ``members`` (member id -> ``proto``, ``epoch`` the coordinator last assigned, ``fenced``
+    [epoch, error, ts, client id, client] of the last fencing answer), ``describe`` (state, group epoch,
+    assignor and member count from the newest describe answer) and ``reported``.
+    """
+
+    name = "group_protocol"
+    key_kind = "group"
+    api_keys = frozenset({*HEARTBEATS, *DESCRIBES, *MEMBERSHIP})
+
+    def keys(self, ex: Exchange) -> list[str]:
+        if ex.api_key in DESCRIBES:
+            return [str(g) for g in dict.fromkeys(ex.req.body.get("GroupIds") or [])]
+        group = ex.req.body.get("GroupId")
+        return [str(group)] if group else []
+
+    def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
+        protocol = HEARTBEATS.get(ex.api_key)
+        if protocol is None:
+            return
+        body = ex.req.body
+        member, epoch = str(body.get("MemberId") or ""), int(body.get("MemberEpoch", JOIN_EPOCH))
+        known = (state.get("members") or {}).get(member)
+        if not member or known is None or epoch <= JOIN_EPOCH:
+            return
+        fenced = known.get("fenced")
+        if fenced is None:
+            return  # never fenced, or it rejoined since (a successful answer clears the fence)
+        sig = f"fenced|{member}|{fenced[0]}"
+        reported: list[str] = state.setdefault("reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        error_name = (
+            "FENCED_MEMBER_EPOCH" if fenced[1] == ErrorCode.FENCED_MEMBER_EPOCH else "UNKNOWN_MEMBER_ID"
+        )
+        ctx.emit(
+            RULE_FENCED_HEARTBEAT,
+            Severity.WARNING,
+            f"group:{key}",
+            f"{protocol} group {key}: member {member} (client {ex.req.client_id!r} at {ex.request.client}) "
+            f"heartbeats with epoch {epoch} after the coordinator answered {error_name} to its epoch "
+            f"{fenced[0]}; it must rejoin with epoch 0",
+            ex.ts_ns,
+            {
+                **ex.evidence(),
+                "group": key,
+                "protocol": protocol,
+                "member_id": member,
+                "member_epoch": epoch,
+                "client_id": ex.req.client_id,
+                "fenced_epoch": fenced[0],
+                "fenced_error": fenced[1],
+                "fenced_ts": fenced[2],
+                "fenced_client_id": fenced[3],
+                "fenced_client": fenced[4],
+            },
+            conns=(ex.conn,),
+        )
+
+    def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
+        resp = ex.resp
+        if resp is None:
+            return
+        if ex.api_key in DESCRIBES:
+            self._described(state, key, ex, resp.body)
+        elif ex.api_key in HEARTBEATS:
+            self._heartbeat_answered(state, key, ex, resp.body, ctx)
+        elif resp.body.get("ErrorCode", 0) == 0:
+            self._seen(state, MEMBERSHIP[ex.api_key], ex, ctx)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _seen(state: State, protocol: str, ex: Exchange, ctx: RuleContext) -> None:
+        protocols: dict[str, int] = state.setdefault("protocols", {})
+        protocols[protocol] = ex.response.ts_ns if ex.response is not None else ex.ts_ns
+
+    def _described(self, state: State, key: str, ex: Exchange, body: dict[str, Any]) -> None:
+        for group in body.get("Groups") or []:
+            if str(group.get("GroupId")) != key or group.get("ErrorCode", 0) != 0:
+                continue
+            state["describe"] = {
+                "state": group.get("GroupState"),
+                "epoch": group.get("GroupEpoch"),
+                "assignor": group.get("AssignorName"),
+                "members": len(group.get("Members") or []),
+            }
+            if group.get("GroupState") not in ("Empty", "Dead", None):
+                protocols: dict[str, int] = state.setdefault("protocols", {})
+                protocols.setdefault(DESCRIBES[ex.api_key], ex.ts_ns)
+
+    def _heartbeat_answered(
+        self, state: State, key: str, ex: Exchange, body: dict[str, Any], ctx: RuleContext
+    ) -> None:
+        protocol = HEARTBEATS[ex.api_key]
+        req = ex.req.body
+        error = int(body.get("ErrorCode", 0))
+        sent_epoch = int(req.get("MemberEpoch", JOIN_EPOCH))
+        # The coordinator names the member id in its answer (it generated it before KIP-1082).
+        member = str(body.get("MemberId") or req.get("MemberId") or "")
+        members: dict[str, Any] = state.setdefault("members", {})
+        if error == 0:
+            self._seen(state, protocol, ex, ctx)
+            if not member:
+                return
+            if sent_epoch < JOIN_EPOCH:
+                members.pop(member, None)  # it left the group
+                return
+            entry = members.pop(member, None) or {"proto": protocol, "epoch": -1}
+            entry["epoch"] = int(body.get("MemberEpoch", entry.get("epoch", -1)))
+            entry.pop("fenced", None)
+            members[member] = entry
+            ctx.trim(members)
+        elif error in FENCING_ERRORS and member and sent_epoch > JOIN_EPOCH:
+            entry = members.pop(member, None) or {"proto": protocol, "epoch": sent_epoch}
+            answered = ex.response.ts_ns if ex.response is not None else ex.ts_ns
+            entry["fenced"] = [sent_epoch, error, answered, ex.req.client_id or "", ex.request.client]
+            members[member] = entry
+            ctx.trim(members)
+        elif error in MIXED_ERRORS:
+            self._mixed(state, key, protocol, member, error, ex, ctx)
+
+    def _mixed(
+        self,
+        state: State,
+        key: str,
+        protocol: str,
+        member: str,
+        error: int,
+        ex: Exchange,
+        ctx: RuleContext,
+    ) -> None:
+        sig = f"mixed|{member or ex.request.client}|{protocol}|{error}"
+        reported: list[str] = state.setdefault("reported", [])
+        if sig in reported:
+            return
+        reported.append(sig)
+        ctx.trim(reported)
+        others = sorted(p for p in state.get("protocols") or {} if p != protocol)
+        error_name = (
+            "INCONSISTENT_GROUP_PROTOCOL"
+            if error == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+            else "GROUP_ID_NOT_FOUND"
+        )
+        held = f" (seen serving {', '.join(others)} members)" if others else ""
+        ctx.emit(
+            RULE_MIXED_REJECTED,
+            Severity.WARNING,
+            f"group:{key}",
+            f"group {key}{held}: the broker answered {error_name} to a {ex.req.api_name} from client "
+            f"{ex.req.client_id!r} at {ex.request.client}: a {protocol} member cannot join a group id "
+            "held by another group type",
+            ex.ts_ns,
+            {
+                **ex.evidence(),
+                "group": key,
+                "protocol": protocol,
+                "member_id": member,
+                "client_id": ex.req.client_id,
+                "broker_error": error,
+                "group_protocols": others,
+            },
+            conns=(ex.conn,),
+        )
+
+
+RULES: list[type[Rule]] = [GroupRule, GroupProtocolRule]

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 import codec
 from checks.engine import Monitor
 from checks.model import Finding
+from checks.report import group_rows
 from checks.rule import Context
-from checks.rules.groups import GroupRule
+from checks.rules.groups import GroupProtocolRule, GroupRule, group_protocol_label
 from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
@@ -346,3 +347,172 @@ def test_findings_independent_of_arrival_order(data: st.DataObject) -> None:
     findings, monitor = run(arrival_order(frames, jitters))
     assert [f.to_dict() for f in findings] == expected
     assert monitor.stats.late_frames == 0
+
+
+# -- KIP-848 consumer, KIP-932 share and KIP-1071 streams groups -----------------------------------------
+
+CG_HEARTBEAT, CG_DESCRIBE, SHARE_HEARTBEAT, STREAMS_HEARTBEAT = 68, 69, 76, 88
+FENCED_EPOCH, UNKNOWN_MEMBER, GROUP_NOT_FOUND, INCONSISTENT = 110, 25, 69, 23
+
+
+def run_all(frames: list[TapFrame]) -> tuple[list[Finding], Monitor]:
+    monitor = Monitor([GroupRule(), GroupProtocolRule()], Context(ChecksSettings()))
+    out = monitor.feed_all(frames)
+    out.extend(monitor.flush())
+    return out, monitor
+
+
+def heartbeat(
+    conv: Conversation,
+    ts: int,
+    member: str,
+    epoch: int,
+    answer_epoch: int | None = None,
+    error: int = 0,
+    api: int = CG_HEARTBEAT,
+) -> list[TapFrame]:
+    """A heartbeat of ``api`` sent with ``epoch``, answered ``error`` (and ``answer_epoch`` on success)."""
+    req: dict[str, Any] = {"GroupId": GROUP, "MemberId": member, "MemberEpoch": epoch}
+    if api == CG_HEARTBEAT:
+        req.update(RebalanceTimeoutMs=30000, SubscribedTopicNames=["orders"] if epoch == 0 else None)
+    elif api == SHARE_HEARTBEAT:
+        req.update(SubscribedTopicNames=["orders"] if epoch == 0 else None)
+    else:
+        req.update(RebalanceTimeoutMs=30000, ProcessId="p", ActiveTasks=None)
+    resp = {
+        "ErrorCode": error,
+        "MemberId": member if error == 0 or api == STREAMS_HEARTBEAT else None,
+        "MemberEpoch": answer_epoch if answer_epoch is not None else (epoch if error == 0 else -1),
+        "HeartbeatIntervalMs": 5000,
+    }
+    version = {CG_HEARTBEAT: 1, SHARE_HEARTBEAT: 1, STREAMS_HEARTBEAT: 0}[api]
+    return conv.exchange(api, version, req, resp, ts)
+
+
+def test_kip848_member_that_keeps_its_fenced_epoch_is_reported() -> None:
+    a = Conversation(client_id="cg-app")
+    frames = [
+        *heartbeat(a, SECOND, "m-a", 0, answer_epoch=3),
+        *heartbeat(a, 2 * SECOND, "m-a", 3),
+        *heartbeat(a, 3 * SECOND, "m-a", 3, error=FENCED_EPOCH),
+        *heartbeat(a, 4 * SECOND, "m-a", 3, error=FENCED_EPOCH),  # keeps heartbeating with it
+        *heartbeat(a, 5 * SECOND, "m-a", 3, error=FENCED_EPOCH),  # once per member and fenced epoch
+    ]
+    findings, _ = run_all(frames)
+    assert rules_of(findings) == ["group.member_epoch_fenced"]
+    ev = findings[0].evidence
+    assert findings[0].subject == f"group:{GROUP}" and findings[0].ts_ns == 4 * SECOND
+    assert (ev["member_id"], ev["member_epoch"], ev["fenced_epoch"], ev["fenced_error"]) == ("m-a", 3, 3, 110)
+    assert (ev["protocol"], ev["client_id"], ev["fenced_client_id"]) == ("consumer", "cg-app", "cg-app")
+
+
+def test_fenced_member_that_rejoins_with_epoch_zero_is_silent() -> None:
+    a = Conversation()
+    frames = [
+        *heartbeat(a, SECOND, "m-a", 0, answer_epoch=3),
+        *heartbeat(a, 3 * SECOND, "m-a", 3, error=UNKNOWN_MEMBER),
+        *heartbeat(a, 4 * SECOND, "m-a", 0, answer_epoch=5),
+        *heartbeat(a, 5 * SECOND, "m-a", 5),
+        *heartbeat(a, 6 * SECOND, "m-a", -1, answer_epoch=-1),  # leaves
+    ]
+    findings, monitor = run_all(frames)
+    assert findings == []
+    assert "m-a" not in monitor.states[("group_protocol", GROUP)]["members"]
+
+
+def test_heartbeat_sent_before_the_fencing_answer_is_not_judged() -> None:
+    a = Conversation()
+    fence = heartbeat(a, 3 * SECOND, "m-a", 3, error=FENCED_EPOCH)
+    early = heartbeat(a, 3 * SECOND + 1, "m-a", 3)  # sent while the fencing answer was on its way
+    frames = [*heartbeat(a, SECOND, "m-a", 0, answer_epoch=3), fence[0], early[0], fence[1], early[1]]
+    assert run_all(frames)[0] == []
+
+
+def test_share_and_streams_members_are_fenced_alike() -> None:
+    for api in (SHARE_HEARTBEAT, STREAMS_HEARTBEAT):
+        a = Conversation()
+        frames = [
+            *heartbeat(a, SECOND, "m", 0, answer_epoch=1, api=api),
+            *heartbeat(a, 2 * SECOND, "m", 1, error=FENCED_EPOCH, api=api),
+            *heartbeat(a, 3 * SECOND, "m", 2, api=api),  # an epoch it was never given
+        ]
+        findings, _ = run_all(frames)
+        assert rules_of(findings) == ["group.member_epoch_fenced"], api
+        assert (
+            findings[0].evidence["protocol"] == {SHARE_HEARTBEAT: "share", STREAMS_HEARTBEAT: "streams"}[api]
+        )
+
+
+def test_online_migration_between_classic_and_consumer_members_is_legal() -> None:
+    """KIP-848: a classic member and a consumer-protocol member in one group; the broker allows it."""
+    classic, modern = two()
+    frames = [*join(classic, SECOND, "c-1", 1), *sync(classic, SECOND + 10 * MS, "c-1", 1, ("orders",))]
+    frames += heartbeat(modern, 2 * SECOND, "m-1", 0, answer_epoch=2)
+    frames += heartbeat(modern, 3 * SECOND, "m-1", 2)
+    findings, monitor = run_all(frames)
+    assert findings == []
+    (row,) = group_rows(monitor.states)
+    assert (row.group, row.protocol, row.generation, row.members) == (GROUP, "classic+consumer", 2, 1)
+
+
+def test_mixed_protocol_the_broker_rejects_is_reported() -> None:
+    classic, modern = two()
+    frames = [*join(classic, SECOND, "c-1", 1, ptype="connect", resp_type="connect")]
+    frames += heartbeat(modern, 2 * SECOND, "m-1", 0, error=GROUP_NOT_FOUND)
+    frames += heartbeat(modern, 3 * SECOND, "m-1", 0, error=GROUP_NOT_FOUND)  # reported once
+    frames += heartbeat(
+        Conversation(conn="tap1-s"), 4 * SECOND, "s-1", 0, error=INCONSISTENT, api=SHARE_HEARTBEAT
+    )
+    findings, _ = run_all(frames)
+    assert rules_of(findings) == ["group.mixed_protocol_rejected"] * 2
+    first, share = (f.evidence for f in findings)
+    assert (first["protocol"], first["broker_error"], first["group_protocols"]) == (
+        "consumer",
+        69,
+        ["classic"],
+    )
+    assert "GROUP_ID_NOT_FOUND" in findings[0].summary and "classic" in findings[0].summary
+    assert (share["protocol"], share["broker_error"]) == ("share", 23)
+
+
+def test_report_rows_for_each_protocol() -> None:
+    a, b = two()
+    describe = a.exchange(
+        CG_DESCRIBE,
+        0,
+        {"GroupIds": [GROUP], "IncludeAuthorizedOperations": False},
+        {
+            "Groups": [
+                {
+                    "ErrorCode": 0,
+                    "GroupId": GROUP,
+                    "GroupState": "Stable",
+                    "GroupEpoch": 7,
+                    "AssignmentEpoch": 7,
+                    "AssignorName": "uniform",
+                    "Members": [],
+                }
+            ]
+        },
+        3 * SECOND,
+    )
+    frames = [*heartbeat(a, SECOND, "m-1", 0, answer_epoch=7), *describe]
+    _, monitor = run_all(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state) == (
+        "consumer",
+        "uniform",
+        7,
+        0,
+        "Stable",
+    )
+    share = [*heartbeat(b, SECOND, "s-1", 0, answer_epoch=1, api=SHARE_HEARTBEAT)]
+    _, monitor = run_all(share)
+    assert [(r.protocol, r.generation, r.members) for r in group_rows(monitor.states)] == [("share", 1, 1)]
+    _, monitor = run_all([*join(a, SECOND, "c-1", 1), *sync(a, 2 * SECOND, "c-1", 1, ("orders",))])
+    assert [(r.protocol, r.protocol_type) for r in group_rows(monitor.states)] == [("classic", "consumer")]
+
+
+def test_group_protocol_label_order() -> None:
+    assert group_protocol_label({"consumer": 1, "classic": 2}) == "classic+consumer"
+    assert group_protocol_label({}) == "?"
