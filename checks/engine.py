@@ -29,8 +29,11 @@ _SWEEP_EVERY_NS = 10 * 1_000_000_000
 
 #: Saved monitor state: ``STATE_MAGIC``, one byte of format, then a msgpack map (``Monitor.to_state``).
 #: Format 1 was JSON text (kpmon before the bucketed stages); it is refused with a clear message.
+#: Format 2 kept held frames as their bytes, format 3 as their facts (``codec.facts``); format 2 is
+#: still read (its frames are decoded once more on restore), so a resume migrates it.
 STATE_MAGIC = b"KPMS"
-STATE_FORMAT = 2
+STATE_FORMAT = 3
+READABLE_STATE_FORMATS = frozenset({2, 3})
 
 
 class StateFormatError(ValueError):
@@ -352,8 +355,8 @@ class Monitor:
 
     def to_state(self) -> bytes:
         """Everything this monitor needs to carry on after a restart (not its statistics: those are
-        deltas), as compact versioned bytes. Held frames are kept as their tap metadata and mirrored
-        bytes, and decoded again on restore: a decoded message is never saved."""
+        deltas), as compact versioned bytes. Held frames are kept as their tap metadata and facts
+        (``codec.taprecord.frame_to_packed``): restoring them decodes nothing."""
         body = {
             "states": [[rule, key, state] for (rule, key), state in self.states.items()],
             "last_seen": [[rule, key, ts] for (rule, key), ts in self.last_seen.items()],
@@ -500,9 +503,10 @@ def _read_state(data: bytes) -> dict[str, Any]:
             "checkpoint (kpmon run --fresh, or the redeploy DAG's allow_fresh_start)"
         )
     version = data[len(STATE_MAGIC)] if len(data) > len(STATE_MAGIC) else None
-    if version != STATE_FORMAT:
+    if version not in READABLE_STATE_FORMATS:
         raise StateFormatError(
-            f"monitor state format {version!r}; this build reads format {STATE_FORMAT} only"
+            f"monitor state format {version!r}; this build reads formats "
+            f"{', '.join(map(str, sorted(READABLE_STATE_FORMATS)))} only"
             + (
                 " (the state is newer than this kpmon)"
                 if version is not None and version > STATE_FORMAT

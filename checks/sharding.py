@@ -12,8 +12,8 @@ Two stages, both driving the same ``Monitor`` and rules as a single-process run:
    must hand over in event-time order once the watermark has passed them, and runs the rules of that
    key kind for that one key.
 
-A route carries the frame bytes, not a decoded message, so the two stages can run in different
-processes. Routes are only sent for the frames a rule needs: a request when it is sent, and its
+A route carries the frame's facts (``codec.facts``: the decoded message without the records of data
+batches), so the two stages can run in different processes and the frame is decoded only once. Routes are only sent for the frames a rule needs: a request when it is sent, and its
 response when it comes (with the request again for keys that only the response revealed, such as the
 producer id an InitProducerId response assigns).
 """

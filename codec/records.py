@@ -271,6 +271,19 @@ def strip_payloads(raw: bytes) -> bytes:
     return bytes(out)
 
 
+def batch_headers(records: RecordBatches) -> bytes:
+    """``records`` as the facts the checks read: every batch header, the records of control batches
+    (their transaction markers), and no data payloads. ``RecordBatches.from_bytes`` reads it back with
+    the same batch headers (data batches marked ``payload_stripped``)."""
+    out = bytearray()
+    for batch in records.batches:
+        if isinstance(batch, RecordBatch):
+            out += batch.raw if batch.is_control else _stripped_v2(batch.raw)
+        else:
+            out += strip_legacy(batch.raw)
+    return bytes(out)
+
+
 def _stripped_v2(raw: bytes) -> bytes:
     return raw[:8] + _LENGTH.pack(STRIPPED_LENGTH) + raw[LOG_OVERHEAD:HEADER_SIZE]
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from codec import facts
 from codec.api import Request, Response, decode_request, decode_response
 from codec.errors import DecodeError
 
@@ -324,17 +325,31 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
 
 
 def frame_to_packed(frame: TapFrame) -> list[Any]:
-    """The metadata in ``FIELDS`` order, then the mirrored bytes as bytes: the compact form binary state
-    (``checks.engine`` state format 2) keeps. ``FIELDS`` only ever grows at its end, so older packed
-    frames stay readable."""
-    return [*(getattr(frame, name) for name in FIELDS), frame.raw]
+    """The metadata in ``FIELDS`` order, then what the frame holds, in the compact form binary state
+    (``checks.engine`` state format 3) and the streaming job's routes keep: a decoded message as its
+    facts (``codec.facts``, no bytes to decode again), a decode error as the error and the mirrored
+    bytes (the KIP-482 check re-reads them). ``FIELDS`` and this list only ever grow at their end, so
+    older packed frames stay readable."""
+    if frame.message is not None:
+        return [*(getattr(frame, name) for name in FIELDS), None, facts.pack_message(frame.message), None]
+    error = None if frame.error is None else facts.pack_error(frame.error)
+    return [*(getattr(frame, name) for name in FIELDS), frame.raw, None, error]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
-    """A frame back from ``frame_to_packed`` output; with ``decode``, its bytes are decoded again."""
+    """A frame back from ``frame_to_packed`` output, with no decoding (its message is unpacked from its
+    facts). Frames packed before facts (state format 2) hold only their bytes: with ``decode``, those
+    are decoded again."""
     count = len(FIELDS)
     frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw = values[count] if len(values) > count else None
+    raw, packed, error = [*values[count:], None, None, None][:3]
+    if packed is not None:
+        frame.message = facts.unpack_message(packed)
+        return frame
+    if error is not None:
+        frame.raw = None if raw is None else bytes(raw)
+        frame.error = facts.unpack_error(error)
+        return frame
     if not decode or raw is None:
         return frame
     return decode_frame(frame, bytes(raw))

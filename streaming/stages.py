@@ -112,12 +112,13 @@ def frame_from_row(row: dict[str, Any]) -> TapFrame:
 
 
 def pack_frame(frame: TapFrame) -> bytes:
-    """A routed frame between the stages: its tap metadata and mirrored bytes, msgpack-packed."""
+    """A routed frame between the stages: its tap metadata and decoded facts (``codec.facts``), no
+    frame bytes."""
     return msgpack.packb(taprecord.frame_to_packed(frame), use_bin_type=True)
 
 
 def unpack_frame(data: bytes) -> TapFrame:
-    """A routed frame back, decoded again from its bytes."""
+    """A routed frame back, its message unpacked from its facts: stage two decodes nothing."""
     return taprecord.frame_from_packed(msgpack.unpackb(data, raw=False))
 
 

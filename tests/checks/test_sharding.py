@@ -12,17 +12,20 @@ import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import checks
+import codec
 from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
-from codec.taprecord import TapFrame
+from codec.taprecord import FIELDS, TapFrame, frame_from_packed
 from streaming.stages import pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
@@ -264,6 +267,35 @@ def test_state_survives_bytes_and_refuses_other_formats() -> None:
             Monitor.from_state(data, checks.all_rules(), checks.Context(CONFIG))
     with pytest.raises(StateFormatError, match="format 1 was JSON"):
         ConnectionShard(CONFIG, json.dumps({"monitor": {"format": 1}}).encode())
+
+
+def _as_format_2(saved: bytes) -> bytes:
+    """``saved`` rewritten as state format 2 wrote it: held frames as their metadata and bytes."""
+    body = msgpack.unpackb(saved[len(STATE_MAGIC) + 1 :], raw=False, strict_map_key=False)
+
+    def bytes_only(packed: list[Any]) -> list[Any]:
+        frame = frame_from_packed(packed)
+        assert frame.message is not None
+        return [*packed[: len(FIELDS)], codec.encode(frame.message)]
+
+    body["conns"] = [[conn, seq, [bytes_only(p) for p in pending]] for conn, seq, pending in body["conns"]]
+    body["heap"] = [bytes_only(p) for p in body["heap"]]
+    assert body["heap"] or any(pending for _, _, pending in body["conns"]), "no held frame to migrate"
+    return STATE_MAGIC + bytes([2]) + msgpack.packb(body, use_bin_type=True)
+
+
+def test_state_format_2_is_migrated_on_resume() -> None:
+    monitor = checks.new_monitor(CONFIG)
+    frames = scenario()
+    monitor.feed_all(frames[: len(frames) // 2])
+    saved = monitor.to_state()
+    old = _as_format_2(saved)
+    assert old != saved and old[:5] == b"KPMS\x02"
+    restored = Monitor.from_state(old, checks.all_rules(), checks.Context(CONFIG))
+    rest = frames[len(frames) // 2 :]
+    expected = monitor.feed_all(rest) + monitor.flush()
+    assert expected, "the scenario must leave something to find after the resume"
+    assert summary(restored.feed_all(rest) + restored.flush()) == summary(expected)
 
 
 def test_keyed_state_is_dropped_when_nothing_is_left() -> None:

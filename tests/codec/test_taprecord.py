@@ -141,15 +141,33 @@ def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> Non
     assert _meta(frame_from_dict(frame_to_dict(frame))) == _meta(frame)
 
 
-def test_packed_frames_round_trip_with_their_bytes() -> None:
-    from codec.taprecord import frame_from_packed, frame_to_packed
+def test_packed_frames_carry_facts_not_bytes() -> None:
+    from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
     frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
     packed = frame_to_packed(frame)
-    assert packed[-1] == frame.raw and isinstance(packed[-1], bytes)
-    again = frame_from_packed(packed)
-    assert _meta(again) == _meta(frame) and again.message == frame.message
-    assert frame_from_packed(packed, decode=False).message is None
+    raw, facts, error = packed[len(FIELDS) :]
+    assert raw is None and error is None and isinstance(facts, bytes)
+    again = frame_from_packed(packed, decode=False)
+    assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
+
+
+def test_packed_frames_from_state_format_2_are_decoded_again() -> None:
+    from codec.taprecord import FIELDS, frame_from_packed
+
+    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    format_2 = [*(getattr(frame, name) for name in FIELDS), frame.raw]
+    assert frame_from_packed(format_2).message == frame.message
+    assert frame_from_packed(format_2, decode=False).message is None
+
+
+def test_packed_undecodable_frames_keep_their_error_and_bytes() -> None:
+    from codec.taprecord import frame_from_packed, frame_to_packed
+
+    frame = frame_from_record(_headers("req"), _request_bytes()[:7], 0, 5)
+    assert frame.error is not None
+    again = frame_from_packed(frame_to_packed(frame), decode=False)
+    assert str(again.error) == str(frame.error) and again.raw == frame.raw and again.message is None
 
 
 def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:
