@@ -14,7 +14,13 @@ every policy and round, so drift hits both sides alike):
 - ``produce_half``: the producer throttled (``--throughput``) to half of this policy's measured
   direct saturation rate, for the "added p99 at 50 % load" target.
 
-Each run lasts about ``--seconds``: the record count comes from a warm-up run's rate. Afterwards
+Each run lasts about ``--seconds``: the record count comes from a warm-up run's rate.
+
+Every run through a mirroring tap also measures its **completeness**: the request and response
+records read back from the tap topic between the run's start and end offsets (once the mirror queue
+has drained) over the frames the tap's own counter says it forwarded, with the mirror drops and
+delivery errors from its counters. The produce step runs at the direct saturation rate, so the
+``headers`` policy's produce runs are the issue's figure (target 99.9 %). Afterwards
 one more tap (policy ``--profile``) runs a produce and a consume step under py-spy (attached by pid,
 so it is not in the measured runs); the top frames go into the JSON.
 
@@ -58,7 +64,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "tap_bench.json"
 RECORD_SIZE = 1024
 #: Kroxylicious's published pass-through cost, the named comparison for the tap's CPU figure.
 KROXYLICIOUS_MCORES_PER_MB_S = 25.0
-TARGETS = {"headers_ratio": 0.90, "full_ratio": 0.75, "added_p99_ms_at_half": 2.0}
+#: ``completeness``: frames mirrored / frames forwarded at the direct saturation rate (issue 10).
+TARGETS = {"headers_ratio": 0.90, "full_ratio": 0.75, "added_p99_ms_at_half": 2.0, "completeness": 0.999}
 TOPIC_CONFIG = ["retention.bytes=3221225472", "segment.bytes=268435456"]
 _PERF = re.compile(
     r"(?P<n>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\), "
@@ -171,16 +178,106 @@ def quantile_le_ms(before: Buckets, after: Buckets, q: float) -> float | None:
     return None
 
 
+def tap_counters(metrics_port: int) -> dict[str, float]:
+    """The tap's own counters, summed over their labels: frames forwarded, mirror drops, delivery
+    errors, and the mirror queue's depth now."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    wanted = {
+        "kpmon_tap_frames_total": "forwarded",
+        "kpmon_tap_mirror_drops_total": "drops",
+        "kpmon_tap_mirror_delivery_errors_total": "delivery_errors",
+        "kpmon_tap_mirror_queue_depth": "queue_depth",
+    }
+    out = dict.fromkeys(wanted.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[wanted[sample.name]] += sample.value
+    return out
+
+
+def topic_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """The tap topic's end offset per partition."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "kpmon-tap-bench", "enable.auto.commit": False}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def mirrored_frames(bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int]) -> int:
+    """Request and response records (not connection open/close) the tap wrote between two sets of
+    end offsets: read back from the tap topic, the independent side of the completeness figure."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from codec.taprecord import REQ, RESP, Header
+
+    left = {p: end[p] - start.get(p, 0) for p in end if end[p] > start.get(p, 0)}
+    if not left:
+        return 0
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "kpmon-tap-bench", "enable.auto.commit": False}
+    )
+    frames = 0
+    try:
+        consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in left])
+        deadline = time.monotonic() + 120
+        while any(n > 0 for n in left.values()) and time.monotonic() < deadline:
+            for record in consumer.consume(10_000, timeout=1.0):
+                partition, offset = record.partition(), record.offset()
+                if record.error() is not None or partition is None or offset is None:
+                    continue
+                if offset >= end[partition]:
+                    continue
+                left[partition] -= 1
+                headers = dict(record.headers() or [])
+                if headers.get(Header.DIR) in (REQ.encode(), RESP.encode()):
+                    frames += 1
+        if any(n > 0 for n in left.values()):
+            raise RuntimeError(f"could not read back the tap topic {topic}: {left} records unread")
+    finally:
+        consumer.close()
+    return frames
+
+
+def wait_mirror_drained(
+    metrics_port: int, bootstrap: str, topic: str, timeout: float = 60.0
+) -> dict[int, int]:
+    """End offsets once the tap's mirror queue is empty and the topic stopped growing."""
+    deadline = time.monotonic() + timeout
+    ends = topic_ends(bootstrap, topic)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        again = topic_ends(bootstrap, topic)
+        if tap_counters(metrics_port)["queue_depth"] == 0 and again == ends:
+            return again
+        ends = again
+    return ends
+
+
 class TapProcess:
     def __init__(self, listen: int, broker: str, policy: str, mirror_bootstrap: str) -> None:
         self.metrics_port = _free_port()
+        self.policy = policy
+        self.topic = None if policy == "off" else f"kpmon.bench.{policy}"
+        self.mirror_bootstrap = mirror_bootstrap
         cmd = [sys.executable, "-m", "kpmon.cli", "tap", "--listen", f"127.0.0.1:{listen}={broker}@1"]
         cmd += ["--metrics-port", str(self.metrics_port), "--log-level", "WARNING"]
         if policy == "off":
             cmd.append("--no-mirror")
         else:
             cmd += ["--capture", policy, "--tap-bootstrap-servers", mirror_bootstrap]
-            cmd += ["--topic", f"kpmon.bench.{policy}"]
+            cmd += ["--topic", str(self.topic)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
@@ -225,6 +322,11 @@ class Bench:
             bootstrap = self.direct if mode == "direct" else self.via_tap
             api_key = 1 if step == "consume" else 0
             hist0 = histograms(tap.metrics_port, api_key) if mode == "tap" else {}
+            mirror = mode == "tap" and tap.topic is not None
+            if mirror:
+                assert tap.topic is not None
+                ends0 = wait_mirror_drained(tap.metrics_port, tap.mirror_bootstrap, tap.topic)
+                counters0 = tap_counters(tap.metrics_port)
             cpu0, t0 = tap.cpu(), time.monotonic()
             if step == "consume":
                 result = consume(self.version, bootstrap, self.topic, records)
@@ -254,6 +356,21 @@ class Bench:
                 for kind in ("inside", "broker"):
                     for q, name in ((0.5, "p50"), (0.99, "p99")):
                         entry[f"tap_{kind}_{name}_le_ms"] = quantile_le_ms(hist0[kind], hist1[kind], q)
+            if mirror:
+                assert tap.topic is not None
+                # Completeness: frames read back from the tap topic over frames the tap forwarded
+                # (its own counter), once the mirror queue has drained; drops from its own counters.
+                ends1 = wait_mirror_drained(tap.metrics_port, tap.mirror_bootstrap, tap.topic)
+                counters1 = tap_counters(tap.metrics_port)
+                forwarded = counters1["forwarded"] - counters0["forwarded"]
+                mirrored = mirrored_frames(tap.mirror_bootstrap, tap.topic, ends0, ends1)
+                entry.update(
+                    frames_forwarded=int(forwarded),
+                    frames_mirrored=mirrored,
+                    mirror_drops=int(counters1["drops"] - counters0["drops"]),
+                    mirror_delivery_errors=int(counters1["delivery_errors"] - counters0["delivery_errors"]),
+                    completeness=round(mirrored / forwarded, 6) if forwarded else None,
+                )
             self.runs.append(entry)
             print(json.dumps(entry), flush=True)
 
@@ -311,6 +428,20 @@ def summarize(bench: Bench, policies: list[str]) -> dict[str, Any]:
                     direct_p99_ms=m(step, "direct", "p99_ms"),
                     tap_p99_ms=m(step, "tap", "p99_ms"),
                 )
+        mirrored_runs = [
+            r for r in bench.runs if r["policy"] == policy and r["mode"] == "tap" and "completeness" in r
+        ]
+        if mirrored_runs:
+            forwarded = sum(r["frames_forwarded"] for r in mirrored_runs)
+            mirrored = sum(r["frames_mirrored"] for r in mirrored_runs)
+            entry["completeness"] = {
+                "frames_forwarded": forwarded,
+                "frames_mirrored": mirrored,
+                "mirror_drops": sum(r["mirror_drops"] for r in mirrored_runs),
+                "mirror_delivery_errors": sum(r["mirror_delivery_errors"] for r in mirrored_runs),
+                "ratio": round(mirrored / forwarded, 6) if forwarded else None,
+                "ratio_per_run": {f"{r['step']}/{r['round']}": r["completeness"] for r in mirrored_runs},
+            }
         half: dict[str, Any] = {
             "target_records_per_sec": round(m("produce_half", "direct", "target_records_per_sec")),
             "direct_records_per_sec": round(m("produce_half", "direct", "records_per_sec")),
@@ -339,6 +470,9 @@ def summarize(bench: Bench, policies: list[str]) -> dict[str, Any]:
         }
         if policy in ("headers", "full"):
             verdict["throughput_ok"] = entry["produce"]["throughput_ratio"] >= TARGETS[f"{policy}_ratio"]
+        ratio = entry.get("completeness", {}).get("ratio")
+        if ratio is not None:
+            verdict["completeness_ok"] = ratio >= TARGETS["completeness"]
         entry["verdict"] = verdict
         summary[policy] = entry
     return summary

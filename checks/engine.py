@@ -83,6 +83,8 @@ class Monitor:
         self._next_sweep = 0
         self._ttl_ns = {kind: int(getattr(ctx.config, attr) * 1e9) for kind, attr in KEY_TTL_FIELDS.items()}
         self._rules_by_name = {r.name: r for r in self.rules}
+        #: api key -> the rules that look at it (``Rule.api_keys``), filled as APIs are seen.
+        self._rules_by_api: dict[int | None, list[Rule]] = {}
 
     @property
     def stats(self) -> Stats:
@@ -216,28 +218,39 @@ class Monitor:
 
     def _dispatch(self, hook: str, exchange: Exchange, envelope: Exchange | None = None) -> None:
         """Call every rule's ``hook`` for every key of ``exchange``; ``envelope``: the Envelope the
-        exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for."""
+        exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for.
+
+        The hot loop of the whole monitor (once per rule per frame), so it is written out flat: the
+        rules that look at an API are looked up once per API, and the state lookup is inlined."""
         api_key = exchange.api_key
         if self.observer is not None and envelope is None:
             self.observer(hook, exchange)
-        for rule in self.rules:
-            if rule.api_keys is not None and api_key not in rule.api_keys:
+        rules = self._rules_by_api.get(api_key)
+        if rules is None:
+            rules = self._rules_by_api[api_key] = [
+                r for r in self.rules if r.api_keys is None or api_key in r.api_keys
+            ]
+        only_key, states, last_seen, ctx = self.only_key, self.states, self.last_seen, self.ctx
+        seen_ns = exchange.response.ts_ns if exchange.response else exchange.ts_ns
+        for rule in rules:
+            keys = rule.keys(exchange)
+            if not keys:
                 continue
-            for key in rule.keys(exchange):
-                if self.only_key is None or key == self.only_key:
-                    self._call(rule, key, hook, exchange, envelope)
+            name = rule.name
+            call = getattr(rule, hook)
+            for key in keys:
+                if only_key is not None and key != only_key:
+                    continue
+                skey = (name, key)
+                state = states.get(skey)
+                if state is None:
+                    state = states[skey] = {}
+                last_seen[skey] = seen_ns
+                call(state, key, exchange, RuleContext(ctx, name, key, envelope))
         if api_key == ApiKey.ENVELOPE:
             inner = unwrap_envelope(exchange)
             if inner is not None:
                 self._dispatch(hook, inner, exchange)
-
-    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
-        skey = (rule.name, key)
-        state = self.states.get(skey)
-        if state is None:
-            state = self.states[skey] = {}
-        self.last_seen[skey] = exchange.response.ts_ns if exchange.response else exchange.ts_ns
-        getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, rule.name, key, envelope))
 
     def _fire_timers(self, now_ns: int) -> None:
         """Fire timers due by ``now_ns``, in (deadline, rule, key) order.
