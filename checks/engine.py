@@ -220,8 +220,8 @@ class Monitor:
         """Call every rule's ``hook`` for every key of ``exchange``; ``envelope``: the Envelope the
         exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for.
 
-        The hot loop of the whole monitor (once per rule per frame), so it is written out flat: the
-        rules that look at an API are looked up once per API, and the state lookup is inlined."""
+        The hot loop of the whole monitor (once per rule per frame): the rules that look at an API
+        are found once per API, not filtered again for every frame."""
         api_key = exchange.api_key
         if self.observer is not None and envelope is None:
             self.observer(hook, exchange)
@@ -230,27 +230,23 @@ class Monitor:
             rules = self._rules_by_api[api_key] = [
                 r for r in self.rules if r.api_keys is None or api_key in r.api_keys
             ]
-        only_key, states, last_seen, ctx = self.only_key, self.states, self.last_seen, self.ctx
-        seen_ns = exchange.response.ts_ns if exchange.response else exchange.ts_ns
+        only_key = self.only_key
         for rule in rules:
-            keys = rule.keys(exchange)
-            if not keys:
-                continue
-            name = rule.name
-            call = getattr(rule, hook)
-            for key in keys:
-                if only_key is not None and key != only_key:
-                    continue
-                skey = (name, key)
-                state = states.get(skey)
-                if state is None:
-                    state = states[skey] = {}
-                last_seen[skey] = seen_ns
-                call(state, key, exchange, RuleContext(ctx, name, key, envelope))
+            for key in rule.keys(exchange):
+                if only_key is None or key == only_key:
+                    self._call(rule, key, hook, exchange, envelope)
         if api_key == ApiKey.ENVELOPE:
             inner = unwrap_envelope(exchange)
             if inner is not None:
                 self._dispatch(hook, inner, exchange)
+
+    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
+        skey = (rule.name, key)
+        state = self.states.get(skey)
+        if state is None:
+            state = self.states[skey] = {}
+        self.last_seen[skey] = exchange.response.ts_ns if exchange.response else exchange.ts_ns
+        getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, rule.name, key, envelope))
 
     def _fire_timers(self, now_ns: int) -> None:
         """Fire timers due by ``now_ns``, in (deadline, rule, key) order.
