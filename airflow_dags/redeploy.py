@@ -26,7 +26,7 @@ from airflow_dags.canary import alert_keys, compare, processed_offsets, running_
 from airflow_dags.gate import FAIL, PASS, HealthGate
 from airflow_dags.tapwindow import Window
 from checks.model import Severity
-from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpmon.config import ConfigError, KpmonConfig, load_config, write_private
 from streaming.compat import check_compatible, describe_changes, read_shape, shape_path
 from streaming.paths import StreamPaths
 from streaming.sink import read_batches
@@ -266,7 +266,7 @@ def fresh_start_config(new_config: str, stamp: str) -> str:
         )
     state_dir.mkdir(parents=True, exist_ok=True)
     derived = state_dir / "kpmon.yaml"
-    derived.write_text(yaml.safe_dump(raw, sort_keys=False))
+    write_private(derived, yaml.safe_dump(raw, sort_keys=False))  # may hold secrets
     return str(derived)
 
 

@@ -3,6 +3,11 @@
 A config is a YAML file plus environment overrides. ``KPMON__TAP__TOPIC=frames`` sets ``tap.topic``;
 nested keys are separated by double underscores. Values from the environment are parsed as YAML
 scalars, so ``KPMON__TAP__QUEUE_MAX_FRAMES=5000`` is an int.
+
+Secrets can come from files instead (docs/security.md, "Secrets in configs"): ``KPMON__<PATH>_FILE``
+names a file whose content is the value of ``<PATH>``, and every file of a secrets directory
+(``KPMON_SECRETS_DIR``, e.g. a mounted Kubernetes Secret) named ``<PATH>`` (``kafka__properties__sasl.password``)
+sets that key. File contents are taken as they are (one trailing newline dropped), never parsed as YAML.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from checks.settings import DEFAULTS as CHECKS_DEFAULTS
 from checks.settings import ChecksSettings
 
 ENV_PREFIX = "KPMON__"
+#: ``KPMON__<PATH>_FILE``: the value of ``<PATH>`` is the content of this file.
+FILE_SUFFIX = "_FILE"
+#: A directory whose files are named after key paths (``tap__cluster__properties__sasl.password``).
+SECRETS_DIR_ENV = "KPMON_SECRETS_DIR"
 
 CapturePolicy = Literal["full", "headers", "meta"]
 
@@ -32,11 +41,22 @@ class _Section(BaseModel):
 
 
 class KafkaClusterConfig(_Section):
-    """A Kafka cluster kpmon talks to (the monitored one, or the one holding the tap topic)."""
+    """A Kafka cluster kpmon talks to (the monitored one, or the one holding the tap topic).
+
+    Two client libraries reach it: librdkafka (the tap's mirror, the hooks, the CLI and DAG readers)
+    takes ``properties``; the Java client (Spark's Kafka source) takes ``java_client_properties()``:
+    ``properties`` translated (``java_properties_from_librdkafka``), then ``java_properties`` on top.
+    """
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    #: Extra librdkafka properties (security.protocol, sasl.*, ssl.*).
+    #: librdkafka properties (security.protocol, sasl.mechanism, sasl.username, ssl.ca.location, ...).
     properties: dict[str, str] = Field(default_factory=dict)
+    #: Java client properties (sasl.jaas.config, ssl.truststore.*, ...), over the translated ones.
+    java_properties: dict[str, str] = Field(default_factory=dict)
+
+    def java_client_properties(self) -> dict[str, str]:
+        """Properties for the Java client: the translation of ``properties``, then ``java_properties``."""
+        return {**java_properties_from_librdkafka(self.properties), **self.java_properties}
 
 
 class StackConfig(_Section):
@@ -93,6 +113,8 @@ class TapConfig(_Section):
     dynamic_listener_ports: tuple[int, int] | None = None
     clamp_api_versions: bool = False
     metrics_port: int | None = 9464
+    #: Address the metrics endpoint binds; loopback unless set (``0.0.0.0`` for a scraper elsewhere).
+    metrics_host: str = "127.0.0.1"
     instance_id: str | None = None
 
     @field_validator("dynamic_listener_ports")
@@ -116,6 +138,8 @@ class StreamConfig(_Section):
     #: ``tap.gap``); true: the query fails instead.
     fail_on_data_loss: bool = False
     metrics_port: int | None = 9465
+    #: Address the metrics endpoint binds; loopback unless set (``0.0.0.0`` for a scraper elsewhere).
+    metrics_host: str = "127.0.0.1"
     #: Partitions of the two stateful stages (Spark's spark.sql.shuffle.partitions); fixed by the first
     #: start of a checkpoint.
     shuffle_partitions: int = Field(default=4, gt=0)
@@ -302,28 +326,165 @@ class KpmonConfig(_Section):
         return self.tap.cluster or self.kafka
 
 
+# ----- properties per client library -------------------------------------------------------------------
+
+#: librdkafka-only names the translation consumes or that have no Java equivalent.
+_LIBRDKAFKA_ONLY = frozenset(
+    {
+        "sasl.username",
+        "sasl.password",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.endpoint.identification.algorithm",
+        "enable.ssl.certificate.verification",
+    }
+)
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def java_properties_from_librdkafka(props: dict[str, str]) -> dict[str, str]:
+    """The Java client's properties for a librdkafka property map (pure; docs/security.md has the table).
+
+    - ``security.protocol``, ``sasl.mechanism`` and every other shared name pass through unchanged.
+    - ``sasl.username``/``sasl.password`` become ``sasl.jaas.config`` with PLAIN's or SCRAM's login module.
+    - ``ssl.ca.location`` (a PEM file) becomes a PEM truststore (``ssl.truststore.type=PEM``).
+    - ``ssl.certificate.location`` + ``ssl.key.location`` (PEM files) become a PEM keystore with the
+      certificate chain and the key inline (``ssl.keystore.certificate.chain``, ``ssl.keystore.key``),
+      ``ssl.key.password`` carried over; the Java client wants the key in PKCS#8.
+    - ``ssl.endpoint.identification.algorithm=none`` becomes the Java client's empty algorithm.
+    - Other librdkafka-only names (``enable.ssl.certificate.verification``, ``sasl.oauthbearer.*``) are
+      dropped: the Java client always verifies certificates. Anything else passes through unchanged.
+
+    Raises ConfigError (naming keys, never values) for what has no translation.
+    """
+    out: dict[str, str] = {}
+    for name, value in props.items():
+        if name not in _LIBRDKAFKA_ONLY and not name.startswith("sasl.oauthbearer."):
+            out[name] = value
+    username, password = props.get("sasl.username"), props.get("sasl.password")
+    if username is not None or password is not None:
+        mechanism = props.get("sasl.mechanism", "GSSAPI").upper()
+        module = _LOGIN_MODULES.get(mechanism)
+        if module is None:
+            raise ConfigError(
+                f"properties: sasl.username/sasl.password have no Java translation for sasl.mechanism "
+                f"{mechanism}; set java_properties.sasl.jaas.config"
+            )
+        out["sasl.jaas.config"] = (
+            f"{module} required username={_jaas_quote(username or '')} password={_jaas_quote(password or '')};"
+        )
+    if "ssl.ca.location" in props:
+        out["ssl.truststore.type"] = "PEM"
+        out["ssl.truststore.location"] = props["ssl.ca.location"]
+    cert, key = props.get("ssl.certificate.location"), props.get("ssl.key.location")
+    if (cert is None) != (key is None):
+        raise ConfigError("properties: ssl.certificate.location and ssl.key.location go together")
+    if cert is not None and key is not None:
+        try:
+            out["ssl.keystore.certificate.chain"] = Path(cert).read_text()
+            out["ssl.keystore.key"] = Path(key).read_text()
+        except OSError as exc:
+            raise ConfigError(
+                f"properties: cannot read a client certificate or key file: {exc.strerror}"
+            ) from exc
+        out["ssl.keystore.type"] = "PEM"
+        if "ssl.key.password" in props:
+            out["ssl.key.password"] = props["ssl.key.password"]
+    algorithm = props.get("ssl.endpoint.identification.algorithm")
+    if algorithm is not None:
+        out["ssl.endpoint.identification.algorithm"] = "" if algorithm.lower() == "none" else algorithm
+    return out
+
+
+# ----- loading -----------------------------------------------------------------------------------------
+
+
+def _set(raw: dict[str, Any], origin: str, path: list[str], value: Any) -> None:
+    node = raw
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: {'.'.join(path[:-1])} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _key_path(spec: str) -> list[str]:
+    return [part.lower() for part in spec.split("__") if part]
+
+
+def _read_secret(origin: str, path: Path) -> str:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{origin}: cannot read secret file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{origin}: secret file {path} is not UTF-8 text") from exc
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+def _apply_secrets_dir(raw: dict[str, Any], directory: str) -> dict[str, Any]:
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"{SECRETS_DIR_ENV}: {directory} is not a directory")
+    for entry in sorted(root.iterdir()):
+        # Kubernetes mounts a Secret's keys as symlinks next to ``..data``; hidden entries are its own.
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        path = _key_path(entry.name)
+        if path:
+            _set(raw, f"{SECRETS_DIR_ENV} file {entry.name}", path, _read_secret(entry.name, entry))
+    return raw
+
+
 def _apply_env(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
+        from_file = name.endswith(FILE_SUFFIX)
+        spec = name[len(ENV_PREFIX) : -len(FILE_SUFFIX) if from_file else None]
+        path = _key_path(spec)
         if not path:
             continue
-        node = raw
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
-            node = child
+        if from_file:
+            if ENV_PREFIX + spec in environ:
+                raise ConfigError(f"{name} and {ENV_PREFIX + spec} both set {'.'.join(path)}: keep one")
+            _set(raw, name, path, _read_secret(name, Path(value)))
+            continue
         try:
-            node[path[-1]] = yaml.safe_load(value) if value else value
+            parsed = yaml.safe_load(value) if value else value
         except yaml.YAMLError as exc:
             raise ConfigError(f"{name}: not a valid YAML scalar (quote it): {exc}") from exc
+        _set(raw, name, path, parsed)
     return raw
 
 
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by the owner only (0600): for config copies that may hold secrets.
+
+    The file is created 0600 and an existing file is narrowed to 0600 before it is rewritten, so the
+    secret is never readable by others, whatever the umask.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
+    return path
+
+
 def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> KpmonConfig:
-    """Load ``path`` (YAML; optional) and apply ``KPMON__*`` environment overrides."""
+    """Load ``path`` (YAML; optional), then the secrets directory, then ``KPMON__*`` environment overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -335,7 +496,10 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping at the top level")
         raw = loaded or {}
-    raw = _apply_env(raw, dict(os.environ) if environ is None else environ)
+    env = dict(os.environ) if environ is None else environ
+    if env.get(SECRETS_DIR_ENV):
+        raw = _apply_secrets_dir(raw, env[SECRETS_DIR_ENV])
+    raw = _apply_env(raw, env)
     try:
         return KpmonConfig.model_validate(raw)
     except ValidationError as exc:

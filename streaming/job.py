@@ -65,8 +65,8 @@ def source_options(config: KpmonConfig) -> dict[str, str]:
         "maxOffsetsPerTrigger": str(config.stream.max_offsets_per_trigger),
         "failOnDataLoss": str(config.stream.fail_on_data_loss).lower(),
     }
-    # librdkafka property names (security.protocol, sasl.*) are the Java client's names too.
-    options.update({f"kafka.{k}": v for k, v in cluster.properties.items()})
+    # The Java client's names (sasl.jaas.config, ssl.truststore.*): kpmon/config.py translates them.
+    options.update({f"kafka.{k}": v for k, v in cluster.java_client_properties().items()})
     return options
 
 
@@ -188,7 +188,7 @@ def start(
     paths.stop_marker.unlink(missing_ok=True)
     registry = CollectorRegistry()
     metrics = StreamMetrics(registry)
-    metrics.serve(config.stream.metrics_port)
+    metrics.serve(config.stream.metrics_port, config.stream.metrics_host)
     hooks = AlertHooks(config, paths.spool, registry)
     gate = QualityGate(config.quality, paths.data_docs if config.quality.data_docs else None)
     last: dict[str, Any] = {}

@@ -78,9 +78,9 @@ class StreamMetrics:
             "kpmon_stream_failed_batches", "Batches whose driver-side processing raised", registry=registry
         )
 
-    def serve(self, port: int | None) -> None:
+    def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=addr, registry=self.registry)
 
     def on_result(self, result: BatchResult) -> None:
         for rule, n in result.findings_by_rule.items():

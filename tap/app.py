@@ -107,7 +107,7 @@ def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
     return Tap(listener_specs(tap_cfg), sink, settings, metrics)
 
 
-async def serve(tap: Tap, metrics_port: int | None) -> None:
+async def serve(tap: Tap, metrics_port: int | None, metrics_host: str = "127.0.0.1") -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -117,7 +117,7 @@ async def serve(tap: Tap, metrics_port: int | None) -> None:
             pass
     bound = await tap.start()
     if metrics_port is not None:
-        tap.metrics.serve(metrics_port)
+        tap.metrics.serve(metrics_port, metrics_host)
     tap.log_event("ready", listeners=[f"{h}:{p}" for h, p in bound], metrics_port=metrics_port)
     await stop.wait()
     tap.log_event("stopping")
@@ -133,7 +133,7 @@ def run(config: KpmonConfig, mirror: bool = True) -> int:
     install_uvloop()
     tap = build_tap(config, mirror)
     try:
-        asyncio.run(serve(tap, config.tap.metrics_port))
+        asyncio.run(serve(tap, config.tap.metrics_port, config.tap.metrics_host))
     finally:
         tap.sink.close()
     return 0

@@ -120,5 +120,5 @@ class TapMetrics:
         label = str(code) if -1 <= code < 256 else "other"
         self.errors.labels(_api_label(api_key, 128), label).inc()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -27,6 +27,7 @@ from deploy.local.distribution import fetch_distribution, libs_dir, logging_jvm_
 from deploy.local.process import StackError
 from deploy.local.properties import HOST, ClusterSpec, NodeSpec, SaslUsers, node_properties, render
 from deploy.versions import KAFKA_LATEST
+from kpmon.config import write_private
 
 __all__ = ["BrokerEndpoint", "LocalStack", "StackError"]
 
@@ -337,7 +338,8 @@ class LocalStack:
         for node in self._nodes():
             node_dir = self._node_dir(node.node_id)
             (node_dir / "data").mkdir(parents=True, exist_ok=True)
-            (node_dir / "server.properties").write_text(render(node_properties(node, cluster)))
+            # Holds the SASL users' JAAS passwords (and keystore passwords with TLS): owner-only.
+            write_private(node_dir / "server.properties", render(node_properties(node, cluster)))
         return cluster_id
 
     def _format(self, cluster_id: str) -> None:

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import yaml
 
 from deploy.versions import SCALA_BINARY
-from kpmon.config import KpmonConfig
+from kpmon.config import KpmonConfig, write_private
 
 Target = Literal["standalone", "yarn", "k8s"]
 Connector = Literal["packages", "jars", "provided"]
@@ -422,11 +422,7 @@ def spark_submit_binary() -> tuple[str, dict[str, str]]:
 
 def write_config(plan: SubmitPlan) -> Path:
     """Write the resolved config (owner-only: it may hold SASL or TLS secrets)."""
-    plan.config_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(plan.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(plan.config_yaml)
-    return plan.config_file
+    return write_private(plan.config_file, plan.config_yaml)
 
 
 def materialize(plan: SubmitPlan) -> None:

@@ -15,6 +15,8 @@ import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
 from codec.taprecord import REQ, RESP, Header, headers_dict, int_header
+from kpmon.commands.topicopts import add_cluster_options, consumer_config, resolve_cluster
+from kpmon.config import ConfigError, load_config
 
 _SIZE = struct.Struct(">i")
 #: Larger than any frame a broker accepts by default (socket.request.max.bytes is 100 MiB).
@@ -107,14 +109,7 @@ def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[InputFram
 def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap_servers,
-            "group.id": f"kpmon-decode-{id(args)}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    consumer = Consumer(consumer_config(args, "kpmon-decode"))
     try:
         metadata = consumer.list_topics(args.topic, timeout=10)
         topic = metadata.topics.get(args.topic)
@@ -154,6 +149,11 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
 
 def run(args: argparse.Namespace) -> int:
     if args.topic:
+        try:
+            resolve_cluster(args, load_config(args.config))
+        except (ConfigError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         frames: Iterator[InputFrame] = frames_from_topic(args)
     elif args.file:
         frames = frames_from_file(Path(args.file), args)
@@ -199,15 +199,14 @@ def register(sub: Any) -> None:
             "with an earlier request of the same stream by correlation id."
         ),
         epilog="examples:\n  kpmon decode 00120003000000070007...\n  kpmon decode --file capture.bin --pretty\n"
-        "  kpmon decode --topic kpmon.tap --bootstrap-servers 127.0.0.1:9092 --max 100",
+        "  kpmon decode --topic kpmon.tap --bootstrap-servers 127.0.0.1:9092 --max 100\n"
+        "  kpmon --config kpmon.yaml decode --topic kpmon.tap   # a secured cluster: tap.cluster.properties",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("hex", nargs="*", help="frames as hex strings (whitespace ignored)")
     parser.add_argument("--file", help="binary file of size-prefixed frames ('-' for stdin)")
     parser.add_argument("--topic", help="read frames from this tap topic")
-    parser.add_argument(
-        "--bootstrap-servers", default="127.0.0.1:9092", help="tap topic cluster (default %(default)s)"
-    )
+    add_cluster_options(parser)
     parser.add_argument("--max", type=int, default=None, help="stop after this many frames from the topic")
     parser.add_argument(
         "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"

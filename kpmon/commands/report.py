@@ -30,6 +30,7 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
+from kpmon.commands.topicopts import add_cluster_options, consumer_config, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
@@ -60,15 +61,7 @@ def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[Ta
 
     from codec.taprecord import frame_from_record, headers_dict
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap_servers,
-            # A throwaway group: the report never commits, and must not disturb the streaming job.
-            "group.id": f"kpmon-report-{id(args)}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    consumer = Consumer(consumer_config(args, "kpmon-report"))
     try:
         metadata = consumer.list_topics(args.topic, timeout=10)
         topic = metadata.topics.get(args.topic)
@@ -213,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 args.topic = args.topic or config.tap.topic
-                args.bootstrap_servers = args.bootstrap_servers or config.tap_cluster.bootstrap_servers
+                resolve_cluster(args, config)
                 source = f"tap topic {args.topic} on {args.bootstrap_servers}"
                 save = (
                     stack.enter_context(Path(args.save_capture).open("w", encoding="utf-8"))
@@ -221,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                     else None
                 )
                 monitor, findings = run_checks(frames_from_topic(args, save), config.checks.settings())
-    except (InputError, OSError) as exc:
+    except (InputError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     report = build_report(monitor.states, findings, monitor.stats, source)
@@ -272,7 +265,7 @@ def register(sub: Any) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
     source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
-    parser.add_argument("--bootstrap-servers", help="tap topic cluster (default: from the config)")
+    add_cluster_options(parser)
     parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
     parser.add_argument(
         "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from kpmon.config import KpmonConfig, StackConfig
+from kpmon.config import KpmonConfig, StackConfig, write_private
 from kpmon.runner.children import Child
 from kpmon.runner.demo import DemoSchedule, DemoTraffic
 from kpmon.runner.plan import Broker, RunLayout, config_yaml, embedded_config, tap_ports
@@ -169,7 +169,7 @@ class Orchestrator:
         self.say(f"kpmon run: {mode}; state in {self.layout.state_dir}; Ctrl-C stops everything")
         if o.embedded:
             self._start_stack()
-        self.layout.config_file.write_text(config_yaml(self.config))
+        write_private(self.layout.config_file, config_yaml(self.config))  # may hold secrets
         self._prefetch_connector()
         self._start_tap()
         self._check_checkpoint()

@@ -103,3 +103,12 @@ def test_batch_results_count_findings_and_alerts() -> None:
         == 1
     )
     assert registry.get_sample_value("kpmon_stream_engine_events_total", {"event": "late_frames"}) == 2
+
+
+def test_the_jobs_metrics_bind_loopback_unless_configured() -> None:
+    from tests.tap.harness import accepts, free_port
+
+    assert CONFIG.metrics_host == "127.0.0.1"
+    port = free_port()
+    StreamMetrics(CollectorRegistry()).serve(port, CONFIG.metrics_host)
+    assert accepts("127.0.0.1", port) and not accepts("127.0.0.2", port)

@@ -80,6 +80,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def accepts(host: str, port: int) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted (a listener bound to 127.0.0.1 refuses
+    127.0.0.2, one bound to 0.0.0.0 takes both: how the tests tell a loopback bind on any Linux box)."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 @dataclass
 class TappedCluster:
     #: What clients bootstrap from: the tap.

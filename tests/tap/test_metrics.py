@@ -51,3 +51,17 @@ def test_metrics_endpoint_reports_traffic() -> None:
     assert 'kpmon_tap_inside_seconds_count{api_key="18"}' in text
     assert "kpmon_tap_active_connections 0.0" in text
     assert "kpmon_tap_mirror_queue_depth" in text
+
+
+def test_metrics_bind_loopback_unless_configured() -> None:
+    from kpmon.config import load_config
+    from tests.tap.harness import accepts
+
+    config = load_config(environ={})
+    assert config.tap.metrics_host == "127.0.0.1"
+    port = free_port()
+    TapMetrics().serve(port)  # the default
+    assert accepts("127.0.0.1", port) and not accepts("127.0.0.2", port)
+    wide = free_port()
+    TapMetrics().serve(wide, "0.0.0.0")  # what an operator opts into with tap.metrics_host
+    assert accepts("127.0.0.2", wide)

@@ -1,0 +1,56 @@
+"""The tap-topic cluster options that ``kpmon report --topic`` and ``kpmon decode --topic`` share.
+
+The cluster is the config's tap-topic cluster (``tap.cluster``, else ``kafka``): its bootstrap servers
+unless ``--bootstrap-servers`` is given, and always its librdkafka ``properties`` (SASL, TLS), so a
+secured cluster is read with the same credentials as the rest of kpmon. ``-X name=value`` adds or
+overrides one librdkafka property for this run (like kcat's ``-X``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kpmon.config import KpmonConfig
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap-servers", help="tap topic cluster (default: tap.cluster, else kafka, from the config)"
+    )
+    parser.add_argument(
+        "-X",
+        "--property",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="librdkafka property for the tap topic cluster, over the config's properties (repeatable)",
+    )
+
+
+def resolve_cluster(args: argparse.Namespace, config: KpmonConfig) -> None:
+    """Set ``args.bootstrap_servers`` and ``args.properties`` from the options and the config.
+
+    Raises ValueError for a ``-X`` without ``=`` (its text is not echoed: it may be a password).
+    """
+    cluster = config.tap_cluster
+    args.bootstrap_servers = args.bootstrap_servers or cluster.bootstrap_servers
+    properties = dict(cluster.properties)
+    for item in args.property:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError("-X/--property takes NAME=VALUE")
+        properties[name.strip()] = value
+    args.properties = properties
+
+
+def consumer_config(args: argparse.Namespace, group_prefix: str) -> dict[str, Any]:
+    """A reader's consumer config: the cluster's properties, then what a throwaway reader needs."""
+    return {
+        **getattr(args, "properties", {}),
+        "bootstrap.servers": args.bootstrap_servers,
+        # A throwaway group: readers never commit, and must not disturb the streaming job.
+        "group.id": f"{group_prefix}-{id(args)}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
