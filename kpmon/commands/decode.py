@@ -15,7 +15,7 @@ import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
 from codec.taprecord import REQ, RESP, Header, headers_dict, int_header
-from kpmon.commands.topicopts import add_cluster_options, consumer_config, resolve_cluster
+from kpmon.commands.topicopts import TopicReadError, add_cluster_options, open_tap_topic, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 _SIZE = struct.Struct(">i")
@@ -107,15 +107,10 @@ def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[InputFram
 
 
 def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError
 
-    consumer = Consumer(consumer_config(args, "kpmon-decode"))
+    consumer = open_tap_topic(args, "kpmon-decode")
     try:
-        metadata = consumer.list_topics(args.topic, timeout=10)
-        topic = metadata.topics.get(args.topic)
-        if topic is None or topic.error is not None:
-            raise InputError(f"tap topic {args.topic!r} not found on {args.bootstrap_servers}")
-        consumer.assign([TopicPartition(args.topic, p, -2) for p in topic.partitions])
         seen = 0
         idle = 0.0
         while args.max is None or seen < args.max:
@@ -180,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 }
             out["source"] = frame.source
             print(json.dumps(out, indent=2 if args.pretty else None, ensure_ascii=False))
-    except InputError as exc:
+    except (InputError, TopicReadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if failures:

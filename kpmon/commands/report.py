@@ -30,7 +30,7 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
-from kpmon.commands.topicopts import add_cluster_options, consumer_config, resolve_cluster
+from kpmon.commands.topicopts import add_cluster_options, open_tap_topic, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
@@ -57,17 +57,12 @@ def frames_from_capture(path: Path) -> Iterator[TapFrame]:
 
 
 def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[TapFrame]:
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError
 
     from codec.taprecord import frame_from_record, headers_dict
 
-    consumer = Consumer(consumer_config(args, "kpmon-report"))
+    consumer = open_tap_topic(args, "kpmon-report")
     try:
-        metadata = consumer.list_topics(args.topic, timeout=10)
-        topic = metadata.topics.get(args.topic)
-        if topic is None or topic.error is not None:
-            raise InputError(f"tap topic {args.topic!r} not found on {args.bootstrap_servers}")
-        consumer.assign([TopicPartition(args.topic, p, -2) for p in topic.partitions])
         seen = 0
         idle = 0.0
         while args.max is None or seen < args.max:

@@ -44,6 +44,10 @@ def resolve_cluster(args: argparse.Namespace, config: KpmonConfig) -> None:
     args.properties = properties
 
 
+class TopicReadError(ValueError):
+    """The tap topic cannot be read: bad client properties, the cluster refused us, no such topic."""
+
+
 def consumer_config(args: argparse.Namespace, group_prefix: str) -> dict[str, Any]:
     """A reader's consumer config: the cluster's properties, then what a throwaway reader needs."""
     return {
@@ -54,3 +58,31 @@ def consumer_config(args: argparse.Namespace, group_prefix: str) -> dict[str, An
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
     }
+
+
+def open_tap_topic(args: argparse.Namespace, group_prefix: str) -> Any:
+    """A consumer assigned to every partition of ``args.topic`` from the beginning.
+
+    Raises TopicReadError with librdkafka's reason (a missing ``sasl.password``, an authentication or
+    TLS failure, an unknown topic) instead of a traceback.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    where = f"tap topic {args.topic!r} on {args.bootstrap_servers}"
+    try:
+        consumer = Consumer(consumer_config(args, group_prefix))
+    except KafkaException as exc:
+        raise TopicReadError(f"cannot read {where}: {exc.args[0].str()}") from None
+    try:
+        metadata = consumer.list_topics(args.topic, timeout=10)
+    except KafkaException as exc:
+        consumer.close()
+        raise TopicReadError(
+            f"cannot read {where}: {exc.args[0].str()} (check tap.cluster.properties: security.protocol, sasl.*, ssl.*)"
+        ) from None
+    topic = metadata.topics.get(args.topic)
+    if topic is None or topic.error is not None:
+        consumer.close()
+        raise TopicReadError(f"{where} not found")
+    consumer.assign([TopicPartition(args.topic, p, -2) for p in topic.partitions])
+    return consumer
