@@ -105,6 +105,7 @@ def check_and_heal(
             "pid": pid,
             "state_root": str(paths.root),
         },
+        context=config.alert_context(),
     )
     result["alert"] = alert.to_dict()
     result["delivery"] = (publish or opsalerts.publish)(config, [alert])

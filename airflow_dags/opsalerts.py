@@ -7,13 +7,12 @@ spool in ``<state_dir>/airflow/hooks-spool`` instead.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from checks.alerts import Alert
+from checks.alerts import Alert, AlertContext, stable_id
 from checks.model import Severity
 from kpmon.config import KpmonConfig
 from streaming.paths import StreamPaths
@@ -24,8 +23,8 @@ ROLLED_BACK = "ops.redeploy_rolled_back"
 UNHEALTHY = "ops.stream_unhealthy"
 
 
-def ops_alert_id(rule: str, subject: str, episode: str) -> str:
-    return hashlib.sha256(f"alert|{rule}|{subject}|{episode}".encode()).hexdigest()[:24]
+def ops_alert_id(rule: str, subject: str, episode: str, cluster: str = "") -> str:
+    return stable_id(cluster, rule, subject, episode)
 
 
 def ops_alert(
@@ -35,12 +34,14 @@ def ops_alert(
     summary: str,
     episode: str,
     evidence: dict[str, Any],
+    context: AlertContext,
     now_ns: int | None = None,
 ) -> Alert:
-    """One firing alert; ``episode`` names the occurrence (a DAG run, a stalled batch) for the id."""
+    """One firing alert; ``episode`` names the occurrence (a DAG run, a stalled batch) for the id;
+    ``context`` (``KpmonConfig.alert_context()``) gives the cluster and the runbook link."""
     now = now_ns if now_ns is not None else time.time_ns()
     return Alert(
-        id=ops_alert_id(rule, subject, episode),
+        id=ops_alert_id(rule, subject, episode, context.cluster),
         rule=rule,
         severity=severity,
         status="firing",
@@ -50,6 +51,8 @@ def ops_alert(
         subject=subject,
         summary=summary,
         evidence=[evidence],
+        cluster=context.cluster,
+        runbook_url=context.runbook_url(rule),
     )
 
 

@@ -646,6 +646,7 @@ def rollback(
                 "previous": {k: plan["current"][k] for k in ("config", "python")},
                 "actions": actions,
             },
+            context=current.alert_context(),
         )
         delivery = (publish or opsalerts.publish)(current, [alert])
         return {

@@ -1,14 +1,19 @@
 """Findings grouped into alerts, per the alert contract in ARCHITECTURE.md.
 
 An alert is one (rule, subject) that is firing: repeated findings update its ``last_seen`` and ``count``
-instead of raising new alerts. Its id is deterministic — derived from the rule, the subject and the tap
-offsets of the first finding — so a replay after a restart produces the same id, and receivers can
-deduplicate on it. Incomplete findings (after a tap gap) never open an alert above ``info``.
+instead of raising new alerts. Its id is deterministic — derived from the cluster, the rule, the subject
+and the tap offsets of the first finding — so a replay after a restart produces the same id, and
+receivers can deduplicate on it; two clusters never share an id. Incomplete findings (after a tap gap)
+never open an alert above ``info``.
+
+Every alert carries its context (:class:`AlertContext`): the cluster it was raised for and the link to
+the rule's section of docs/runbook.md, so whoever receives it knows where to look and what to do.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +21,36 @@ from checks.model import Finding, Severity
 
 #: Evidence kept per alert: the first few findings' evidence, so the alert stays bounded in size.
 MAX_EVIDENCE = 5
+
+#: Where the runbook is when ``alerts.runbook_base_url`` is not set: the repository path of docs/runbook.md.
+DEFAULT_RUNBOOK = "docs/runbook.md"
+#: Rules ``envelope.inner_<rule>`` (a rule's finding inside a forwarded Envelope, KIP-590) share one section.
+ENVELOPE_INNER_PREFIX = "envelope.inner_"
+
+
+def runbook_anchor(rule: str) -> str:
+    """The anchor of ``rule``'s section in docs/runbook.md (its heading is the rule id in backticks).
+
+    GitHub's anchor for a heading: lower case, punctuation other than ``-`` and ``_`` dropped, so
+    ``apiversions.out_of_range`` -> ``apiversionsout_of_range``.
+    """
+    heading = "envelope.inner_*" if rule.startswith(ENVELOPE_INNER_PREFIX) else rule
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+@dataclass(frozen=True)
+class AlertContext:
+    """What every alert of one monitor carries besides its finding: the cluster and the runbook's base.
+
+    ``cluster`` is part of the alert id's input: it comes from the config, so ids stay the same across
+    restarts of the same monitor and differ between clusters.
+    """
+
+    cluster: str = ""
+    runbook_base: str = DEFAULT_RUNBOOK
+
+    def runbook_url(self, rule: str) -> str:
+        return f"{self.runbook_base}#{runbook_anchor(rule)}"
 
 
 @dataclass
@@ -30,6 +65,10 @@ class Alert:
     subject: str
     summary: str
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    #: The monitored cluster (``AlertContext.cluster``).
+    cluster: str = ""
+    #: The rule's section of the runbook (``AlertContext.runbook_url``).
+    runbook_url: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +82,8 @@ class Alert:
             "subject": self.subject,
             "summary": self.summary,
             "evidence": self.evidence,
+            "cluster": self.cluster,
+            "runbook_url": self.runbook_url,
         }
 
     @staticmethod
@@ -58,19 +99,28 @@ class Alert:
             subject=data["subject"],
             summary=data["summary"],
             evidence=list(data.get("evidence", [])),
+            # Alert books and spools written before alerts had context have neither field.
+            cluster=str(data.get("cluster", "")),
+            runbook_url=str(data.get("runbook_url", "")),
         )
 
 
-def alert_id(finding: Finding) -> str:
-    anchor = finding.evidence.get("offsets") or [[finding.evidence.get("conn"), finding.evidence.get("seq")]]
-    key = f"alert|{finding.rule}|{finding.subject}|{anchor[0]}"
+def stable_id(cluster: str, rule: str, subject: str, occurrence: str) -> str:
+    """The alert id: a hash of where (cluster), what (rule, subject) and which occurrence it is."""
+    key = f"alert|{cluster}|{rule}|{subject}|{occurrence}"
     return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def alert_id(finding: Finding, cluster: str = "") -> str:
+    anchor = finding.evidence.get("offsets") or [[finding.evidence.get("conn"), finding.evidence.get("seq")]]
+    return stable_id(cluster, finding.rule, finding.subject, str(anchor[0]))
 
 
 class AlertBook:
     """Open alerts by (rule, subject). Plain data in and out, so it can live in any state store."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: AlertContext | None = None) -> None:
+        self.context = context or AlertContext()
         self.open: dict[tuple[str, str], Alert] = {}
 
     def add(self, finding: Finding) -> Alert:
@@ -80,7 +130,7 @@ class AlertBook:
         severity = Severity.INFO if finding.incomplete else finding.severity
         if alert is None:
             alert = Alert(
-                id=alert_id(finding),
+                id=alert_id(finding, self.context.cluster),
                 rule=finding.rule,
                 severity=severity,
                 status="firing",
@@ -90,6 +140,8 @@ class AlertBook:
                 subject=finding.subject,
                 summary=finding.summary,
                 evidence=[finding.evidence],
+                cluster=self.context.cluster,
+                runbook_url=self.context.runbook_url(finding.rule),
             )
             self.open[key] = alert
             return alert

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from checks.alerts import DEFAULT_RUNBOOK, AlertContext
 from checks.settings import DEFAULTS as CHECKS_DEFAULTS
 from checks.settings import ChecksSettings
 
@@ -295,9 +296,20 @@ class AlertsConfig(_Section):
     """Where alerts go. Every hook delivers independently: a dead one never holds up the others."""
 
     hooks: list[HookConfig] = Field(default_factory=lambda: [HookConfig(kind="log")])
+    #: Every alert links to its rule's section of the runbook: this base plus ``#<anchor>``. Set it to
+    #: where your operators read docs/runbook.md (an http(s) URL: Slack buttons and PagerDuty links
+    #: need one); the default is the repository path, which receivers show as text only.
+    runbook_base_url: str = DEFAULT_RUNBOOK
     #: An open alert with no new finding for this long (event time) is resolved: most rules have no
     #: "cleared" event of their own, and receivers such as Alertmanager keep firing alerts forever.
     resolve_after_seconds: float = Field(default=3600.0, gt=0)
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _runbook_base(cls, value: str) -> str:
+        if not value or re.search(r"[\s<>|]", value) or "#" in value.rstrip("#"):
+            raise ValueError("must be a URL or path without spaces or an anchor (#...): the rule's is added")
+        return value
 
     @field_validator("hooks")
     @classmethod
@@ -312,6 +324,9 @@ class AlertsConfig(_Section):
 class KpmonConfig(_Section):
     """The whole configuration. Every field has a default that runs the embedded local stack."""
 
+    #: The monitored cluster's name (or id), in every alert, every receiver's payload and the alert id's
+    #: input, so a fleet's alerts say where they come from. Default: ``kafka.bootstrap_servers``.
+    cluster: str | None = Field(default=None, min_length=1, max_length=200)
     state_dir: str = ".kpmon"
     kafka: KafkaClusterConfig = Field(default_factory=KafkaClusterConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
@@ -324,6 +339,14 @@ class KpmonConfig(_Section):
     @property
     def tap_cluster(self) -> KafkaClusterConfig:
         return self.tap.cluster or self.kafka
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster or self.kafka.bootstrap_servers
+
+    def alert_context(self) -> AlertContext:
+        """What every alert carries: the cluster and the runbook's base (checks/alerts.py)."""
+        return AlertContext(cluster=self.cluster_name, runbook_base=self.alerts.runbook_base_url.rstrip("#"))
 
 
 # ----- properties per client library -------------------------------------------------------------------

@@ -210,7 +210,13 @@ def start(
                     )
 
     sink = BatchSink(
-        paths, hooks, gate, config.stream.keep_batches, on_result, config.alerts.resolve_after_seconds
+        paths,
+        hooks,
+        gate,
+        config.stream.keep_batches,
+        on_result,
+        config.alerts.resolve_after_seconds,
+        config.alert_context(),
     )
     spark = spark or build_session(config)
     listener = ProgressListener(paths, metrics, lambda: {**last, "hooks": hooks.stats()}, terminal)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from checks.alerts import Alert, AlertBook
+from checks.alerts import Alert, AlertBook, AlertContext
 from checks.model import Finding, Severity
 from streaming.paths import StreamPaths
 from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS
@@ -75,16 +75,17 @@ def _write_json(path: Path, data: Any) -> None:
 class AlertBookStore:
     """Alert-book snapshots, one per batch id, so a replayed batch starts from the previous batch's book."""
 
-    def __init__(self, directory: Path, keep: int) -> None:
+    def __init__(self, directory: Path, keep: int, context: AlertContext | None = None) -> None:
         self.directory = directory
         self.keep = keep
+        self.context = context or AlertContext()
         self._cached: tuple[int, dict[str, Any]] | None = None
 
     def _ids(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.directory.glob("book-*.json"))
 
     def before(self, batch_id: int) -> AlertBook:
-        book = AlertBook()
+        book = AlertBook(self.context)
         if self._cached is not None and self._cached[0] == batch_id - 1:
             data = self._cached[1]
         else:
@@ -114,12 +115,13 @@ class BatchSink:
         keep_batches: int = 1000,
         on_result: Callable[[BatchResult], None] | None = None,
         resolve_after_seconds: float = 3600.0,
+        context: AlertContext | None = None,
     ) -> None:
         self.paths = paths
         self.hooks = hooks
         self.gate = gate
         self.keep = keep_batches
-        self.books = AlertBookStore(paths.alert_books, keep_batches)
+        self.books = AlertBookStore(paths.alert_books, keep_batches, context)
         self.on_result = on_result
         self.resolve_after_ns = int(resolve_after_seconds * 1e9)
 

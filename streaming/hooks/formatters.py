@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,8 @@ SLACK_MAX_BLOCKS = 50
 SLACK_SECTION_CHARS = 3000
 SLACK_HEADER_CHARS = 150
 SLACK_CONTEXT_CHARS = 2000
+#: A button's url (api.slack.com/reference/block-kit/block-elements#button).
+SLACK_URL_CHARS = 3000
 #: Alerts shown in full per Slack message (header + 2 blocks each + one overflow section fits in 50).
 SLACK_MAX_DETAILED = 20
 #: PagerDuty truncates/rejects summaries beyond 1024 characters.
@@ -79,10 +82,19 @@ def truncate(text: str, limit: int) -> str:
 
 
 def headline(alert: AlertDict) -> str:
-    """One line naming the alert, used where a receiver shows a single line (Slack fallback, PagerDuty)."""
+    """One line naming the alert, used where a receiver shows a single line (Slack fallback, PagerDuty):
+    severity, cluster, rule, subject and summary."""
+    cluster = f" {alert['cluster']}:" if alert.get("cluster") else ""
     subject = f" on {alert['subject']}" if alert.get("subject") else ""
     state = " (resolved)" if alert["status"] == "resolved" else ""
-    return f"[{alert['severity'].upper()}] {alert['rule']}{subject}: {alert['summary']}{state}"
+    return f"[{alert['severity'].upper()}]{cluster} {alert['rule']}{subject}: {alert['summary']}{state}"
+
+
+def link(alert: AlertDict) -> str | None:
+    """The alert's runbook URL where a receiver needs a real link (Slack button, PagerDuty ``links``):
+    only an http(s) URL (``alerts.runbook_base_url``); a repository path stays text."""
+    url = str(alert.get("runbook_url") or "")
+    return url if re.fullmatch(r"https?://[^\s<>|]+", url) else None
 
 
 class InvalidAlert(ValueError):
@@ -101,6 +113,8 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "summary": str,
     "evidence": list,
 }
+#: Context fields (checks.alerts.AlertContext); absent from deliveries spooled before alerts had them.
+_CONTEXT_FIELDS = ("cluster", "runbook_url")
 
 
 def alert_payload(alert: Any) -> AlertDict:
@@ -130,6 +144,10 @@ def alert_payload(alert: Any) -> AlertDict:
         raise InvalidAlert(f"alert {data['id']!r}: unknown severity {data['severity']!r}")
     if data["status"] not in STATUSES:
         raise InvalidAlert(f"alert {data['id']!r}: unknown status {data['status']!r}")
+    for name in _CONTEXT_FIELDS:
+        value = data.setdefault(name, "")
+        if not isinstance(value, str):
+            raise InvalidAlert(f"alert {data['id']!r}: field {name!r} must be str, got {value!r}"[:300])
     return data
 
 
@@ -151,7 +169,7 @@ class KafkaRecord:
 def kafka_record(alert: AlertDict) -> KafkaRecord:
     """Key = alert id (so a compacted topic keeps each alert's latest state), value = the alert dict."""
     headers: list[tuple[str, str | bytes | None]] = [
-        (name, str(alert[name]).encode()) for name in ("rule", "severity", "status")
+        (name, str(alert[name]).encode()) for name in ("rule", "severity", "status", "cluster")
     ]
     return KafkaRecord(key=str(alert["id"]).encode(), value=encode(alert), headers=headers)
 
@@ -183,6 +201,8 @@ def _slack_section(alert: AlertDict) -> str:
     lines = [
         f"{icon} *{alert['status'].upper()}* · *{alert['severity']}* · {_slack_code(alert['rule'])}",
     ]
+    if alert.get("cluster"):
+        lines.append(f"*Cluster:* {slack_escape(str(alert['cluster']))}")
     if alert.get("subject"):
         lines.append(f"*Subject:* {slack_escape(str(alert['subject']))}")
     lines.append(slack_escape(str(alert["summary"])))
@@ -190,7 +210,24 @@ def _slack_section(alert: AlertDict) -> str:
         f"_count {alert['count']}, first seen {rfc3339(alert['first_seen'])}, "
         f"last seen {rfc3339(alert['last_seen'])}_"
     )
+    if alert.get("runbook_url") and link(alert) is None:
+        lines.append(f"Runbook: {_slack_code(str(alert['runbook_url']))}")
     return truncate("\n".join(lines), SLACK_SECTION_CHARS)
+
+
+def _slack_block(alert: AlertDict, index: int) -> dict[str, Any]:
+    """The alert's section; a "Runbook" button beside it when the runbook has a URL (an accessory, so
+    the message's block count does not grow)."""
+    block: dict[str, Any] = {"type": "section", "text": {"type": "mrkdwn", "text": _slack_section(alert)}}
+    url = link(alert)
+    if url is not None and len(url) <= SLACK_URL_CHARS:
+        block["accessory"] = {
+            "type": "button",
+            "text": {"type": "plain_text", "text": "Runbook"},
+            "url": url,
+            "action_id": f"runbook-{index}",
+        }
+    return block
 
 
 def slack_payload(alerts: Sequence[AlertDict]) -> dict[str, Any]:
@@ -204,12 +241,14 @@ def slack_payload(alerts: Sequence[AlertDict]) -> dict[str, Any]:
     if len(alerts) == 1:
         text = headline(alerts[0])
     else:
-        text = f"kpmon: {len(alerts)} alerts ({firing} firing, {resolved} resolved)"
+        clusters = sorted({str(alert.get("cluster")) for alert in alerts if alert.get("cluster")})
+        where = f" on {', '.join(clusters)}" if clusters else ""
+        text = f"kpmon{where}: {len(alerts)} alerts ({firing} firing, {resolved} resolved)"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": truncate(text, SLACK_HEADER_CHARS)}}
     ]
-    for alert in alerts[:SLACK_MAX_DETAILED]:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _slack_section(alert)}})
+    for index, alert in enumerate(alerts[:SLACK_MAX_DETAILED]):
+        blocks.append(_slack_block(alert, index))
         blocks.append(
             {
                 "type": "context",
@@ -247,7 +286,7 @@ def pagerduty_event(alert: AlertDict, routing_key: str, source: str) -> dict[str
     if alert["status"] == "resolved":
         return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": alert["id"]}
     details = {key: value for key, value in alert.items() if key not in ("summary", "severity")}
-    return {
+    event: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
         "dedup_key": alert["id"],
@@ -259,10 +298,16 @@ def pagerduty_event(alert: AlertDict, routing_key: str, source: str) -> dict[str
             "source": source,
             "timestamp": rfc3339(alert["first_seen"]),
             "component": str(alert.get("subject", "")) or source,
+            # PagerDuty's "logical grouping of components": the cluster the alert is about.
+            "group": str(alert.get("cluster", "")) or source,
             "class": alert["rule"],
             "custom_details": details,
         },
     }
+    url = link(alert)
+    if url is not None:
+        event["links"] = [{"href": url, "text": f"Runbook: {alert['rule']}"}]
+    return event
 
 
 # ----- Prometheus Alertmanager API v2 --------------------------------------------------------------------
@@ -293,6 +338,8 @@ def alertmanager_alert(
     )
     if alert.get("subject"):
         merged["subject"] = str(alert["subject"])
+    if alert.get("cluster"):
+        merged["cluster"] = str(alert["cluster"])
     evidence = json.dumps(alert.get("evidence", []), ensure_ascii=False, separators=(",", ":"))
     entry: dict[str, Any] = {
         "labels": merged,
@@ -305,6 +352,9 @@ def alertmanager_alert(
         },
         "startsAt": rfc3339(alert["first_seen"]),
     }
+    if alert.get("runbook_url"):
+        # The annotation name Prometheus alerting rules conventionally use for the runbook link.
+        entry["annotations"]["runbook_url"] = str(alert["runbook_url"])
     if alert["status"] == "resolved":
         # endsAt before startsAt is rejected ("start time must be before end time").
         entry["endsAt"] = rfc3339(max(alert["last_seen"], alert["first_seen"]))

@@ -76,7 +76,13 @@ def test_a_stalled_job_raises_one_alert_per_episode(tmp_path: Path) -> None:
     assert [a.rule for a in sent] == [opsalerts.UNHEALTHY] * 2
     assert sent[0].severity.value == "critical" and sent[0].subject == f"stream:{paths.root}"
     # The same episode (status and batch) keeps its id, so receivers deduplicate repeated health runs.
-    assert sent[0].id == sent[1].id == opsalerts.ops_alert_id(opsalerts.UNHEALTHY, sent[0].subject, "died|7")
+    cluster = load_config(path).cluster_name
+    assert (
+        sent[0].id
+        == sent[1].id
+        == opsalerts.ops_alert_id(opsalerts.UNHEALTHY, sent[0].subject, "died|7", cluster)
+    )
+    assert sent[0].cluster == cluster and sent[0].runbook_url == "docs/runbook.md#opsstream_unhealthy"
     assert "restart" not in first
 
     write_progress(paths, time.time(), batch=8, lag=1000)

@@ -214,7 +214,10 @@ def test_the_rollback_alert_arrives(story: Story) -> None:
     assert len(alerts) == 1
     alert = alerts[0]
     subject = f"stream:{story.paths.root}"
-    assert alert["id"] == ops_alert_id(ROLLED_BACK, subject, run.run_id)  # deterministic per run
+    cluster = alert["cluster"]
+    assert cluster  # the config's cluster name (default: its bootstrap servers)
+    assert alert["id"] == ops_alert_id(ROLLED_BACK, subject, run.run_id, cluster)  # deterministic per run
+    assert alert["runbook_url"].endswith("#opsredeploy_rolled_back")
     assert (alert["severity"], alert["status"], alert["subject"]) == ("critical", "firing", subject)
     evidence = alert["evidence"][0]
     assert evidence["failed_step"] == "health_gate" and evidence["new"]["config"] == story.configs["C"]

@@ -256,3 +256,27 @@ def test_no_section_for_a_rule_the_code_does_not_emit(runbook: dict[str, str], b
     known = set(base) | catalogue_rules() | set(quality_rules()) | set(ops_rules()) | {"envelope.inner_*"}
     stale = sorted(set(runbook) - known)
     assert not stale, f"docs/runbook.md describes ids nothing emits: {stale}"
+
+
+def test_every_rule_links_to_its_own_section() -> None:
+    """Alerts carry ``runbook_url`` = base + ``runbook_anchor(rule)``: the anchor must be the heading of
+    that rule's section in docs/runbook.md (as GitHub renders it), for every id the code can emit."""
+    from checks.alerts import runbook_anchor
+    from tests.docs.test_doc_paths import slug
+
+    text = RUNBOOK.read_text()
+    headings = {slug(h): h for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+    base_rules = check_rules()
+    rules = (
+        set(base_rules)
+        | catalogue_rules()
+        | set(quality_rules())
+        | set(ops_rules())
+        | set(envelope_inner_rules(base_rules))
+    )
+    assert len(rules) > 40
+    for rule in sorted(rules):
+        anchor = runbook_anchor(rule)
+        assert anchor in headings, f"{rule}: docs/runbook.md has no heading with anchor #{anchor}"
+        expected = "envelope.inner_*" if rule.startswith("envelope.inner_") else rule
+        assert headings[anchor] == f"`{expected}`", (rule, headings[anchor])

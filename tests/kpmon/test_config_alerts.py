@@ -79,3 +79,31 @@ def test_alertmanager_url_takes_base_or_endpoint() -> None:
     assert alertmanager_url("http://am:9093") == "http://am:9093/api/v2/alerts"
     assert alertmanager_url("http://am:9093/") == "http://am:9093/api/v2/alerts"
     assert alertmanager_url("http://am:9093/api/v2/alerts") == "http://am:9093/api/v2/alerts"
+
+
+def test_the_alert_context_comes_from_the_config() -> None:
+    default = load_config(environ={})
+    assert default.cluster_name == default.kafka.bootstrap_servers  # a fleet should name it (docs/config.md)
+    assert default.alert_context().runbook_url("tap.gap") == "docs/runbook.md#tapgap"
+    named = load_config(
+        environ={
+            "KPMON__CLUSTER": "prod-eu-1",
+            "KPMON__ALERTS__RUNBOOK_BASE_URL": "https://wiki.example.com/kpmon/runbook.md",
+        }
+    )
+    context = named.alert_context()
+    assert context.cluster == "prod-eu-1"
+    assert context.runbook_url("txn.hanging") == "https://wiki.example.com/kpmon/runbook.md#txnhanging"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"KPMON__CLUSTER": ""}, "cluster"),
+        ({"KPMON__ALERTS__RUNBOOK_BASE_URL": "https://x/runbook.md#top"}, "runbook_base_url"),
+        ({"KPMON__ALERTS__RUNBOOK_BASE_URL": "https://x/run book.md"}, "runbook_base_url"),
+    ],
+)
+def test_bad_alert_context_is_refused(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=environ)

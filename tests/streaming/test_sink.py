@@ -152,3 +152,22 @@ def test_a_quiet_alert_resolves_after_its_window(tmp_path: Path) -> None:
     # A fresh finding for the same subject opens a new alert (a new id).
     again = s.process(2, [finding_row("apiversions.out_of_range", "conn:a", 99)])
     assert again.alerts[0].status == "firing" and again.alerts[0].id != result.alerts[0].id
+
+
+def test_alerts_carry_the_sinks_context_across_a_restart(tmp_path: Path) -> None:
+    from checks.alerts import AlertContext
+
+    context = AlertContext("prod-eu-1", "https://runbooks.example/runbook.md")
+    paths = StreamPaths(tmp_path / "stream")
+    paths.make()
+    first = BatchSink(paths, Recorder(), None, context=context).process(
+        0, [finding_row("producer.sequence_gap", "producer:1", 5)]
+    )
+    [alert] = first.alerts
+    assert alert.cluster == "prod-eu-1"
+    assert alert.runbook_url == "https://runbooks.example/runbook.md#producersequence_gap"
+    # A new sink (the job restarted) with the same config folds the next finding into the same alert.
+    again = BatchSink(paths, Recorder(), None, context=context).process(
+        1, [finding_row("producer.sequence_gap", "producer:1", 9)]
+    )
+    assert again.alerts[0].id == alert.id and again.alerts[0].count == 2

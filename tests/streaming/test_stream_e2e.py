@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from checks.alerts import AlertBook
+from checks.alerts import AlertBook, AlertContext
 from checks.model import Severity
 from kpmon.traffic import violations, workload
 from tests.checks.tapped import read_tap_frames
@@ -45,6 +45,8 @@ WAIT_SECONDS = 240.0
 #: Long enough that the synthetic scenario (written with event times up to 31 s in the past) is not
 #: late: it covers the rules no real client can be made to break (a broker accepting a stale epoch...).
 LATENESS_SECONDS = 40.0
+CLUSTER = "e2e-cluster"
+RUNBOOK_BASE = "https://runbooks.example/kpmon/runbook.md"
 
 
 @dataclass
@@ -128,7 +130,8 @@ def _reference(mirror: str, topic: str) -> dict[str, Any]:
     frames = sorted(read_tap_frames(mirror, topic), key=lambda f: (f.ts_ns, f.conn, f.seq))
     monitor = checks.new_monitor(checks.ChecksSettings(watermark_seconds=LATENESS_SECONDS))
     findings = monitor.feed_all(frames) + monitor.flush()
-    book = AlertBook()
+    # The job's alert context comes from its config: the same cluster gives the same ids.
+    book = AlertBook(AlertContext(CLUSTER, RUNBOOK_BASE))
     alerts = {}
     for finding in sorted(findings, key=lambda f: f.ts_ns):
         alert = book.add(finding)
@@ -152,6 +155,7 @@ def story(tapped_cluster: TappedCluster, tmp_path_factory: pytest.TempPathFactor
     tap, _ = tapped_cluster.start_tap(topic=topic, capture="headers")
     receiver = Receiver()  # the webhook is down until step 5
     config = {
+        "cluster": CLUSTER,
         "state_dir": str(home / "state"),
         "kafka": {"bootstrap_servers": tapped_cluster.bootstrap},
         "tap": {"topic": topic, "cluster": {"bootstrap_servers": mirror}},
@@ -164,6 +168,7 @@ def story(tapped_cluster: TappedCluster, tmp_path_factory: pytest.TempPathFactor
         },
         "checks": {"watermark_seconds": LATENESS_SECONDS},
         "alerts": {
+            "runbook_base_url": RUNBOOK_BASE,
             "hooks": [
                 {
                     "kind": "webhook",
@@ -174,7 +179,7 @@ def story(tapped_cluster: TappedCluster, tmp_path_factory: pytest.TempPathFactor
                 },
                 {"kind": "kafka", "topic": alerts_topic},
                 {"kind": "log"},
-            ]
+            ],
         },
     }
     started = time.monotonic()
@@ -265,6 +270,16 @@ def test_kill_9_and_restart_lose_no_alert_and_invent_none(story: Story) -> None:
     invented = set(webhook) - set(reference)
     assert not missing, [(reference[i].rule, reference[i].subject) for i in missing]
     assert not invented, [(webhook[i]["rule"], webhook[i]["subject"]) for i in invented]
+
+
+def test_every_alert_says_which_cluster_and_links_its_runbook(story: Story) -> None:
+    from checks.alerts import runbook_anchor
+
+    bodies = [r.body for r in story.receiver.requests]
+    assert bodies
+    for body in bodies:
+        assert body["cluster"] == CLUSTER
+        assert body["runbook_url"] == f"{RUNBOOK_BASE}#{runbook_anchor(body['rule'])}"
 
 
 def test_alerts_reach_the_alerts_topic_keyed_by_id(story: Story) -> None:

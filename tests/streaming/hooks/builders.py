@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.alerts import Alert
+from checks.alerts import Alert, AlertContext
 from checks.model import Severity
 
 T0 = 1_763_000_000_000_000_000
+CLUSTER = "prod-eu-1"
+RUNBOOK = "https://runbooks.example.com/kpmon/runbook.md"
 
 
 def alert(
@@ -22,6 +24,8 @@ def alert(
     first_seen: int = T0,
     last_seen: int | None = None,
     evidence: list[dict[str, Any]] | None = None,
+    cluster: str = CLUSTER,
+    runbook_url: str | None = None,
 ) -> Alert:
     return Alert(
         id=alert_id,
@@ -36,6 +40,8 @@ def alert(
         evidence=evidence
         if evidence is not None
         else [{"partition": 0, "offset": 42, "conn": "c1", "seq": 7}],
+        cluster=cluster,
+        runbook_url=AlertContext(cluster, RUNBOOK).runbook_url(rule) if runbook_url is None else runbook_url,
     )
 
 

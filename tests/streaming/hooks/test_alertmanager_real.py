@@ -12,7 +12,7 @@ import pytest
 
 from streaming.hooks import AlertHooks
 from tests.streaming.hooks.alertmanager import alertmanager_binary, current_alerts, running_alertmanager
-from tests.streaming.hooks.builders import T0, alert
+from tests.streaming.hooks.builders import CLUSTER, RUNBOOK, T0, alert
 from tests.streaming.hooks.conftest import hooks_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,6 +60,9 @@ def test_firing_then_resolved(
         "instance": "kpmon",
     }
     assert seen["annotations"]["count"] == "4"
+    # The alert's context survives Alertmanager: the cluster label and the runbook_url annotation.
+    assert seen["labels"]["cluster"] == CLUSTER
+    assert seen["annotations"]["runbook_url"] == f"{RUNBOOK}#groupjoinprotocol_type_null"
     assert datetime.fromisoformat(seen["startsAt"]).timestamp() == pytest.approx(T0 / 1e9)
     assert seen["status"]["state"] in ("active", "unprocessed")
     # Firing alerts carry no endsAt: Alertmanager sets now + resolve_timeout, and the re-sends push it on.

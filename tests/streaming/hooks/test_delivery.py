@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from streaming.hooks import AlertHooks, SpoolLockedError
 from streaming.hooks.formatters import alert_payload
-from tests.streaming.hooks.builders import T0, alert
+from tests.streaming.hooks.builders import CLUSTER, RUNBOOK, T0, alert
 from tests.streaming.hooks.conftest import hooks_config
 from tests.streaming.hooks.receiver import Received, Receiver, Reply, free_port
 
@@ -68,6 +68,13 @@ def test_payload_shapes_per_kind(make_hooks: MakeHooks, receivers: MakeReceiver)
     ]
     assert slack_ids == ["id `a1`", "id `a2`"]
     assert all(set(r.body) == {"text", "blocks"} for r in by_path["/slack"])
+    runbook = f"{RUNBOOK}#groupjoinprotocol_type_null"
+    sections = [b for r in by_path["/slack"] for b in r.body["blocks"] if b["type"] == "section"]
+    assert [b["accessory"]["url"] for b in sections] == [runbook, runbook]
+    assert all(f"*Cluster:* {CLUSTER}" in b["text"]["text"] for b in sections)
+
+    # Every receiver says which cluster and where the runbook is.
+    assert all(r.body["cluster"] == CLUSTER and r.body["runbook_url"] == runbook for r in webhook)
 
     events = [r.body for r in by_path["/pd"]]
     assert [(e["event_action"], e["dedup_key"], e["routing_key"]) for e in events] == [
@@ -75,6 +82,10 @@ def test_payload_shapes_per_kind(make_hooks: MakeHooks, receivers: MakeReceiver)
         ("resolve", "a2", "R0UT1NG"),
     ]
     assert events[0]["payload"]["severity"] == "critical" and events[0]["payload"]["source"] == "kpmon-test"
+    assert events[0]["payload"]["group"] == CLUSTER and events[0]["payload"]["summary"].startswith(
+        f"[CRITICAL] {CLUSTER}: "
+    )
+    assert events[0]["links"] == [{"href": runbook, "text": "Runbook: group.join.protocol_type_null"}]
 
     sent = [entry for r in by_path["/api/v2/alerts"] for entry in r.body]
     assert [(e["labels"]["alert_id"], e["labels"]["team"], "endsAt" in e) for e in sent] == [
@@ -82,6 +93,8 @@ def test_payload_shapes_per_kind(make_hooks: MakeHooks, receivers: MakeReceiver)
         ("a2", "kafka", True),
     ]
     assert sent[1]["endsAt"] == "2025-11-13T02:13:25.000000Z"
+    assert all(e["labels"]["cluster"] == CLUSTER for e in sent)
+    assert all(e["annotations"]["runbook_url"] == runbook for e in sent)
 
     for name, stats in hooks.stats().items():
         assert stats == {

@@ -35,7 +35,7 @@ from streaming.hooks.formatters import (
     slack_payload,
     webhook_body,
 )
-from tests.streaming.hooks.builders import T0, alert, payload
+from tests.streaming.hooks.builders import RUNBOOK, T0, alert, payload
 
 # ----- strategies ------------------------------------------------------------------------------------------
 
@@ -88,6 +88,14 @@ def alerts(draw: st.DrawFn) -> Alert:
         last_seen=draw(_ns),
         evidence=draw(
             st.lists(st.dictionaries(st.text(max_size=8), _evidence_values, max_size=3), max_size=3)
+        ),
+        cluster=draw(st.sampled_from(["", "prod-eu-1", "kafka-1.example:9092,kafka-2.example:9092"]) | _text),
+        runbook_url=draw(
+            st.sampled_from(["", "docs/runbook.md#groupjoinprotocol_type_null"])
+            | st.builds(
+                lambda tail: "https://runbooks.example/r.md#" + tail,
+                st.from_regex(r"[\w-]{0,40}", fullmatch=True),
+            )
         ),
     )
 
@@ -199,6 +207,7 @@ def test_kafka_record_keyed_by_id(value: Alert) -> None:
         "rule": value.rule.encode(),
         "severity": value.severity.value.encode(),
         "status": value.status.encode(),
+        "cluster": value.cluster.encode(),
     }
 
 
@@ -244,6 +253,9 @@ def test_slack_message_within_limits_and_lists_every_alert(batch: list[Alert]) -
             assert block["text"]["type"] == "mrkdwn" and 0 < len(block["text"]["text"]) <= SLACK_SECTION_CHARS
         if block["type"] == "context":
             assert all(len(element["text"]) <= SLACK_CONTEXT_CHARS for element in block["elements"])
+        if "accessory" in block:
+            assert block["accessory"]["url"].startswith("https://")
+            assert not re.search(r"\s", block["accessory"]["url"])
     for text in _mrkdwn_texts(message):
         # User text is escaped: a raw < or > would be parsed as a link or mention.
         assert "<" not in text and ">" not in text
@@ -259,12 +271,18 @@ def test_slack_message_within_limits_and_lists_every_alert(batch: list[Alert]) -
 def test_slack_single_alert_shape() -> None:
     message = slack_payload([payload(subject="group:<g&1>", severity="critical")])
     assert message["text"] == (
-        "[CRITICAL] group.join.protocol_type_null on group:&lt;g&amp;1&gt;: JoinGroup v7 response without ProtocolType"
+        "[CRITICAL] prod-eu-1: group.join.protocol_type_null on group:&lt;g&amp;1&gt;: JoinGroup v7 response without ProtocolType"
     )
     assert [block["type"] for block in message["blocks"]] == ["header", "section", "context"]
     section = message["blocks"][1]["text"]["text"]
     assert section.startswith(":red_circle: *FIRING* · *critical* · `group.join.protocol_type_null`")
-    assert "*Subject:* group:&lt;g&amp;1&gt;" in section
+    assert "*Cluster:* prod-eu-1\n*Subject:* group:&lt;g&amp;1&gt;" in section
+    assert message["blocks"][1]["accessory"] == {
+        "type": "button",
+        "text": {"type": "plain_text", "text": "Runbook"},
+        "url": "https://runbooks.example.com/kpmon/runbook.md#groupjoinprotocol_type_null",
+        "action_id": "runbook-0",
+    }
     assert "first seen 2025-11-13T02:13:20.000000Z" in section
     assert message["blocks"][2]["elements"][0]["text"] == "id `a1`"
 
@@ -272,7 +290,12 @@ def test_slack_single_alert_shape() -> None:
 def test_slack_burst_summary_and_resolved_icon() -> None:
     batch = [payload("a1"), payload("a2", status="resolved"), payload("a3")]
     message = slack_payload(batch)
-    assert message["text"] == "kpmon: 3 alerts (2 firing, 1 resolved)"
+    assert message["text"] == "kpmon on prod-eu-1: 3 alerts (2 firing, 1 resolved)"
+    assert [b["accessory"]["action_id"] for b in message["blocks"] if "accessory" in b] == [
+        "runbook-0",
+        "runbook-1",
+        "runbook-2",
+    ]
     assert message["blocks"][3]["text"]["text"].startswith(":white_check_mark: *RESOLVED*")
 
 
@@ -304,17 +327,24 @@ def test_pagerduty_events(value: Alert, routing_key: str, source: str) -> None:
     _parse_rfc3339(body["timestamp"])
     assert body["custom_details"]["id"] == value.id
     assert body["custom_details"]["evidence"] == alert_payload(value)["evidence"]
+    assert body["group"] == (value.cluster or source)
+    assert body["custom_details"]["cluster"] == value.cluster
+    if value.runbook_url.startswith("https://"):
+        assert event["links"] == [{"href": value.runbook_url, "text": f"Runbook: {value.rule}"}]
+    else:
+        assert "links" not in event
     json.loads(encode(event))
 
 
 def test_pagerduty_trigger_shape() -> None:
     event = pagerduty_event(payload(count=3), "R0UT1NG", "kpmon-prod")
     assert event["payload"] == {
-        "summary": "[WARNING] group.join.protocol_type_null on group:g1: JoinGroup v7 response without ProtocolType",
+        "summary": "[WARNING] prod-eu-1: group.join.protocol_type_null on group:g1: JoinGroup v7 response without ProtocolType",
         "severity": "warning",
         "source": "kpmon-prod",
         "timestamp": "2025-11-13T02:13:20.000000Z",
         "component": "group:g1",
+        "group": "prod-eu-1",
         "class": "group.join.protocol_type_null",
         "custom_details": {
             "id": "a1",
@@ -325,9 +355,38 @@ def test_pagerduty_trigger_shape() -> None:
             "count": 3,
             "subject": "group:g1",
             "evidence": [{"partition": 0, "offset": 42, "conn": "c1", "seq": 7}],
+            "cluster": "prod-eu-1",
+            "runbook_url": RUNBOOK + "#groupjoinprotocol_type_null",
         },
     }
     assert event["client"] == "kpmon"
+    assert event["links"] == [
+        {"href": RUNBOOK + "#groupjoinprotocol_type_null", "text": "Runbook: group.join.protocol_type_null"}
+    ]
+
+
+def test_a_runbook_path_is_text_not_a_link() -> None:
+    # The default runbook base is the repository path: no Slack button or PagerDuty link for it.
+    data = payload(runbook_url="docs/runbook.md#groupjoinprotocol_type_null", cluster="")
+    assert "links" not in pagerduty_event(data, "R", "kpmon")
+    assert pagerduty_event(data, "R", "kpmon")["payload"]["group"] == "kpmon"
+    message = slack_payload([data])
+    assert "accessory" not in message["blocks"][1]
+    assert "Runbook: `docs/runbook.md#groupjoinprotocol_type_null`" in message["blocks"][1]["text"]["text"]
+    assert "*Cluster:*" not in message["blocks"][1]["text"]["text"]
+    entry = alertmanager_alert(data, source="kpmon")
+    assert entry["annotations"]["runbook_url"] == "docs/runbook.md#groupjoinprotocol_type_null"
+    assert "cluster" not in entry["labels"]
+
+
+def test_alerts_spooled_before_they_had_context_still_deliver() -> None:
+    old = alert("a1").to_dict()
+    del old["cluster"], old["runbook_url"]
+    data = alert_payload(old)
+    assert (data["cluster"], data["runbook_url"]) == ("", "")
+    assert pagerduty_event(data, "R", "kpmon")["event_action"] == "trigger"
+    with pytest.raises(InvalidAlert, match="cluster"):
+        alert_payload({**old, "cluster": 7})
 
 
 # ----- Alertmanager ----------------------------------------------------------------------------------------
@@ -359,6 +418,8 @@ def test_alertmanager_alerts(value: Alert, labels: dict[str, str], generator_url
         assert "endsAt" not in entry
     assert entry.get("generatorURL") == generator_url
     assert ("subject" in entry["labels"]) == bool(value.subject)
+    assert entry["labels"].get("cluster", "") == value.cluster
+    assert entry["annotations"].get("runbook_url", "") == value.runbook_url
 
 
 def test_alertmanager_body_shape() -> None:
@@ -375,6 +436,7 @@ def test_alertmanager_body_shape() -> None:
             "alert_id": "a1",
             "instance": "kpmon",
             "subject": "group:g1",
+            "cluster": "prod-eu-1",
         },
         "annotations": {
             "summary": "JoinGroup v7 response without ProtocolType",
@@ -382,6 +444,7 @@ def test_alertmanager_body_shape() -> None:
             "first_seen": "2025-11-13T02:13:20.000000Z",
             "last_seen": "2025-11-13T02:13:20.000000Z",
             "evidence": '[{"partition":0,"offset":42,"conn":"c1","seq":7}]',
+            "runbook_url": RUNBOOK + "#groupjoinprotocol_type_null",
         },
         "startsAt": "2025-11-13T02:13:20.000000Z",
     }

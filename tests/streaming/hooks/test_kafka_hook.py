@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Message
 from deploy.local.stack import LocalStack
 from streaming.hooks import AlertHooks
 from streaming.hooks.formatters import alert_payload
-from tests.streaming.hooks.builders import alert
+from tests.streaming.hooks.builders import CLUSTER, alert
 from tests.streaming.hooks.conftest import hooks_config
 
 pytestmark = pytest.mark.integration
@@ -59,4 +59,5 @@ def test_alerts_topic_round_trip(
         "rule": b"group.join.protocol_type_null",
         "severity": b"critical",
         "status": b"resolved",
+        "cluster": CLUSTER.encode(),
     }
