@@ -5,10 +5,17 @@ Stop, on Ctrl-C, SIGTERM, ``--duration`` or a failed part: demo traffic -> strea
 it finishes its running batch) -> tap -> final report -> (local stack, unless ``--keep-stack``).
 A second Ctrl-C during the stop skips the graceful waits. Nothing is left running either way: every
 subprocess is the leader of its own process group, and the group is what gets stopped.
+
+Whatever happens to the terminal, the stop runs to the end: SIGHUP stops like SIGTERM, and output that
+cannot be written (the pipe to ``tee`` closed by the same Ctrl-C, a terminal that hung up) is dropped
+instead of aborting the stop; every line also goes to ``<state_dir>/run/run.log``. If ``kpmon run``
+itself is killed (SIGKILL), its watchdog (``kpmon.runner.watchdog``) stops what it started, and the
+next ``kpmon run`` on the same state directory cleans up whatever is still left before it starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -33,6 +40,7 @@ from kpmon.runner.progress import (
     parse_line,
     watermark_delay,
 )
+from kpmon.runner.watchdog import RunRegistry, Watchdog, clean_up
 
 #: With ``--duration``, a streaming query that is not running after this long starts the clock anyway.
 STARTUP_CAP = 600.0
@@ -104,17 +112,41 @@ class Orchestrator:
         self._saved_stderr: TextIO = sys.stderr
         self._stream_started = time.monotonic()
         self._query_running_at: float | None = None
+        self._out_broken = False
+        self._run_log: TextIO | None = None
+        self.registry = RunRegistry(self.layout.processes)
+        self.watchdog: Watchdog | None = None
 
     # ----- output -----------------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
+        """One line to the terminal and the run log. Never raises: a closed pipe or a hung-up terminal
+        must not stop the run from stopping what it started."""
         elapsed = int(time.monotonic() - self._started)
+        line = f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}"
         with self._print_lock:
-            print(
-                f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}",
-                file=self._out or sys.stdout,
-                flush=True,
-            )
+            if self._run_log is not None:
+                try:
+                    self._run_log.write(line + "\n")
+                    self._run_log.flush()
+                except (OSError, ValueError):
+                    self._run_log = None
+            if self._out_broken:
+                return
+            out = self._out or sys.stdout
+            try:
+                print(line, file=out, flush=True)
+            except (OSError, ValueError):  # EPIPE, EIO, or a closed file
+                self._output_gone(out)
+
+    def _output_gone(self, out: TextIO) -> None:
+        """Stop writing to ``out``; point its descriptor at /dev/null so the interpreter's last flush
+        does not fail either (it would print a traceback and exit 120)."""
+        self._out_broken = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+            os.close(devnull)
 
     def _timed(self, what: str, since: float) -> str:
         return f"{what} in {time.monotonic() - since:.1f} s"
@@ -140,10 +172,24 @@ class Orchestrator:
     # ----- the run ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        owner = self.registry.live_owner()
+        if owner is not None:
+            with contextlib.suppress(OSError):
+                print(
+                    f"kpmon run: another kpmon run (pid {owner}) is using {self.layout.state_dir}; stop it "
+                    "first or give this one another --state-dir",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 1
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        self._run_log = self.layout.run_log.open("a", encoding="utf-8")
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._on_signal) for s in signals}
         try:
             try:
                 self._starting = True
+                self._guard()
                 self._start_all()
                 self._starting = False
                 self._watch()
@@ -154,17 +200,32 @@ class Orchestrator:
             finally:
                 self._starting = False
                 self._stop_all()
+                self.registry.finish()
         finally:
+            if self.watchdog is not None:
+                self.watchdog.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self.failure:
-            print(f"kpmon run: {self.failure}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError, ValueError):
+                print(f"kpmon run: {self.failure}", file=sys.stderr, flush=True)
             return 1
         return 0
 
+    def _guard(self) -> None:
+        """Clean up after a run that was killed, record this one, and start its watchdog."""
+        if self.registry.leftovers() or (self.registry.read() or {}).get("state") == "running":
+            self.say("a previous kpmon run here did not stop (killed?): stopping what it left first")
+            clean_up(self.registry, self.say, grace=30.0)
+        self.registry.begin()
+        self.watchdog = Watchdog(self.registry, self.layout.watchdog_log).start()
+
+    def _started_child(self, child: Child) -> Child:
+        self.registry.add_group(child.name, child.pid)
+        return child
+
     def _start_all(self) -> None:
         o = self.options
-        self.layout.root.mkdir(parents=True, exist_ok=True)
         mode = "embedded local stack" if o.embedded else "existing cluster (--config)"
         self.say(f"kpmon run: {mode}; state in {self.layout.state_dir}; Ctrl-C stops everything")
         if o.embedded:
@@ -211,6 +272,8 @@ class Orchestrator:
             existing.down()
         stack = LocalStack(home, sc.kafka_version, sc.brokers, False, sc.base_port, advertised)
         self.stack = stack
+        if self._stops_stack():
+            self.registry.set_stack(home)
         since = time.monotonic()
         reused = stack.is_running()
         self.say(
@@ -254,7 +317,9 @@ class Orchestrator:
 
         since = time.monotonic()
         listeners = self.config.tap.listeners
-        self.tap = Child("tap", self._command("tap"), child_env(), self.layout.tap_log).start()
+        self.tap = self._started_child(
+            Child("tap", self._command("tap"), child_env(), self.layout.tap_log).start()
+        )
         addresses = [parse_hostport(listener.listen) for listener in listeners]
         deadline = time.monotonic() + 60
         while not all(
@@ -310,7 +375,7 @@ class Orchestrator:
         self.stream = Child(
             "stream", self._command("stream"), child_env(), self.layout.stream_log, pipe_stdout=True
         )
-        self.stream.start()
+        self._started_child(self.stream.start())
         relay = threading.Thread(target=self._relay, name="stream-relay", daemon=True)
         relay.start()
         self._threads.append(relay)
@@ -487,6 +552,10 @@ class Orchestrator:
         self.say(self._timed("stopped", since))
         if self.layout.report.exists():
             self.say(f"report: {self.layout.report}")
+        if self._run_log is not None:
+            with contextlib.suppress(OSError):
+                self._run_log.close()
+            self._run_log = None
 
     def _final_report(self) -> None:
         if self.report is None:

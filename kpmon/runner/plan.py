@@ -61,6 +61,20 @@ class RunLayout:
         return self.root / "clients.log"
 
     @property
+    def run_log(self) -> Path:
+        """Everything ``kpmon run`` says, also when its terminal or output pipe is gone."""
+        return self.root / "run.log"
+
+    @property
+    def processes(self) -> Path:
+        """What the run started (``kpmon.runner.watchdog.RunRegistry``)."""
+        return self.root / "processes.json"
+
+    @property
+    def watchdog_log(self) -> Path:
+        return self.root / "watchdog.log"
+
+    @property
     def stream_log(self) -> Path:
         """The job's stderr before it moves Spark's output to ``stream/spark.log``, and its last words."""
         return self.root / "stream.log"

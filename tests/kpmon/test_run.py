@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -472,3 +473,95 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
     assert "../../stream/data-docs/site/index.html" in page
     assert f"report: {report}" in output
     assert "stream: stopped (ok)" in output  # the job's own word: it stopped gracefully
+
+
+# ----- whatever happens to it, a run leaves nothing behind ---------------------------------------------
+
+#: How the terminal or the machine ends a run (the issue's cases): the output pipe closed by the same
+#: Ctrl-C (`make run 2>&1 | tee run.log`), a hung-up terminal, a second Ctrl-C during the stop, SIGTERM,
+#: and SIGKILL of kpmon run itself (its watchdog stops what it started).
+ENDINGS = ("closed-pipe-ctrl-c", "sighup", "double-ctrl-c", "sigterm", "sigkill")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) -> None:
+    """A real `kpmon run --no-demo` (Kafka, the tap, the streaming job and its Spark JVM), ended once
+    Spark runs the query; afterwards no process of that run may be left, whatever the ending."""
+    state = tmp_path / "state"
+    base = _free_base(4)
+    tag = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "KPMON_RUN_TEST": tag,
+        "KPMON__STACK__BASE_PORT": str(base),
+        "KPMON__TAP__METRICS_PORT": "null",
+        "KPMON__STREAM__METRICS_PORT": "null",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), "--no-demo"),
+        *("--tap-port", str(base + 3), "--duration", "600"),
+    ]
+    run_log = state / "run" / "run.log"
+    # As a shell pipeline's first command: its own process group, output into a pipe we read.
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    assert proc.stdout is not None
+    seen: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if b"stream: running (query" in line:
+                break
+        assert b"stream: running (query" in b"".join(seen), b"".join(seen)[-4000:].decode(errors="replace")
+        if ending == "closed-pipe-ctrl-c":
+            proc.stdout.close()  # tee died with the Ctrl-C: every later write gets EPIPE
+            os.killpg(proc.pid, signal.SIGINT)
+        elif ending == "sighup":
+            os.killpg(proc.pid, signal.SIGHUP)
+        elif ending == "double-ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+            while b"streaming monitor: finishing" not in proc.stdout.readline():
+                pass
+            os.killpg(proc.pid, signal.SIGINT)
+        elif ending == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        if not proc.stdout.closed:
+            proc.stdout.read()  # keep the pipe drained, as a living reader does
+        code = proc.wait(timeout=300)
+        # The watchdog (after SIGKILL) takes a few seconds more; nothing may survive it.
+        deadline = time.monotonic() + 180
+        while _processes_with(f"KPMON_RUN_TEST={tag}") and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    log = run_log.read_text()
+    assert leftovers == {}, (leftovers, log[-3000:])
+    if ending == "sigkill":
+        assert code == -signal.SIGKILL
+        watchdog = (state / "run" / "watchdog.log").read_text()
+        assert "ended without stopping what it started" in watchdog and "done" in watchdog, watchdog
+    else:
+        assert code == 0, log[-3000:]
+        assert "Kafka stopped" in log and "tap stopped" in log, log[-3000:]
+        reason = {"sighup": "SIGHUP", "sigterm": "SIGTERM"}.get(ending, "SIGINT")
+        assert f"stopping ({reason} received)" in log
+        if ending == "double-ctrl-c":
+            assert "SIGINT while stopping: stopping without waiting" in log
+    assert json.loads((state / "run" / "processes.json").read_text())["state"] == "stopped"
