@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from checks.model import Severity
 from kpmon.cli import main
 from kpmon.traffic import violations, workload
 from tests.checks.tapped import Checked, ScenarioTap
-from tests.tap.harness import TappedCluster
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +34,6 @@ PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, API_VERSIONS, INIT_PRODUCER_ID, END_TXN,
     58,
 )
 INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, INCONSISTENT_GROUP_PROTOCOL = 47, 90, 23
-
-
-@pytest.fixture(scope="module")
-def scenarios(tapped_cluster: TappedCluster) -> Iterator[ScenarioTap]:
-    tap = ScenarioTap(tapped_cluster)
-    try:
-        yield tap
-    finally:
-        tap.stop()
 
 
 def _unique(prefix: str) -> str:

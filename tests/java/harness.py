@@ -1,5 +1,6 @@
-"""Build and run the Java side of the codec tests: ``KpmonDiff`` (decodes frames with Kafka's own
-generated message classes) and ``KpmonClient`` (a real Java client that connects to a socket).
+"""Build and run the Java side of the tests: ``KpmonDiff`` (decodes frames with Kafka's own generated
+message classes), ``KpmonClient`` (a real Java client that connects to a socket) and ``KpmonMatrix``
+(the Java producers and consumers of the real-client matrix, tests/checks/test_client_matrix.py).
 
 The harness is compiled with ``javac`` against one pinned kafka-clients jar at a time, into
 ``tests/java/build/<kafka version>/`` (gitignored). Its runtime dependencies (Jackson for the generated
@@ -94,6 +95,11 @@ def run_diff(kafka_version: str, lines: Iterable[str], timeout: float = 120) -> 
     return done.stdout.splitlines()
 
 
+def main_command(kafka_version: str, main_class: str, *args: str) -> list[str]:
+    """The command that runs ``main_class`` of the harness (compiled against ``kafka_version``)."""
+    return [_tool("java"), "-cp", classpath(kafka_version), main_class, *args]
+
+
 def client_command(kafka_version: str, *args: str) -> list[str]:
     """The command that runs KpmonClient (a Java admin client) with ``args``."""
-    return [_tool("java"), "-cp", classpath(kafka_version), "kpmon.KpmonClient", *args]
+    return main_command(kafka_version, "kpmon.KpmonClient", *args)
