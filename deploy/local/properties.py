@@ -2,8 +2,8 @@
 
 Every node has up to three listeners on loopback:
 
-* the client listener (``PLAINTEXT`` or ``SASL_PLAINTEXT``), the one clients, the tap and tests use; it
-  may advertise another address (the tap's) than the one it binds;
+* the client listener (``PLAINTEXT``, ``SASL_PLAINTEXT``, or with ``tls`` ``SSL`` / ``SASL_SSL``), the
+  one clients, the tap and tests use; it may advertise another address (the tap's) than the one it binds;
 * ``BROKER``, plaintext inter-broker traffic, always advertised as itself so replication and readiness
   checks never depend on the tap being up;
 * ``CONTROLLER``, the KRaft quorum (static ``controller.quorum.voters`` works on 3.9 and 4.x alike).
@@ -41,6 +41,21 @@ class SaslUsers:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """TLS on the client listener, from PEM files (Kafka's ``PEM`` store type: no keytool needed)."""
+
+    #: The broker's private key (PKCS#8, unencrypted) followed by its certificate chain.
+    keystore: str
+    #: CA certificates the broker trusts for client certificates.
+    truststore: str
+    #: ``required``: mTLS, clients must present a certificate the truststore vouches for.
+    client_auth: str = "none"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"keystore": self.keystore, "truststore": self.truststore, "client_auth": self.client_auth}
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """One KRaft process: a combined broker+controller, a broker, or a controller."""
 
@@ -63,10 +78,11 @@ class ClusterSpec:
     brokers: int
     sasl: bool = False
     users: SaslUsers = field(default_factory=SaslUsers)
+    tls: TlsSpec | None = None
 
     @property
     def client_listener(self) -> str:
-        return "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
+        return ("SASL_" if self.sasl else "") + ("SSL" if self.tls else "PLAINTEXT")
 
 
 def _jaas(spec: ClusterSpec) -> dict[str, str]:
@@ -131,7 +147,20 @@ def node_properties(node: NodeSpec, spec: ClusterSpec) -> dict[str, str]:
         props["inter.broker.listener.name"] = "BROKER"
         if spec.sasl:
             props.update(_jaas(spec))
+        if spec.tls:
+            props.update(_tls(spec, spec.tls))
     return props
+
+
+def _tls(spec: ClusterSpec, tls: TlsSpec) -> dict[str, str]:
+    prefix = f"listener.name.{spec.client_listener.lower()}."
+    return {
+        prefix + "ssl.keystore.type": "PEM",
+        prefix + "ssl.keystore.location": tls.keystore,
+        prefix + "ssl.truststore.type": "PEM",
+        prefix + "ssl.truststore.location": tls.truststore,
+        prefix + "ssl.client.auth": tls.client_auth,
+    }
 
 
 def render(props: dict[str, str]) -> str:

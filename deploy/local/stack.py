@@ -25,7 +25,15 @@ from typing import Any
 from deploy.local import process
 from deploy.local.distribution import fetch_distribution, libs_dir, logging_jvm_args
 from deploy.local.process import StackError
-from deploy.local.properties import HOST, ClusterSpec, NodeSpec, SaslUsers, node_properties, render
+from deploy.local.properties import (
+    HOST,
+    ClusterSpec,
+    NodeSpec,
+    SaslUsers,
+    TlsSpec,
+    node_properties,
+    render,
+)
 from deploy.versions import KAFKA_LATEST
 from kpmon.config import write_private
 
@@ -92,6 +100,7 @@ class LocalStack:
         sasl: bool = False,
         base_port: int | None = None,
         advertised: dict[int, tuple[str, int]] | None = None,
+        tls: TlsSpec | None = None,
     ) -> None:
         if brokers not in (1, 3):
             raise StackError("brokers must be 1 (combined node) or 3 (separate controller quorum)")
@@ -99,6 +108,8 @@ class LocalStack:
         self.version = version
         self.broker_count = brokers
         self.sasl = sasl
+        #: TLS on the client listener (SSL, or SASL_SSL with ``sasl``); the inter-broker one stays plaintext.
+        self.tls = tls
         self.advertised = dict(advertised or {})
         self.users = SaslUsers()
         self.last_start_seconds: float | None = None
@@ -120,7 +131,10 @@ class LocalStack:
         if state is None:
             raise StackError(f"no stack in {home} (nothing was started there)")
         advertised = {int(k): (v[0], int(v[1])) for k, v in state.get("advertised", {}).items()}
-        return cls(home, state["version"], len(state["ports"]["client"]), state["sasl"], None, advertised)
+        tls = TlsSpec(**state["tls"]) if state.get("tls") else None
+        return cls(
+            home, state["version"], len(state["ports"]["client"]), state["sasl"], None, advertised, tls
+        )
 
     # ----- topology -------------------------------------------------------------------------------
 
@@ -156,7 +170,9 @@ class LocalStack:
 
     def _cluster(self) -> ClusterSpec:
         voter = 1 if self.broker_count == 1 else CONTROLLER_ID
-        return ClusterSpec(((voter, self._ports.controller),), self.broker_count, self.sasl, self.users)
+        return ClusterSpec(
+            ((voter, self._ports.controller),), self.broker_count, self.sasl, self.users, self.tls
+        )
 
     def properties(self, node_id: int) -> dict[str, str]:
         """The ``server.properties`` a node gets (for inspection and tests)."""
@@ -199,10 +215,12 @@ class LocalStack:
         Typed ``Any`` so callers can add callbacks (``error_cb``) and numbers without casts.
         """
         config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        if self.tls:
+            config |= {"security.protocol": "SSL", "ssl.ca.location": self.tls.truststore}
         if self.sasl:
             user, password = self.sasl_users[mechanism]
             config |= {
-                "security.protocol": "SASL_PLAINTEXT",
+                "security.protocol": self._cluster().client_listener,
                 "sasl.mechanism": mechanism,
                 "sasl.username": user,
                 "sasl.password": password,
@@ -238,6 +256,7 @@ class LocalStack:
         return {
             "version": self.version,
             "sasl": self.sasl,
+            "tls": self.tls.to_dict() if self.tls else None,
             "cluster_id": cluster_id,
             "ports": {
                 "client": list(self._ports.client),

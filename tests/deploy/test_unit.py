@@ -29,6 +29,25 @@ def test_combined_node_properties(tmp_path: Path) -> None:
     assert stack.sasl_users == {}
 
 
+@pytest.mark.parametrize(("sasl", "protocol"), [(True, "SASL_SSL"), (False, "SSL")])
+def test_tls_client_listener_from_pem_files(tmp_path: Path, sasl: bool, protocol: str) -> None:
+    from deploy.local.properties import TlsSpec
+
+    tls = TlsSpec("/certs/broker-keystore.pem", "/certs/ca.pem", client_auth="required")
+    stack = LocalStack(tmp_path, base_port=20100, sasl=sasl, tls=tls)
+    props = stack.properties(1)
+    assert props["listeners"].startswith(f"{protocol}://127.0.0.1:20100,BROKER://")
+    assert f"{protocol}:{protocol}" in props["listener.security.protocol.map"]
+    prefix = f"listener.name.{protocol.lower()}."
+    assert props[prefix + "ssl.keystore.type"] == "PEM" == props[prefix + "ssl.truststore.type"]
+    assert props[prefix + "ssl.keystore.location"] == "/certs/broker-keystore.pem"
+    assert props[prefix + "ssl.client.auth"] == "required"
+    client = stack.client_config("SCRAM-SHA-256")
+    assert client["security.protocol"] == protocol and client["ssl.ca.location"] == "/certs/ca.pem"
+    # The inter-broker listener (readiness checks, the tests' direct reads) stays plaintext.
+    assert "BROKER:PLAINTEXT" in props["listener.security.protocol.map"]
+
+
 def test_three_brokers_and_a_controller(tmp_path: Path) -> None:
     stack = LocalStack(tmp_path, brokers=3, base_port=21000)
     assert stack.bootstrap_servers == "127.0.0.1:21000,127.0.0.1:21001,127.0.0.1:21002"

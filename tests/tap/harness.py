@@ -183,11 +183,15 @@ def _record(msg: Any) -> TapRecord:
     )
 
 
-def topic_end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+def topic_end_offsets(
+    bootstrap: str, topic: str, timeout: float = 10.0, properties: dict[str, Any] | None = None
+) -> dict[int, int]:
     """Each partition's high watermark; {} when the topic does not exist (yet)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kpmon-test-offsets"})
+    consumer = Consumer(
+        {**(properties or {}), "bootstrap.servers": bootstrap, "group.id": "kpmon-test-offsets"}
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -201,7 +205,11 @@ def topic_end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict
 
 
 def read_topic_range(
-    bootstrap: str, topic: str, since: dict[int, int] | None = None, timeout: float = 30.0
+    bootstrap: str,
+    topic: str,
+    since: dict[int, int] | None = None,
+    timeout: float = 30.0,
+    properties: dict[str, Any] | None = None,
 ) -> list[TapRecord]:
     """The records of ``topic`` between ``since`` (default: the beginning) and the current end.
 
@@ -211,13 +219,18 @@ def read_topic_range(
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    end = topic_end_offsets(bootstrap, topic, timeout)
+    end = topic_end_offsets(bootstrap, topic, timeout, properties)
     start = {p: (since or {}).get(p, 0) for p in end}
     todo = {p for p in end if end[p] > start[p]}
     if not todo:
         return []
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "kpmon-test-reader", "enable.auto.commit": False}
+        {
+            **(properties or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": "kpmon-test-reader",
+            "enable.auto.commit": False,
+        }
     )
     out: list[TapRecord] = []
     try:

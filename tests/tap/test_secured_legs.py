@@ -1,0 +1,351 @@
+"""Every leg on a real KRaft broker whose client listener is SASL_SSL; certificates made by the test.
+
+One broker (``LocalStack(sasl=True, tls=...)``), its listener on TLS with PLAIN, SCRAM-SHA-256 and
+SCRAM-SHA-512. Legs:
+
+- client → tap: the tap terminates TLS with its own certificate; SASL passes through to the broker;
+- tap → broker: TLS, verified against the broker's CA;
+- tap → tap-topic cluster: the mirror producer on SASL_SSL (SCRAM-SHA-512);
+- tap-topic cluster → the Java client, with the properties the Spark Kafka source gets
+  (``KafkaClusterConfig.java_client_properties()``: the translation of the librdkafka map);
+- hooks → alerts topic: the ``kafka`` hook's producer on SASL_SSL.
+
+Clients through the tap: confluent-kafka (librdkafka) with each mechanism, kafka-python, and Kafka's
+Java tools. The tap topic is then read whole and searched for every password (figures in
+docs/security.md). Bad certificates, an expired certificate, a wrong CA and plaintext fallbacks are
+refused with a clear error, the connection closed, and no frame mirrored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from deploy.local.properties import TlsSpec
+from deploy.local.stack import LocalStack
+from kpmon.config import KafkaClusterConfig, TapConfig, TapListenerConfig
+from tap.app import listener_specs
+from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
+from tap.proxy import TapSettings
+from tests.certs import Ca, Issued, issue, make_ca
+from tests.tap.harness import TapRecord, TapThread, free_port, read_topic_range, start_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass
+class Secured:
+    stack: LocalStack
+    directory: Path
+    broker_ca: Ca
+    tap_ca: Ca
+    tap_cert: Issued
+
+    @property
+    def broker(self) -> tuple[str, int]:
+        b = self.stack.listen_endpoints[0]
+        return b.host, b.port
+
+    def direct(self, mechanism: str = "SCRAM-SHA-512") -> dict[str, Any]:
+        """librdkafka properties straight to the broker's SASL_SSL listener (the tap-topic cluster)."""
+        config = self.stack.client_config(mechanism)
+        assert config["security.protocol"] == "SASL_SSL"
+        return config
+
+    def via_tap(self, tap_port: int, mechanism: str) -> dict[str, Any]:
+        return {
+            **self.direct(mechanism),
+            "bootstrap.servers": f"127.0.0.1:{tap_port}",
+            "ssl.ca.location": str(self.tap_ca.pem),
+        }
+
+    def tap_config(self, port: int, **overrides: Any) -> TapConfig:
+        listener = {
+            "listen": f"127.0.0.1:{port}",
+            "broker": "{}:{}".format(*self.broker),
+            "broker_id": 1,
+            "listener_name": "SASL_SSL",
+            "tls_certfile": str(self.tap_cert.cert),
+            "tls_keyfile": str(self.tap_cert.key),
+            "broker_tls": True,
+            "broker_cafile": str(self.broker_ca.pem),
+            **overrides,
+        }
+        return TapConfig(listeners=[TapListenerConfig(**listener)], rewrite_broker_addresses=True)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    directory = tmp_path_factory.mktemp("secured-certs")
+    broker_ca, tap_ca = make_ca(directory, "broker"), make_ca(directory, "tap")
+    broker_cert = issue(directory, broker_ca, "broker")
+    tap_cert = issue(directory, tap_ca, "tap")
+    tls = TlsSpec(str(broker_cert.keystore), str(broker_ca.pem))
+    stack = LocalStack(tmp_path_factory.mktemp("secured-stack"), sasl=True, tls=tls)
+    try:
+        start_stack(stack)
+        yield Secured(stack, directory, broker_ca, tap_ca, tap_cert)
+    finally:
+        stack.down()
+
+
+def _start_tap(secured: Secured, sink: MirrorSink, **overrides: Any) -> tuple[TapThread, int]:
+    port = free_port()
+    specs = listener_specs(secured.tap_config(port, **overrides))
+    return TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(), port
+
+
+def _roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
+    producer = Producer(config)
+    producer.produce(topic, value)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**config, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    got: list[bytes] = []
+    while value not in got and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value() or b"")
+    consumer.close()
+    assert value in got
+
+
+def _java_properties_file(path: Path, props: dict[str, str]) -> Path:
+    """A Java ``.properties`` file (values escaped: inline PEM holds newlines)."""
+
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+
+    path.write_text("".join(f"{k}={escape(v)}\n" for k, v in props.items()))
+    path.chmod(0o600)
+    return path
+
+
+def _kafka_python_roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    common = {
+        "bootstrap_servers": config["bootstrap.servers"],
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": config["sasl.mechanism"],
+        "sasl_plain_username": config["sasl.username"],
+        "sasl_plain_password": config["sasl.password"],
+        "ssl_cafile": config["ssl.ca.location"],
+    }
+    producer = KafkaProducer(**common)
+    producer.send(topic, value).get(timeout=30)
+    producer.close()
+    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
+    try:
+        assert value in [m.value for m in consumer]
+    finally:
+        consumer.close()
+
+
+def _java_tool_through_tap(secured: Secured, tap_port: int, directory: Path) -> str:
+    """Kafka's Java tools (the Java client) through the tap on SASL_SSL, with a PEM truststore."""
+    from deploy.local.tools import run_tool
+    from deploy.versions import KAFKA_LEGACY
+
+    user, password = secured.stack.sasl_users["SCRAM-SHA-256"]
+    props = _java_properties_file(
+        directory / "java-client.properties",
+        {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{user}" password="{password}";'
+            ),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(secured.tap_ca.pem),
+        },
+    )
+    done = run_tool(
+        KAFKA_LEGACY,
+        "kafka-topics",
+        ["--bootstrap-server", f"127.0.0.1:{tap_port}", "--command-config", str(props), "--list"],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(done.stdout)
+
+
+def _java_reads_tap_topic(secured: Secured, tap_topic: str, directory: Path) -> int:
+    """The Java client reads the tap topic with the Spark source's properties (the translation)."""
+    from deploy.local.tools import run_tool
+    from deploy.versions import KAFKA_LEGACY
+
+    direct = secured.direct("SCRAM-SHA-512")
+    cluster = KafkaClusterConfig(
+        bootstrap_servers=direct["bootstrap.servers"],
+        properties={k: str(v) for k, v in direct.items() if k != "bootstrap.servers"},
+    )
+    java = cluster.java_client_properties()
+    assert "sasl.jaas.config" in java and "sasl.password" not in java
+    props = _java_properties_file(directory / "spark-source.properties", java)
+    done = run_tool(
+        KAFKA_LEGACY,
+        "kafka-console-consumer",
+        [
+            *("--bootstrap-server", cluster.bootstrap_servers, "--consumer.config", str(props)),
+            *("--topic", tap_topic, "--from-beginning", "--max-messages", "5", "--timeout-ms", "30000"),
+            *("--property", "print.key=true", "--property", "print.value=false"),
+        ],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return len(done.stdout.splitlines())
+
+
+def _send_alert_over_sasl_ssl(secured: Secured) -> str:
+    from streaming.hooks.kafka_sender import KafkaSender
+    from tests.streaming.hooks.builders import alert
+
+    direct = secured.direct("PLAIN")
+    cluster = KafkaClusterConfig(
+        bootstrap_servers=direct["bootstrap.servers"],
+        properties={k: str(v) for k, v in direct.items() if k != "bootstrap.servers"},
+    )
+    topic = f"kpmon.alerts.{uuid.uuid4().hex[:6]}"
+    sender = KafkaSender(cluster, topic, timeout=20)
+    try:
+        result = sender.send([alert("secured-1").to_dict()])
+    finally:
+        sender.close()
+    assert not result.error, result.error
+    records = read_topic_range(cluster.bootstrap_servers, topic, properties=dict(cluster.properties))
+    assert len(records) == 1 and b"secured-1" in records[0].key + records[0].value
+    return topic
+
+
+def _found(records: list[TapRecord], secret: bytes) -> int:
+    total = 0
+    for r in records:
+        total += r.key.count(secret) + r.value.count(secret)
+        total += sum(k.encode().count(secret) + v.count(secret) for k, v in r.headers.items())
+    return total
+
+
+def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
+    direct = secured.direct()
+    tap_topic = f"kpmon.tap.secured.{uuid.uuid4().hex[:6]}"
+    mirror_props = {k: v for k, v in direct.items() if k != "bootstrap.servers"}
+    sink = KafkaMirror(
+        direct["bootstrap.servers"], tap_topic, 100_000, 64 << 20, {**mirror_props, "linger.ms": "5"}
+    )
+    t, tap_port = _start_tap(secured, sink)
+    data = f"secured-{uuid.uuid4().hex[:6]}"
+    try:
+        for mechanism in MECHANISMS:
+            _roundtrip(secured.via_tap(tap_port, mechanism), data, mechanism.encode())
+        _kafka_python_roundtrip(secured.via_tap(tap_port, "SCRAM-SHA-512"), data, b"kafka-python")
+        assert data in _java_tool_through_tap(secured, tap_port, tmp_path)
+        t.wait_mirrored(60)
+        t.tap.sink.close(10)
+    finally:
+        t.stop()
+    records = read_topic_range(direct["bootstrap.servers"], tap_topic, properties=mirror_props)
+    opened = [r for r in records if r.headers.get("dir") == b"open"]
+    assert opened and all(b'"tls": {"version": "TLS' in r.value for r in opened), "a client leg without TLS"
+    auth = [r for r in records if r.headers.get("api_key") == b"36"]
+    assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
+    figures = {}
+    for mechanism, (_user, password) in secured.stack.sasl_users.items():
+        figures[mechanism] = _found(records, password.encode())
+    print(
+        f"\nsecured legs: {len(records)} tap records, {len(opened)} TLS connections; secret bytes found: {figures}"
+    )
+    assert figures == {m: 0 for m in MECHANISMS}
+    # The Java client, configured like the Spark source, reads the tap topic on SASL_SSL.
+    assert _java_reads_tap_topic(secured, tap_topic, tmp_path) == 5
+    _send_alert_over_sasl_ssl(secured)
+
+
+def _refused(config: dict[str, Any]) -> str:
+    """The client's error for a connection the other side (or the client itself) refuses."""
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(record.getMessage())
+
+    logger = logging.getLogger(f"kpmon.test.refused.{uuid.uuid4().hex[:6]}")
+    logger.addHandler(Collect())
+    logger.propagate = False
+    admin = AdminClient(
+        {**config, "error_cb": lambda e: errors.append(e.str()), "logger": logger, "socket.timeout.ms": 6000}
+    )
+    try:
+        admin.list_topics(timeout=6)
+    except KafkaException as exc:
+        errors.append(exc.args[0].str())
+    else:
+        raise AssertionError("the connection was accepted")
+    admin.poll(1)  # serves error_cb and the log callback
+    return " | ".join(dict.fromkeys(errors))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tap cert from an untrusted CA",
+        "expired tap cert",
+        "tap trusts the wrong CA for the broker",
+        "plaintext to the tap",
+    ],
+)
+def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
+    secured: Secured, case: str
+) -> None:
+    overrides: dict[str, Any] = {}
+    client_ca = secured.tap_ca.pem
+    if case == "tap cert from an untrusted CA":
+        rogue = make_ca(secured.directory, f"rogue-{uuid.uuid4().hex[:4]}")
+        cert = issue(secured.directory, rogue, f"rogue-tap-{uuid.uuid4().hex[:4]}")
+        overrides = {"tls_certfile": str(cert.cert), "tls_keyfile": str(cert.key)}
+    elif case == "expired tap cert":
+        cert = issue(secured.directory, secured.tap_ca, f"expired-tap-{uuid.uuid4().hex[:4]}", expired=True)
+        overrides = {"tls_certfile": str(cert.cert), "tls_keyfile": str(cert.key)}
+    elif case == "tap trusts the wrong CA for the broker":
+        overrides = {"broker_cafile": str(secured.tap_ca.pem)}
+    sink = MemoryMirror()
+    t, tap_port = _start_tap(secured, sink, **overrides)
+    try:
+        config = {**secured.via_tap(tap_port, "PLAIN"), "ssl.ca.location": str(client_ca)}
+        if case == "plaintext to the tap":
+            config["security.protocol"] = "SASL_PLAINTEXT"
+        error = _refused(config)
+        t.wait_idle(15)
+    finally:
+        t.stop()
+    frames = [r for r in sink.records if dict(r.headers)["dir"] in (b"req", b"resp")]
+    closes = [r for r in sink.records if dict(r.headers)["dir"] == b"close"]
+    print(f"\n{case}: client error: {error[:300]}; tap records {len(sink.records)}, frames {len(frames)}")
+    assert frames == [], f"{case}: frames mirrored"
+    if case == "tap trusts the wrong CA for the broker":
+        # The client's TLS to the tap is fine; the tap cannot verify the broker, says so and closes.
+        assert closes and all(b"certificate verify failed" in r.value for r in closes)
+        assert t.metric("kpmon_tap_closed_connections_total", {"reason": "broker_unreachable"}) >= 1
+    elif case == "plaintext to the tap":
+        assert sink.records == [] and error
+    else:
+        assert sink.records == []
+        assert "certificate verify failed" in error, error
+
+
+def test_plaintext_to_the_brokers_tls_listener_is_refused(secured: Secured) -> None:
+    config = {**secured.direct("PLAIN"), "security.protocol": "SASL_PLAINTEXT"}
+    assert _refused(config)
