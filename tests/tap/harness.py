@@ -254,6 +254,15 @@ def read_topic_range(
     return out
 
 
+def secret_count(records: list[TapRecord], secret: bytes) -> int:
+    """Occurrences of ``secret`` in every byte of the records: keys, values, header names and values."""
+    total = 0
+    for r in records:
+        total += r.key.count(secret) + r.value.count(secret)
+        total += sum(k.encode().count(secret) + v.count(secret) for k, v in r.headers.items())
+    return total
+
+
 def by_connection(records: list[TapRecord]) -> Iterator[tuple[bytes, list[TapRecord]]]:
     conns: dict[bytes, list[TapRecord]] = {}
     for r in records:

@@ -30,7 +30,7 @@ from confluent_kafka.admin import (
 
 from codec.protocol import ApiKey
 from tests.tap.conftest import TappedCluster
-from tests.tap.harness import TapRecord, read_topic_range
+from tests.tap.harness import TapRecord, read_topic_range, secret_count
 from tests.tap.test_real_clients import check_tap_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -145,15 +145,6 @@ def _java(bootstrap: str, broker_id: int) -> list[Case]:
     ]
 
 
-def _found(records: list[TapRecord], secret: bytes) -> int:
-    """Occurrences of ``secret`` in every byte of the tap topic: keys, values, header names and values."""
-    total = 0
-    for r in records:
-        total += r.key.count(secret) + r.value.count(secret)
-        total += sum(k.encode().count(secret) + v.count(secret) for k, v in r.headers.items())
-    return total
-
-
 def _redacted_requests(records: list[TapRecord], api: ApiKey, name: str) -> int:
     return sum(
         1
@@ -181,7 +172,7 @@ def test_password_configs_never_reach_the_tap_topic(tapped_cluster: TappedCluste
     figures = []
     for client, api, name, value in cases:
         crossed = _redacted_requests(records, api, name)
-        found = _found(records, value.encode())
+        found = secret_count(records, value.encode())
         figures.append(
             f"{client:16} {api.name:28} {name:48} requests redacted={crossed} secret bytes found={found}"
         )

@@ -37,7 +37,7 @@ from tap.app import listener_specs
 from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
-from tests.tap.harness import TapRecord, TapThread, free_port, read_topic_range, start_stack
+from tests.tap.harness import TapThread, free_port, read_topic_range, secret_count, start_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -231,14 +231,6 @@ def _send_alert_over_sasl_ssl(secured: Secured) -> str:
     return topic
 
 
-def _found(records: list[TapRecord], secret: bytes) -> int:
-    total = 0
-    for r in records:
-        total += r.key.count(secret) + r.value.count(secret)
-        total += sum(k.encode().count(secret) + v.count(secret) for k, v in r.headers.items())
-    return total
-
-
 def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     direct = secured.direct()
     tap_topic = f"kpmon.tap.secured.{uuid.uuid4().hex[:6]}"
@@ -264,7 +256,7 @@ def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
     figures = {}
     for mechanism, (_user, password) in secured.stack.sasl_users.items():
-        figures[mechanism] = _found(records, password.encode())
+        figures[mechanism] = secret_count(records, password.encode())
     print(
         f"\nsecured legs: {len(records)} tap records, {len(opened)} TLS connections; secret bytes found: {figures}"
     )
