@@ -46,6 +46,11 @@ def java_clean(bootstrap: str, topic: str, out_topic: str, group: str) -> dict[s
     return {"scenario": "java_clean", **_java("clean", bootstrap, topic, out_topic, group)}
 
 
+def java_share(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
+    create_topic(bootstrap, topic)
+    return {"scenario": "java_share", **_java("share", bootstrap, topic, group)}
+
+
 def java_zombie(bootstrap: str, topic: str, transactional_id: str) -> dict[str, Any]:
     create_topic(bootstrap, topic)
     return {"scenario": "java_zombie", **_java("zombie", bootstrap, topic, transactional_id)}

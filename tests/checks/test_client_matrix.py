@@ -82,6 +82,16 @@ def test_librdkafka_kip848_ctp_and_online_migration(scenarios: ScenarioTap) -> N
     assert groups[migrating].protocol == "classic+consumer", groups
 
 
+def test_java_kip932_share_group(scenarios: ScenarioTap) -> None:
+    group = _unique("kpmon-share")
+    checked = scenarios.run(matrix.java_share, _unique("share"), group)
+    assert checked.above_info() == [], checked.describe()
+    assert int(checked.result["share_read"]) > 0, checked.result
+    assert checked.requests(ApiKey.SHARE_GROUP_HEARTBEAT) and checked.requests(ApiKey.SHARE_FETCH)
+    groups = {g.group: g for g in _report(checked).groups}
+    assert groups[group].protocol == "share", groups
+
+
 def _conns_of(checked: Checked, client_id: str) -> set[str]:
     return {f.conn for f in checked.frames if f.request is not None and f.request.client_id == client_id}
 

@@ -13,6 +13,7 @@ import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -34,6 +35,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       group; admin calls.
  *   <li>{@code zombie <bootstrap> <topic> <transactional id>}: two producers share a transactional
  *       id; the first (the zombie) writes after the second's initTransactions fenced it.
+ *   <li>{@code share <bootstrap> <topic> <group>}: a KIP-932 share consumer reads and acknowledges.
  * </ul>
  */
 public final class KpmonMatrix {
@@ -168,10 +170,41 @@ public final class KpmonMatrix {
         zombie.close(Duration.ofSeconds(5));
     }
 
+    private static void share(String bootstrap, String topic, String group) {
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(producerProps(bootstrap, "java-share-seed"))) {
+            for (int i = 0; i < 10; i++) {
+                producer.send(record(topic, "share-" + i));
+            }
+            producer.flush();
+        }
+        Properties c = new Properties();
+        c.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        c.put(ConsumerConfig.CLIENT_ID_CONFIG, "java-share");
+        c.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        c.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        c.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        int read = 0;
+        try (KafkaShareConsumer<byte[], byte[]> consumer = new KafkaShareConsumer<>(c)) {
+            consumer.subscribe(Collections.singletonList(topic));
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+            // A new share group starts at the latest offset: the records written after it joined are read.
+            try (KafkaProducer<byte[], byte[]> late = new KafkaProducer<>(producerProps(bootstrap, "java-share-late"))) {
+                while (read < 5 && System.nanoTime() < deadline) {
+                    late.send(record(topic, "late"));
+                    late.flush();
+                    read += consumer.poll(Duration.ofMillis(1000)).count();
+                    consumer.commitSync();
+                }
+            }
+        }
+        System.out.println("share_read=" + read);
+    }
+
     public static void main(String[] args) throws Exception {
         switch (args[0]) {
             case "clean" -> clean(args[1], args[2], args[3], args[4]);
             case "zombie" -> zombie(args[1], args[2], args[3]);
+            case "share" -> share(args[1], args[2], args[3]);
             default -> throw new IllegalArgumentException("unknown mode " + args[0]);
         }
         System.out.flush();
