@@ -15,7 +15,9 @@ sequence numbers the producer sent and the broker acknowledged. It reports:
     (warning); no error means the broker accepted a zombie's request (critical: fencing failed). A
     Produce is judged per batch, a batched AddPartitionsToTxn per transaction, the others per request.
     Subject and evidence name the transactional id, the RPC, and both clients: the stale request's and
-    the one whose answer made the newer epoch known.
+    the one whose answer made the newer epoch known. InitProducerId is not judged (KIP-588: a producer
+    whose transaction timed out re-initialises with the epoch it had), nor an EndTxn v5+ retried with
+    the epoch just before its own bump and answered with the bumped epoch (KIP-890: a lost answer).
 
     An epoch becomes known when a broker confirms it: a successful InitProducerId answer, an EndTxn v5+
     answer (KIP-890 transactions v2 bump the epoch on every EndTxn and return it), a WriteTxnMarkers
@@ -320,7 +322,7 @@ class ProducerRule(Rule):
         pending: dict[str, Any] = state.get("pending", {})
         for index, (claim_pid, epoch, txn) in enumerate(txn_claims(ex)):
             decision = pending.pop(f"{ex.conn}|{ex.request.correlation_id}|txn|{index}", None)
-            if claim_pid != pid or decision is None:
+            if claim_pid != pid or decision is None or _end_txn_retry(ex, epoch, decision["stale"]):
                 continue
             evidence = {
                 **_stale_evidence(ex, pid, epoch, txn or state.get("txn")),
@@ -398,6 +400,22 @@ class ProducerRule(Rule):
             stream = streams.get(f"{epoch}|{topic}|{partition}")
             if stream is not None and base >= 0:
                 _check_duplicate(stream, error, evidence, ex, ctx)
+
+
+def _end_txn_retry(ex: Exchange, epoch: int, known: list[Any]) -> bool:
+    """A retried EndTxn v5+ whose first answer bumped the epoch (KIP-890 transactions v2): the client
+    did not get that answer and sent the same EndTxn again with the epoch before the bump, and the
+    coordinator recognised the retry and answered it with the bumped epoch. Not a zombie."""
+    resp = ex.resp
+    return (
+        ex.api_key == ApiKey.END_TXN
+        and ex.api_version >= 5
+        and resp is not None
+        and resp.body.get("ErrorCode") == 0
+        and str(known[1]) == "EndTxn"
+        and epoch == int(known[0]) - 1
+        and int(resp.body.get("ProducerEpoch", -1)) == int(known[0])
+    )
 
 
 def _request_txn_id(ex: Exchange) -> str | None:

@@ -652,3 +652,19 @@ def test_fencing_verdict_depends_only_on_the_epoch_at_send_and_the_answer(
             else [("producer.stale_epoch_rejected", "warning")]
         )
     assert rules(run(frames)) == expected
+
+
+def test_end_txn_v5_retry_after_a_lost_answer_is_not_a_zombie() -> None:
+    """KIP-890: the coordinator answers a retried EndTxn (sent with the epoch before its bump) with the
+    bumped epoch; the client never saw the first answer."""
+    conv = Conversation()
+    ids = {"TransactionalId": "tx", "ProducerId": PID, "ProducerEpoch": 4, "Committed": True}
+    bumped = {"ErrorCode": 0, "ProducerId": PID, "ProducerEpoch": 5}
+    frames = [*init_pid(conv, 0, epoch=4)]
+    frames += conv.exchange(END_TXN, 5, ids, bumped, SECOND)
+    retry = Conversation(conn="tap1-c2")  # the first connection broke before the answer reached the client
+    frames += retry.exchange(END_TXN, 5, ids, bumped, 2 * SECOND)
+    assert run(frames) == []
+    # The same EndTxn from two epochs back, or answered with another epoch, is still judged.
+    stale = Conversation(conn="tap1-c3").exchange(END_TXN, 5, {**ids, "ProducerEpoch": 3}, bumped, 3 * SECOND)
+    assert rules(run([*frames, *stale])) == [("producer.stale_epoch_accepted", "critical")]
