@@ -80,6 +80,13 @@ class StackConfig(_Section):
         return value
 
 
+class BrokerIdentity(_Section):
+    """A client certificate and key (PEM) the tap presents to the broker on behalf of one client."""
+
+    certfile: str
+    keyfile: str
+
+
 class TapListenerConfig(_Section):
     """One tap listening port in front of one broker."""
 
@@ -95,6 +102,22 @@ class TapListenerConfig(_Section):
     broker_cafile: str | None = None
     #: host:port clients should use for this broker when the tap rewrites addresses (default: ``listen``).
     advertise: str | None = None
+    #: mTLS to the tap: clients must present a certificate signed by a CA in this PEM bundle.
+    tls_client_cafile: str | None = None
+    #: mTLS to the broker (docs/decisions.md, "mTLS through the tap"): per client certificate CN, the
+    #: identity the tap presents to the broker for that client. A client with no entry is refused.
+    broker_identities: dict[str, BrokerIdentity] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _identities_need_tls(self) -> TapListenerConfig:
+        if self.broker_identities and not (self.tls_client_cafile and self.tls_certfile and self.broker_tls):
+            raise ValueError(
+                "broker_identities need verified client certificates (tls_certfile, tls_keyfile, "
+                "tls_client_cafile) and TLS to the broker (broker_tls)"
+            )
+        if self.tls_client_cafile and not self.tls_certfile:
+            raise ValueError("tls_client_cafile needs tls_certfile and tls_keyfile")
+        return self
 
 
 class TapConfig(_Section):

@@ -61,7 +61,15 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
         if entry.tls_certfile:
             server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             server_ssl.load_cert_chain(entry.tls_certfile, entry.tls_keyfile)
+            if entry.tls_client_cafile:
+                server_ssl.verify_mode = ssl.CERT_REQUIRED
+                server_ssl.load_verify_locations(entry.tls_client_cafile)
         broker_ssl = ssl.create_default_context(cafile=entry.broker_cafile) if entry.broker_tls else None
+        identities = []
+        for cn, identity in entry.broker_identities.items():
+            context = ssl.create_default_context(cafile=entry.broker_cafile)
+            context.load_cert_chain(identity.certfile, identity.keyfile)
+            identities.append((cn, context))
         advertise = parse_hostport(entry.advertise) if entry.advertise else None
         specs.append(
             ListenerSpec(
@@ -74,6 +82,7 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
                 server_ssl,
                 broker_ssl,
                 advertise,
+                tuple(identities),
             )
         )
     return specs

@@ -33,6 +33,9 @@ class ListenerSpec:
     broker_ssl: ssl.SSLContext | None = None
     #: The address clients should use for this broker (address rewriting); default: the bound one.
     advertise: Address | None = None
+    #: mTLS re-presentation: (client certificate CN, TLS context holding the identity the tap presents
+    #: to the broker for that client). See ``broker_context`` and docs/decisions.md.
+    broker_identities: tuple[tuple[str, ssl.SSLContext], ...] = ()
 
     @property
     def broker(self) -> str:
@@ -163,3 +166,31 @@ class DynamicListeners:
     def _fail(self, broker_id: int, host: str, port: int, reason: str) -> None:
         self.failed.add(broker_id)
         self._on_event("dynamic_listener_failed", broker_id=broker_id, broker=f"{host}:{port}", reason=reason)
+
+
+class NoBrokerIdentity(LookupError):
+    """A client whose certificate maps to no identity the tap may present to the broker."""
+
+
+def client_common_name(peercert: dict[str, object] | None) -> str | None:
+    """The subject CN of a verified client certificate (``SSLObject.getpeercert()``), or None."""
+    for rdn in (peercert or {}).get("subject", ()):  # type: ignore[attr-defined]
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+def broker_context(spec: ListenerSpec, client_cn: str | None) -> ssl.SSLContext | None:
+    """The TLS context the tap connects to the broker with, for a client with certificate CN ``client_cn``.
+
+    Without ``broker_identities``: the listener's ``broker_ssl`` (plaintext when None). With them: the
+    identity mapped to the client's CN; a client with no mapped identity is refused (NoBrokerIdentity),
+    never passed on under another principal.
+    """
+    if not spec.broker_identities:
+        return spec.broker_ssl
+    for cn, context in spec.broker_identities:
+        if cn == client_cn:
+            return context
+    raise NoBrokerIdentity(f"no broker identity for client certificate CN={client_cn!r}")

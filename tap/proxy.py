@@ -38,7 +38,14 @@ from tap.framing import (
     SaslState,
     WireFrame,
 )
-from tap.listeners import DynamicListeners, ListenerSpec, client_address
+from tap.listeners import (
+    DynamicListeners,
+    ListenerSpec,
+    NoBrokerIdentity,
+    broker_context,
+    client_address,
+    client_common_name,
+)
 from tap.metrics import TapMetrics
 from tap.mirror import Headers, MirrorRecord, MirrorSink, NullMirror
 from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_response
@@ -211,16 +218,30 @@ class TapConnection:
         transport.pause_reading()
         self.tap.spawn(self._connect())
 
+    def _broker_ssl(self) -> ssl.SSLContext | None:
+        if not self.spec.broker_identities:
+            return self.spec.broker_ssl
+        obj = self.client_t.get_extra_info("ssl_object") if self.client_t is not None else None
+        return broker_context(self.spec, client_common_name(obj.getpeercert() if obj is not None else None))
+
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
+        try:
+            broker_ssl = self._broker_ssl()
+        except NoBrokerIdentity as exc:
+            self.close_reason = str(exc)
+            self.close_error = True
+            self.tap.metrics.bad_connections.labels("no_broker_identity").inc()
+            self._shutdown()
+            return
         try:
             transport, _ = await asyncio.wait_for(
                 loop.create_connection(
                     lambda: _Side(self, client=False),
                     self.spec.broker_host,
                     self.spec.broker_port,
-                    ssl=self.spec.broker_ssl,
-                    server_hostname=self.spec.broker_host if self.spec.broker_ssl else None,
+                    ssl=broker_ssl,
+                    server_hostname=self.spec.broker_host if broker_ssl else None,
                 ),
                 self.tap.settings.connect_timeout,
             )

@@ -414,3 +414,40 @@ def test_real_client_reaches_brokers_2_and_3_through_listeners_made_on_the_fly(
     for broker_id in (b"2", b"3"):
         apis = {h["api_key"] for h in reqs if h["broker_id"] == broker_id}
         assert {b"0", b"1"} <= apis, f"produce and fetch through broker {broker_id!r}'s tap listener"
+
+
+def test_broker_context_picks_the_clients_identity_and_refuses_the_rest() -> None:
+    import ssl as ssl_module
+
+    from tap.listeners import NoBrokerIdentity, broker_context, client_common_name
+
+    default = ssl_module.create_default_context()
+    alice = ssl_module.create_default_context()
+    plain = ListenerSpec("127.0.0.1", 0, "127.0.0.1", 9092, broker_ssl=default)
+    assert broker_context(plain, None) is default
+    spec = ListenerSpec(
+        "127.0.0.1", 0, "127.0.0.1", 9092, broker_ssl=default, broker_identities=(("alice", alice),)
+    )
+    assert broker_context(spec, "alice") is alice
+    for cn in ("bob", None):
+        with pytest.raises(NoBrokerIdentity):
+            broker_context(spec, cn)
+    peer = {"subject": ((("organizationName", "x"),), (("commonName", "alice"),))}
+    assert client_common_name(peer) == "alice" and client_common_name(None) is None
+
+
+def test_broker_identities_need_verified_client_certificates() -> None:
+    from kpmon.config import TapListenerConfig
+
+    identity = {"alice": {"certfile": "a.pem", "keyfile": "a.key"}}
+    with pytest.raises(ValueError, match="broker_identities need"):
+        TapListenerConfig(listen="127.0.0.1:1", broker="b:9093", broker_tls=True, broker_identities=identity)
+    TapListenerConfig(
+        listen="127.0.0.1:1",
+        broker="b:9093",
+        tls_certfile="t.pem",
+        tls_keyfile="t.key",
+        tls_client_cafile="ca.pem",
+        broker_tls=True,
+        broker_identities=identity,
+    )

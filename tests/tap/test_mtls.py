@@ -1,0 +1,147 @@
+"""mTLS through the tap against a real broker that requires client certificates.
+
+The tap verifies each client's certificate and presents to the broker the identity it holds for that
+client (``tap.listeners[].broker_identities``, docs/decisions.md "mTLS through the tap"). A client the
+tap has no identity for is refused, and so is a client without a certificate: nothing is mirrored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from deploy.local.properties import TlsSpec
+from deploy.local.stack import LocalStack
+from kpmon.config import TapConfig, TapListenerConfig
+from tap.app import listener_specs
+from tap.mirror import MemoryMirror
+from tap.proxy import TapSettings
+from tests.certs import Ca, Issued, issue, make_ca
+from tests.tap.harness import TapThread, free_port, start_stack
+from tests.tap.test_secured_legs import _refused, _roundtrip
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@dataclass
+class Mtls:
+    stack: LocalStack
+    tap_ca: Ca
+    tap_cert: Issued
+    broker_ca: Ca
+    clients: dict[str, Issued]
+    #: What the tap presents to the broker for alice (issued to the tap, same subject as alice's).
+    alice_at_tap: Issued
+
+
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mtls]:
+    d = tmp_path_factory.mktemp("mtls-certs")
+    broker_ca, tap_ca, clients_ca = make_ca(d, "broker"), make_ca(d, "tap"), make_ca(d, "clients")
+    broker = issue(d, broker_ca, "broker")
+    clients = {name: issue(d, clients_ca, name, client=True) for name in ("alice", "bob")}
+    (d / "tap-identities").mkdir()
+    alice_at_tap = issue(d / "tap-identities", clients_ca, "alice", client=True)
+    tls = TlsSpec(str(broker.keystore), str(clients_ca.pem), client_auth="required")
+    stack = LocalStack(tmp_path_factory.mktemp("mtls-stack"), tls=tls)
+    try:
+        start_stack(stack)
+        yield Mtls(stack, tap_ca, issue(d, tap_ca, "tap"), broker_ca, clients, alice_at_tap)
+    finally:
+        stack.down()
+
+
+def _tap(m: Mtls, identities: bool = True) -> tuple[TapThread, int, MemoryMirror]:
+    port = free_port()
+    b = m.stack.listen_endpoints[0]
+    config = TapConfig(
+        listeners=[
+            TapListenerConfig(
+                listen=f"127.0.0.1:{port}",
+                broker=f"{b.host}:{b.port}",
+                broker_id=1,
+                listener_name="SSL",
+                tls_certfile=str(m.tap_cert.cert),
+                tls_keyfile=str(m.tap_cert.key),
+                tls_client_cafile=str(m.clients["alice"].cert.parent / "clients-ca.pem"),
+                broker_tls=True,
+                broker_cafile=str(m.broker_ca.pem),
+                broker_identities={
+                    "alice": {"certfile": str(m.alice_at_tap.cert), "keyfile": str(m.alice_at_tap.key)}
+                }
+                if identities
+                else {},
+            )
+        ],
+        rewrite_broker_addresses=True,
+    )
+    sink = MemoryMirror()
+    specs = listener_specs(config)
+    return (
+        TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(),
+        port,
+        sink,
+    )
+
+
+def _client(m: Mtls, port: int, name: str | None) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(m.tap_ca.pem),
+    }
+    if name is not None:
+        config |= {
+            "ssl.certificate.location": str(m.clients[name].cert),
+            "ssl.key.location": str(m.clients[name].key),
+        }
+    return config
+
+
+def test_the_tap_presents_the_clients_identity_to_an_mtls_broker(mtls: Mtls) -> None:
+    t, port, sink = _tap(mtls)
+    try:
+        _roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"from alice")
+        t.wait_idle(15)
+    finally:
+        t.stop()
+    opened = [json.loads(r.value) for r in sink.records if dict(r.headers)["dir"] == b"open"]
+    assert opened and all(o["tls"]["peer"] == "commonName=alice" for o in opened)
+    assert any(dict(r.headers)["dir"] == b"req" for r in sink.records)
+
+
+@pytest.mark.parametrize("client", ["bob", None], ids=["no identity for the client", "no client certificate"])
+def test_clients_the_tap_cannot_represent_are_refused(mtls: Mtls, client: str | None) -> None:
+    t, port, sink = _tap(mtls)
+    try:
+        error = _refused(_client(mtls, port, client))
+        t.wait_idle(15)
+    finally:
+        t.stop()
+    frames = [r for r in sink.records if dict(r.headers)["dir"] in (b"req", b"resp")]
+    print(f"\n{client}: {error[:200]}; tap records {len(sink.records)}, frames {len(frames)}")
+    assert frames == []
+    if client == "bob":
+        closes = [r for r in sink.records if dict(r.headers)["dir"] == b"close"]
+        assert closes and all(
+            b"no broker identity for client certificate CN='bob'" in r.value for r in closes
+        )
+        assert t.metric("kpmon_tap_closed_connections_total", {"reason": "no_broker_identity"}) >= 1
+    else:
+        assert sink.records == []  # the TLS handshake with the tap fails: not even an open record
+
+
+def test_without_identities_the_broker_refuses_the_tap(mtls: Mtls) -> None:
+    """The control: the broker really requires a client certificate, which a plain tap does not have."""
+    t, port, sink = _tap(mtls, identities=False)
+    try:
+        assert _refused(_client(mtls, port, "alice"))
+        t.wait_idle(15)
+    finally:
+        t.stop()
+    assert not [r for r in sink.records if dict(r.headers)["dir"] == b"resp"], "the broker answered the tap"
