@@ -609,6 +609,7 @@ class GroupProtocolRule(Rule):
                 "member_id": member,
                 "client_id": ex.req.client_id,
                 "broker_error": error,
+                "broker_message": ex.resp.body.get("ErrorMessage") if ex.resp is not None else None,
                 "group_protocols": others,
             },
             conns=(ex.conn,),

@@ -15,7 +15,7 @@ from typing import Any
 import codec
 from codec.protocol import ApiKey, ErrorCode
 from kpmon.traffic.raw_client import RawKafkaClient
-from kpmon.traffic.violations import _coordinator, _drain, _join_connect_member
+from kpmon.traffic.violations import _drain, _join_connect_member
 from kpmon.traffic.workload import create_topic
 from tests.java.harness import main_command
 
@@ -319,7 +319,7 @@ def _heartbeat(raw: RawKafkaClient, group: str, member: str, epoch: int, topic: 
 def member_epoch_fencing(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
     """A KIP-848 member joins, then heartbeats twice with an epoch the coordinator never gave it."""
     create_topic(bootstrap, topic)
-    with RawKafkaClient(_coordinator(bootstrap, group), client_id="kpmon-raw-member") as raw:
+    with RawKafkaClient(_find_coordinator(bootstrap, group, 0), client_id="kpmon-raw-member") as raw:
         raw.handshake()
         member = uuid.uuid4().hex[:22]
         joined = _heartbeat(raw, group, member, 0, topic)
@@ -340,10 +340,17 @@ def member_epoch_fencing(bootstrap: str, topic: str, group: str) -> dict[str, An
 
 def kip848_member_in_a_connect_group(bootstrap: str, group: str) -> dict[str, Any]:
     """A classic member with protocol type ``connect`` holds ``group``; a KIP-848 member asks to join."""
-    with RawKafkaClient(_coordinator(bootstrap, group), client_id="kpmon-connect-member") as holder:
+    coordinator = _find_coordinator(bootstrap, group, 0)
+    with RawKafkaClient(coordinator, client_id="kpmon-connect-member") as holder:
         holder.handshake()
         join_error = _join_connect_member(holder, group)
-        with RawKafkaClient(_coordinator(bootstrap, group), client_id="kpmon-kip848-intruder") as raw:
+        for _ in range(40):
+            if join_error not in RETRIABLE:
+                break
+            time.sleep(0.5)
+            join_error = _join_connect_member(holder, group)
+        assert join_error == 0, join_error
+        with RawKafkaClient(coordinator, client_id="kpmon-kip848-intruder") as raw:
             raw.handshake()
             answer = _heartbeat(raw, group, uuid.uuid4().hex[:22], 0, "unused-topic")
     return {

@@ -188,6 +188,7 @@ def test_kip848_member_refused_by_a_connect_group(scenarios: ScenarioTap) -> Non
     (finding,) = checked.of("group.mixed_protocol_rejected")
     assert finding.evidence["broker_error"] == error and finding.evidence["group_protocols"] == ["classic"]
     assert _client_id(checked, finding.evidence["conn"]) == "kpmon-kip848-intruder"
+    assert finding.evidence["broker_message"], finding.evidence  # the broker says why (the group's type)
 
 
 # -- versions ---------------------------------------------------------------------------------------------

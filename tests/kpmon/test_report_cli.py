@@ -53,7 +53,7 @@ def test_json_to_stdout_holds_findings_and_summary(
     assert summary["highest_severity"] == "critical"
     assert {"rule": "envelope.untrusted_source", "severity": "critical", "count": 1} in summary["by_rule"]
     assert sum(r["count"] for r in summary["by_rule"]) == summary["findings"]
-    assert [g["group"] for g in summary["groups"]] == ["g1"]
+    assert [(g["group"], g["protocol"]) for g in summary["groups"]] == [("g1", "classic")]
     assert [p["producer_id"] for p in summary["producers"]] == [4000]
     assert {"software": "kafka-python/2.6.0", "api": "Fetch", "version": 3} in summary["not_ready_for_4_0"]
     first = doc["findings"][0]
