@@ -341,3 +341,39 @@ def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
 def test_plaintext_to_the_brokers_tls_listener_is_refused(secured: Secured) -> None:
     config = {**secured.direct("PLAIN"), "security.protocol": "SASL_PLAINTEXT"}
     assert _refused(config)
+
+
+def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
+    """The job's own Kafka source (Spark, Java client) with ``source_options``: the translated properties."""
+    from kpmon.config import KpmonConfig
+    from streaming.job import source_options
+    from streaming.session import build_session
+
+    direct = secured.direct("SCRAM-SHA-256")
+    topic = f"kpmon.tap.spark.{uuid.uuid4().hex[:6]}"
+    producer = Producer(direct)
+    for i in range(3):
+        producer.produce(topic, f"frame-{i}".encode(), key=b"conn-1", headers=[("dir", b"req")])
+    assert producer.flush(30) == 0
+    config = KpmonConfig.model_validate(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "tap": {
+                "topic": topic,
+                "cluster": {
+                    "bootstrap_servers": direct["bootstrap.servers"],
+                    "properties": {k: str(v) for k, v in direct.items() if k != "bootstrap.servers"},
+                },
+            },
+            "stream": {"master": "local[1]", "metrics_port": None},
+        }
+    )
+    options = source_options(config)
+    assert "kafka.sasl.jaas.config" in options and "kafka.sasl.password" not in options
+    spark = build_session(config, "kpmon-secured-source")
+    try:
+        batch = {k: v for k, v in options.items() if k != "maxOffsetsPerTrigger"}
+        rows = spark.read.format("kafka").options(**batch).option("endingOffsets", "latest").load().collect()
+    finally:
+        spark.stop()
+    assert sorted(bytes(r["value"]) for r in rows) == [b"frame-0", b"frame-1", b"frame-2"]
