@@ -402,14 +402,11 @@ DESCRIBES: dict[int, str] = {
     ApiKey.SHARE_GROUP_DESCRIBE: SHARE,
     ApiKey.STREAMS_GROUP_DESCRIBE: STREAMS,
 }
-#: Other requests that name a group and tell its protocol (share groups fetch through the group).
-MEMBERSHIP: dict[int, str] = {
-    ApiKey.JOIN_GROUP: CLASSIC,
-    ApiKey.SYNC_GROUP: CLASSIC,
-    ApiKey.HEARTBEAT: CLASSIC,
-    ApiKey.SHARE_FETCH: SHARE,
-    ApiKey.SHARE_ACKNOWLEDGE: SHARE,
-}
+#: Classic membership requests: a successful one shows the group served under the classic protocol.
+#: Only the rebalance requests, not the classic Heartbeat, nor ShareFetch/ShareAcknowledge (the share
+#: group's data path): their volume would route the group's whole traffic to one key, and the
+#: heartbeats already tell the protocol.
+MEMBERSHIP: dict[int, str] = {ApiKey.JOIN_GROUP: CLASSIC, ApiKey.SYNC_GROUP: CLASSIC}
 #: Answers that fence a member epoch: the member must rejoin with epoch 0 (or leave) before anything else.
 FENCING_ERRORS = frozenset({ErrorCode.FENCED_MEMBER_EPOCH, ErrorCode.UNKNOWN_MEMBER_ID})
 #: Answers that refuse a member because the group id is held by a group of another type.
