@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
 from kpmon.config import TapConfig, TapListenerConfig
 from tap.app import listener_specs
-from tap.mirror import MemoryMirror
+from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, start_stack
@@ -44,7 +45,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mtls]:
     d = tmp_path_factory.mktemp("mtls-certs")
     broker_ca, tap_ca, clients_ca = make_ca(d, "broker"), make_ca(d, "tap"), make_ca(d, "clients")
     broker = issue(d, broker_ca, "broker")
-    clients = {name: issue(d, clients_ca, name, client=True) for name in ("alice", "bob")}
+    clients = {name: issue(d, clients_ca, name, client=True) for name in ("alice", "bob", "kpmon")}
     (d / "tap-identities").mkdir()
     alice_at_tap = issue(d / "tap-identities", clients_ca, "alice", client=True)
     tls = TlsSpec(str(broker.keystore), str(clients_ca.pem), client_auth="required")
@@ -56,7 +57,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mtls]:
         stack.down()
 
 
-def _tap(m: Mtls, identities: bool = True) -> tuple[TapThread, int, MemoryMirror]:
+def _tap(m: Mtls, identities: bool = True, sink: MirrorSink | None = None) -> tuple[TapThread, int, Any]:
     port = free_port()
     b = m.stack.listen_endpoints[0]
     config = TapConfig(
@@ -80,7 +81,7 @@ def _tap(m: Mtls, identities: bool = True) -> tuple[TapThread, int, MemoryMirror
         ],
         rewrite_broker_addresses=True,
     )
-    sink = MemoryMirror()
+    sink = sink or MemoryMirror()
     specs = listener_specs(config)
     return (
         TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(),
@@ -145,3 +146,68 @@ def test_without_identities_the_broker_refuses_the_tap(mtls: Mtls) -> None:
     finally:
         t.stop()
     assert not [r for r in sink.records if dict(r.headers)["dir"] == b"resp"], "the broker answered the tap"
+
+
+def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
+    """The mirror producer, a tap-topic reader, the Java client with the translated properties (a PEM
+    keystore made from ``ssl.certificate.location``/``ssl.key.location``) and the kafka hook, each with
+    kpmon's own client certificate against a broker that requires one."""
+    from kpmon.config import KafkaClusterConfig
+    from streaming.hooks.kafka_sender import KafkaSender
+    from tests.streaming.hooks.builders import alert
+    from tests.tap.harness import read_topic_range
+    from tests.tap.test_secured_legs import _java_properties_file
+
+    kpmon = mtls.clients["kpmon"]
+    cluster = KafkaClusterConfig(
+        bootstrap_servers=mtls.stack.bootstrap_servers,
+        properties={
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(mtls.broker_ca.pem),
+            "ssl.certificate.location": str(kpmon.cert),
+            "ssl.key.location": str(kpmon.key),
+        },
+    )
+    tap_topic = f"kpmon.tap.mtls.{uuid.uuid4().hex[:6]}"
+    sink = KafkaMirror(
+        cluster.bootstrap_servers, tap_topic, 100_000, 64 << 20, {**cluster.properties, "linger.ms": "5"}
+    )
+    t, port, _ = _tap(mtls, sink=sink)
+    try:
+        _roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"mirrored over mTLS")
+        t.wait_mirrored(60)
+        t.tap.sink.close(10)
+    finally:
+        t.stop()
+    records = read_topic_range(cluster.bootstrap_servers, tap_topic, properties=dict(cluster.properties))
+    assert any(r.headers.get("dir") == b"req" for r in records)
+
+    from deploy.local.tools import run_tool
+    from deploy.versions import KAFKA_LEGACY
+
+    java = cluster.java_client_properties()
+    assert java["ssl.keystore.type"] == "PEM" and "BEGIN PRIVATE KEY" in java["ssl.keystore.key"]
+    props = _java_properties_file(tmp_path / "java-mtls.properties", java)
+    done = run_tool(
+        KAFKA_LEGACY,
+        "kafka-console-consumer",
+        [
+            *("--bootstrap-server", cluster.bootstrap_servers, "--consumer.config", str(props)),
+            *("--topic", tap_topic, "--from-beginning", "--max-messages", "3", "--timeout-ms", "30000"),
+            *("--property", "print.key=true", "--property", "print.value=false"),
+        ],
+        timeout=120,
+    )
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 3, done.stderr[-2000:]
+
+    alerts_topic = f"kpmon.alerts.{uuid.uuid4().hex[:6]}"
+    sender = KafkaSender(cluster, alerts_topic, timeout=20)
+    try:
+        result = sender.send([alert("mtls-1").to_dict()])
+    finally:
+        sender.close()
+    assert not result.error, result.error
+    assert (
+        len(read_topic_range(cluster.bootstrap_servers, alerts_topic, properties=dict(cluster.properties)))
+        == 1
+    )
