@@ -8,13 +8,18 @@ the other catalogue violations are in ``test_real_traffic``.
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
+from pathlib import Path
 
 import pytest
 
 from checks.model import Finding, Severity
 from checks.report import build_report
 from codec.protocol import ApiKey, ErrorCode
+from kpmon.cli import main
+from kpmon.commands.report import EXIT_FINDINGS, EXIT_OK
 from tests.checks import matrix
 from tests.checks.tapped import Checked, ScenarioTap
 
@@ -208,3 +213,33 @@ def test_undecodable_out_of_range_version(scenarios: ScenarioTap) -> None:
     assert oor.severity == Severity.WARNING
     (error,) = checked.of("frame.decode_error")
     assert error.evidence["conn"] == oor.evidence["conn"]
+
+
+# -- the CI gate over the real tap topic ---------------------------------------------------------------
+
+
+def test_kpmon_report_gates_on_the_matrix_tap_topic(
+    scenarios: ScenarioTap,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a client library's CI does: its tests ran through the tap, then ``kpmon report --fail-on``
+    reads the tap topic. Runs last in the module: the topic holds every scenario above."""
+    for name in list(os.environ):
+        if name.startswith("KPMON__"):
+            monkeypatch.delenv(name)
+    scenarios.run(matrix.member_epoch_fencing, _unique("gate"), _unique("kpmon-gate"))
+    args = ["report", "--topic", scenarios.topic, "--bootstrap-servers", scenarios.cluster.mirror_bootstrap]
+    args += ["--idle-timeout", "2", "--out", str(tmp_path / "r.html"), "--json", "-"]
+    assert main([*args, "--fail-on", "critical"]) == EXIT_OK  # nothing critical anywhere in the matrix
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["highest_severity"] == "warning" and doc["fail_on"]["failing"] == 0
+    assert main([*args, "--fail-on", "warning"]) == EXIT_FINDINGS
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert "fail:" in captured.err and doc["fail_on"]["failing"] > 0
+    rules = {r["rule"] for r in doc["summary"]["by_rule"] if r["severity"] != "info"}
+    assert "group.member_epoch_fenced" in rules
+    protocols = {g["protocol"] for g in doc["summary"]["groups"]}
+    assert "consumer" in protocols, doc["summary"]["groups"]
