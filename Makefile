@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { echo "error: $(PYTHON) is not a Python >= 3.11 (found: $$($(PYTHON) --version 2>&1))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench,ops]'
+	$(PY) -m pip install -q -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
 setup: $(STAMP) jars tools
@@ -26,7 +26,9 @@ setup: $(STAMP) jars tools
 # A real Prometheus Alertmanager receives the alertmanager hook's payloads in the tests (docs/alerting.md).
 KUBECONFORM := $(KPMON_HOME)/bin/kubeconform
 ALERTMANAGER := $(KPMON_HOME)/cache/alertmanager-0.28.1/alertmanager
-tools: $(KUBECONFORM) $(ALERTMANAGER)
+# promtool checks and unit-tests the alerting rules for kpmon itself (deploy/prometheus, docs/operations.md).
+PROMTOOL := $(KPMON_HOME)/bin/promtool
+tools: $(KUBECONFORM) $(ALERTMANAGER) $(PROMTOOL)
 $(KUBECONFORM):
 	@if command -v go >/dev/null; then \
 		echo "kpmon: building kubeconform v0.7.0 (once)"; \
@@ -37,6 +39,17 @@ $(ALERTMANAGER):
 		echo "kpmon: building Alertmanager v0.28.1 for the hook tests (once, a few minutes)"; \
 		GOBIN=$(dir $(ALERTMANAGER)) CGO_ENABLED=0 go install github.com/prometheus/alertmanager/cmd/alertmanager@v0.28.1; \
 	else echo "kpmon: go not found: the real-Alertmanager hook test will be skipped"; fi
+
+# Prometheus 3.5.0 is the Go module version v0.305.0. Its go.mod has replace directives, which
+# `go install pkg@version` refuses, so it is built from a throwaway module that requires it.
+$(PROMTOOL):
+	@if command -v go >/dev/null; then \
+		echo "kpmon: building promtool (Prometheus 3.5.0) for the alerting-rule tests (once, several minutes)"; \
+		work=$$(mktemp -d) && cd $$work && printf 'module kpmon.local/promtool\n\ngo 1.24\n' > go.mod && \
+		GOFLAGS=-mod=mod go get github.com/prometheus/prometheus/cmd/promtool@v0.305.0 && \
+		CGO_ENABLED=0 go build -o $(PROMTOOL) github.com/prometheus/prometheus/cmd/promtool && \
+		cd / && rm -rf $$work; \
+	else echo "kpmon: go not found: the alerting-rule tests (promtool) will fail"; fi
 
 # Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
 jars: $(STAMP)

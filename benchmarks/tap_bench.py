@@ -152,6 +152,8 @@ def histograms(metrics_port: int, api_key: int) -> dict[str, Buckets]:
     """Cumulative bucket counts of the tap's two latency histograms for one API."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from tap.metrics import api_label
+
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict[str, Buckets] = {"inside": {}, "broker": {}}
@@ -161,8 +163,10 @@ def histograms(metrics_port: int, api_key: int) -> dict[str, Buckets]:
         if kind is None:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_bucket") and sample.labels.get("api_key") == str(api_key):
-                out[kind][float(sample.labels["le"])] = sample.value
+            if sample.name.endswith("_bucket") and sample.labels.get("api") == api_label(api_key):
+                # Summed over the listeners (broker_id, listener labels).
+                le = float(sample.labels["le"])
+                out[kind][le] = out[kind].get(le, 0.0) + sample.value
     return out
 
 

@@ -77,6 +77,11 @@ class StreamMetrics:
         self.failed_batches = Counter(
             "kpmon_stream_failed_batches", "Batches whose driver-side processing raised", registry=registry
         )
+        self.last_progress = Gauge(
+            "kpmon_stream_last_progress_timestamp_seconds",
+            "When the query last reported progress or idleness (Unix time): the job's liveness",
+            registry=registry,
+        )
 
     def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
         if port:
@@ -123,6 +128,7 @@ class ProgressListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         progress = json.loads(event.progress.json)
         m = self.metrics
+        m.last_progress.set_to_current_time()
         m.batch_seconds.observe((progress.get("batchDuration") or 0) / 1000)
         m.input_rate.set(progress.get("inputRowsPerSecond") or 0)
         m.processed_rate.set(progress.get("processedRowsPerSecond") or 0)
@@ -161,6 +167,7 @@ class ProgressListener(StreamingQueryListener):
             )
 
     def onQueryIdle(self, event: Any) -> None:
+        self.metrics.last_progress.set_to_current_time()  # idle, not stuck: no new tap records
         if self.last is not None:
             self._write(self.last, "running")
 

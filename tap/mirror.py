@@ -31,6 +31,10 @@ class MirrorSink(Protocol):
 
     def depth(self) -> int: ...
 
+    def capacity(self) -> int:
+        """Records the queue holds before ``offer`` drops (0: it never queues)."""
+        ...
+
     def close(self, timeout: float = 5.0) -> None: ...
 
 
@@ -54,6 +58,9 @@ class MemoryMirror:
     def depth(self) -> int:
         return len(self.records)
 
+    def capacity(self) -> int:
+        return self.max_frames
+
     def close(self, timeout: float = 5.0) -> None:
         return None
 
@@ -63,6 +70,9 @@ class NullMirror:
         return True
 
     def depth(self) -> int:
+        return 0
+
+    def capacity(self) -> int:
         return 0
 
     def close(self, timeout: float = 5.0) -> None:
@@ -99,6 +109,7 @@ class KafkaMirror:
         }
         conf.update(properties or {})
         self.topic = topic
+        self.max_frames = max(1, int(conf["queue.buffering.max.messages"]))
         self._on_error = on_error
         self._producer = Producer(conf)
         self._stop = threading.Event()
@@ -124,6 +135,9 @@ class KafkaMirror:
 
     def depth(self) -> int:
         return len(self._producer)
+
+    def capacity(self) -> int:
+        return self.max_frames
 
     def close(self, timeout: float = 5.0) -> None:
         self._producer.flush(timeout)

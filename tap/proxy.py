@@ -152,6 +152,7 @@ class TapConnection:
     def __init__(self, tap: Tap, spec: ListenerSpec, conn_id: str) -> None:
         self.tap = tap
         self.spec = spec
+        self.metrics = tap.metrics.listener(spec.broker_id, spec.listener_name)
         self.conn_id = conn_id
         self.key = conn_id.encode()
         settings = tap.settings
@@ -208,8 +209,8 @@ class TapConnection:
             (Header.CAPTURE, self.tap.settings.capture.encode()),
             (Header.SCHEMA, _SCHEMA_VERSION),
         ]
-        self.tap.metrics.connections.inc()
-        self.tap.metrics.connections_total.inc()
+        self.metrics.connections.inc()
+        self.metrics.connections_total.inc()
         self.tap.connections.add(self)
         # The open record goes first, so it gets seq 1 even if requests arrive before the broker
         # connection exists (uvloop may deliver data in the same tick as connection_made).
@@ -248,7 +249,7 @@ class TapConnection:
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             self.close_reason = f"broker connect failed: {exc}"
             self.close_error = True
-            self.tap.metrics.bad_connections.labels("broker_unreachable").inc()
+            self.metrics.closed("broker_unreachable")
             self._shutdown()
             return
         if self.closed:
@@ -299,7 +300,7 @@ class TapConnection:
         for t in (self.client_t, self.broker_t):
             if t is not None:
                 t.close()
-        self.tap.metrics.connections.dec()
+        self.metrics.connections.dec()
         self.tap.connections.discard(self)
         info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
         if self.close_error:
@@ -312,7 +313,7 @@ class TapConnection:
     def _abort(self, reason: str, label: str) -> None:
         self.close_reason = reason
         self.close_error = True
-        self.tap.metrics.bad_connections.labels(label).inc()
+        self.metrics.closed(label)
         self.tap.log_event("bad_frame", conn=self.conn_id, reason=reason)
         for t in (self.client_t, self.broker_t):
             if t is not None:
@@ -426,7 +427,7 @@ class TapConnection:
         return _INT32.pack(len(new)) + new
 
     def _on_request(self, frame: WireFrame, inside: float) -> None:
-        metrics = self.tap.metrics
+        metrics = self.metrics
         if self.sasl.client_frame_is_token():
             metrics.frame("req", None, None, frame.size + 4)
             self._mirror(taprecord.REQ, frame, None, None, None, sasl_token=True)
@@ -459,7 +460,7 @@ class TapConnection:
         self._mirror(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
 
     def _on_response(self, frame: WireFrame, inside: float) -> None:
-        metrics = self.tap.metrics
+        metrics = self.metrics
         if self.sasl.server_frame_is_token():
             metrics.frame("resp", None, None, frame.size + 4)
             self._mirror(taprecord.RESP, frame, None, None, None, sasl_token=True)
@@ -559,6 +560,7 @@ class Tap:
         self.settings = settings or TapSettings()
         self.metrics = metrics or TapMetrics()
         self.metrics.set_depth_source(self.sink.depth)
+        self.metrics.queue_capacity.set(self.sink.capacity())
         self.connections: set[TapConnection] = set()
         #: Configured broker id -> the tap's address for it (for address rewriting).
         self.addresses: dict[int, tuple[str, int]] = {}

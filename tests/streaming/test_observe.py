@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +87,12 @@ def test_listener_writes_progress_and_metrics(tmp_path: Path) -> None:
         == 12
     )
     assert lines and "batch 7: 100 frames" in lines[0]
+    # Liveness: progress, and idle events too (a quiet tap topic is not a stuck job), stamp the time.
+    stamped = registry.get_sample_value("kpmon_stream_last_progress_timestamp_seconds")
+    assert stamped is not None and abs(stamped - time.time()) < 600
+    metrics.last_progress.set(0)
+    listener.onQueryIdle(SimpleNamespace())
+    assert (registry.get_sample_value("kpmon_stream_last_progress_timestamp_seconds") or 0) > 0
     listener.onQueryTerminated(SimpleNamespace(exception=None))
     assert read_progress(paths.progress)["kpmon"]["state"] == "stopped"  # type: ignore[index]
 

@@ -15,6 +15,7 @@ from typing import Any
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink
 from tap.proxy import ListenerSpec, Tap, TapSettings
+from tests.tap.helpers import metric_sum
 
 
 class TapThread:
@@ -44,7 +45,7 @@ class TapThread:
         self.tap.sink.close()
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
-        return self.tap.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+        return metric_sum(self.tap.metrics.registry, name, labels)
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait until every tapped connection is closed (clients closed theirs)."""

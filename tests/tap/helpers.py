@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+from typing import Any
 
 import codec
 
@@ -61,3 +62,15 @@ def api_versions_request(corr: int, client_id: str = "test") -> bytes:
     return codec.encode_request(
         18, 3, corr, client_id, {"ClientSoftwareName": "t", "ClientSoftwareVersion": "1"}
     )
+
+
+def metric_sum(registry: Any, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of sample ``name`` over every series whose labels include ``labels`` (the tap's traffic
+    series also carry broker_id and listener labels a test may not care about)."""
+    wanted = labels or {}
+    total = 0.0
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
+                total += sample.value
+    return total

@@ -6,6 +6,7 @@ import asyncio
 import struct
 import urllib.request
 
+from codec.protocol import ApiKey
 from tap.metrics import TapMetrics
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
@@ -21,8 +22,8 @@ def test_metrics_endpoint_reports_traffic() -> None:
     async def run() -> None:
         broker = FakeBroker(reply=struct.pack(">h", 35))  # UNSUPPORTED_VERSION
         tap = Tap(
-            [ListenerSpec("127.0.0.1", 0, "127.0.0.1", await broker.start())],
-            MemoryMirror(),
+            [ListenerSpec("127.0.0.1", 0, "127.0.0.1", await broker.start(), 7, "INTERNAL")],
+            MemoryMirror(max_frames=1000),
             TapSettings(),
             metrics,
         )
@@ -43,25 +44,46 @@ def test_metrics_endpoint_reports_traffic() -> None:
 
     asyncio.run(run())
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'kpmon_tap_frames_total{api_key="18",api_version="3",dir="req"} 4.0' in text
-    assert 'kpmon_tap_frames_total{api_key="18",api_version="3",dir="resp"} 4.0' in text
-    assert 'kpmon_tap_frames_total{api_key="other",api_version="other",dir="req"} 1.0' in text
-    assert 'kpmon_tap_response_errors_total{api_key="18",error_code="35"} 4.0' in text
-    assert 'kpmon_tap_broker_seconds_count{api_key="18"} 4.0' in text
-    assert 'kpmon_tap_inside_seconds_count{api_key="18"}' in text
-    assert "kpmon_tap_active_connections 0.0" in text
-    assert "kpmon_tap_mirror_queue_depth" in text
+    # (The exposition sorts labels by name.)
+    where = 'broker_id="7",listener="INTERNAL"'
+    versions = 'api="API_VERSIONS",api_version="3",broker_id="7"'
+    assert f'kpmon_tap_frames_total{{{versions},dir="req",listener="INTERNAL"}} 4.0' in text
+    assert f'kpmon_tap_frames_total{{{versions},dir="resp",listener="INTERNAL"}} 4.0' in text
+    assert (
+        'kpmon_tap_frames_total{api="other",api_version="other",broker_id="7",dir="req",listener="INTERNAL"} 1.0'
+        in text
+    )
+    assert (
+        'kpmon_tap_response_errors_total{api="API_VERSIONS",broker_id="7",error_code="35",listener="INTERNAL"} 4.0'
+        in text
+    )
+    assert f'kpmon_tap_broker_seconds_count{{api="API_VERSIONS",{where}}} 4.0' in text
+    assert f'kpmon_tap_inside_seconds_count{{api="API_VERSIONS",{where}}}' in text
+    assert f"kpmon_tap_active_connections{{{where}}} 0.0" in text
+    assert f"kpmon_tap_connections_total{{{where}}} 1.0" in text
+    assert "kpmon_tap_mirror_queue_depth " in text  # MemoryMirror keeps what it took: not 0
+    assert "kpmon_tap_mirror_queue_capacity 1000.0" in text
 
 
-def test_metrics_bind_loopback_unless_configured() -> None:
-    from kpmon.config import load_config
-    from tests.tap.harness import accepts
+def test_label_values_are_api_names_from_a_bounded_set() -> None:
+    from codec.protocol import ApiKey
+    from tap.metrics import api_label, version_label
 
-    config = load_config(environ={})
-    assert config.tap.metrics_host == "127.0.0.1"
-    port = free_port()
-    TapMetrics().serve(port)  # the default
-    assert accepts("127.0.0.1", port) and not accepts("127.0.0.2", port)
-    wide = free_port()
-    TapMetrics().serve(wide, "0.0.0.0")  # what an operator opts into with tap.metrics_host
-    assert accepts("127.0.0.2", wide)
+    assert api_label(ApiKey.PRODUCE) == "PRODUCE" and api_label(ApiKey.API_VERSIONS) == "API_VERSIONS"
+    assert {api_label(k) for k in range(-1000, 1000)} == {key.name for key in ApiKey} | {"other"}
+    assert api_label(None) == "none"
+    assert {version_label(v) for v in range(-5, 500)} == {str(v) for v in range(64)} | {"other"}
+
+
+def test_each_listener_has_its_own_series() -> None:
+    metrics = TapMetrics()
+    metrics.listener(1, "CLIENT").frame("req", ApiKey.FETCH, 17, 100)
+    metrics.listener(2, "CLIENT").frame("req", ApiKey.FETCH, 17, 50)
+    metrics.listener(None, "PLAINTEXT").frame("req", None, None, 10)
+    assert metrics.listener(1, "CLIENT") is metrics.listener(1, "CLIENT")
+    get = metrics.registry.get_sample_value
+    fetch = {"dir": "req", "api": "FETCH", "api_version": "17", "listener": "CLIENT"}
+    assert get("kpmon_tap_bytes_total", {**fetch, "broker_id": "1"}) == 100
+    assert get("kpmon_tap_bytes_total", {**fetch, "broker_id": "2"}) == 50
+    none = {"dir": "req", "api": "none", "api_version": "none", "broker_id": "none", "listener": "PLAINTEXT"}
+    assert get("kpmon_tap_frames_total", none) == 1

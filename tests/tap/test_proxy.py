@@ -12,7 +12,7 @@ import pytest
 import codec
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
-from tests.tap.helpers import FakeBroker, api_versions_request, frame
+from tests.tap.helpers import FakeBroker, api_versions_request, frame, metric_sum
 
 
 async def _start(sink: MemoryMirror, broker_port: int, **settings: object) -> tuple[Tap, int]:
@@ -120,8 +120,8 @@ def test_garbage_connection_is_closed_and_others_continue() -> None:
         await good_w.drain()
         assert struct.unpack_from(">i", await _read_frame(good_r))[0] == 1
         good_w.close()
-        samples = tap.metrics.registry.get_sample_value(
-            "kpmon_tap_closed_connections_total", {"reason": "bad_request_frame"}
+        samples = metric_sum(
+            tap.metrics.registry, "kpmon_tap_closed_connections_total", {"reason": "bad_request_frame"}
         )
         assert samples == 1
         await tap.stop()
