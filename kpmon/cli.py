@@ -44,6 +44,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"kpmon: this command needs {exc.name}, which this install does not have: "
+            f"pip install 'kafka-protocol-monitor[{extra}]' (docs/dependencies.md)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+#: Top-level modules of the optional parts of the distribution -> the extra that installs them.
+EXTRAS = {
+    "pyspark": "stream",
+    "pyarrow": "stream",
+    "pandas": "stream",
+    "great_expectations": "stream",
+    "google": "stream",
+    "matplotlib": "report",
+    "kafka": "run",
+    "airflow": "ops",
+}
 
 
 if __name__ == "__main__":
