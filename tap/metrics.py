@@ -35,7 +35,7 @@ _LATENCY_BUCKETS = (
 )
 
 #: Why the tap closes a connection (``kpmon_tap_closed_connections_total{reason}``).
-CLOSE_REASONS = ("broker_unreachable", "bad_request_frame", "bad_response_frame")
+CLOSE_REASONS = ("broker_unreachable", "bad_request_frame", "bad_response_frame", "no_broker_identity")
 #: The labels every traffic series of one listener carries.
 LISTENER_LABELS = ("broker_id", "listener")
 _API_NAMES = {int(key): key.name for key in ApiKey}

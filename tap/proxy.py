@@ -232,7 +232,7 @@ class TapConnection:
         except NoBrokerIdentity as exc:
             self.close_reason = str(exc)
             self.close_error = True
-            self.tap.metrics.bad_connections.labels("no_broker_identity").inc()
+            self.metrics.closed("no_broker_identity")
             self._shutdown()
             return
         try:
