@@ -48,6 +48,16 @@ RULE_MISMATCH = "group.protocol_type_mismatch"
 RULE_OUTSIDE = "group.assignment_outside_subscription"
 
 
+def first_report(state: State, sig: str, ctx: RuleContext) -> bool:
+    """Whether ``sig`` is reported for the first time for this group (then remember it)."""
+    reported: list[str] = state.setdefault("reported", [])
+    if sig in reported:
+        return False
+    reported.append(sig)
+    ctx.trim(reported)
+    return True
+
+
 def subscribed_topics(value: Any) -> list[str] | None:
     """Topics of a decoded consumer subscription, None when it is not one (or did not decode)."""
     if isinstance(value, ConsumerSubscription) and value.value is not None:
@@ -337,11 +347,8 @@ class GroupRule(Rule):
         if not extra:
             return
         sig = f"outside|{member}|{gen if gen >= 0 else sub['gen']}|{','.join(extra)}"
-        reported: list[str] = state.setdefault("reported", [])
-        if sig in reported:
+        if not first_report(state, sig, ctx):
             return
-        reported.append(sig)
-        ctx.trim(reported)
         ctx.emit(
             RULE_OUTSIDE,
             Severity.WARNING,
@@ -361,11 +368,8 @@ class GroupRule(Rule):
     def _mismatch(
         self, state: State, key: str, summary: str, ex: Exchange, ctx: RuleContext, sig: str
     ) -> None:
-        reported: list[str] = state.setdefault("reported", [])
-        if sig in reported:
+        if not first_report(state, sig, ctx):
             return
-        reported.append(sig)
-        ctx.trim(reported)
         ctx.emit(
             RULE_MISMATCH,
             Severity.WARNING,
@@ -473,11 +477,8 @@ class GroupProtocolRule(Rule):
         if fenced is None:
             return  # never fenced, or it rejoined since (a successful answer clears the fence)
         sig = f"fenced|{member}|{fenced[0]}"
-        reported: list[str] = state.setdefault("reported", [])
-        if sig in reported:
+        if not first_report(state, sig, ctx):
             return
-        reported.append(sig)
-        ctx.trim(reported)
         error_name = (
             "FENCED_MEMBER_EPOCH" if fenced[1] == ErrorCode.FENCED_MEMBER_EPOCH else "UNKNOWN_MEMBER_ID"
         )
@@ -579,11 +580,8 @@ class GroupProtocolRule(Rule):
         ctx: RuleContext,
     ) -> None:
         sig = f"mixed|{member or ex.request.client}|{protocol}|{error}"
-        reported: list[str] = state.setdefault("reported", [])
-        if sig in reported:
+        if not first_report(state, sig, ctx):
             return
-        reported.append(sig)
-        ctx.trim(reported)
         others = sorted(p for p in state.get("protocols") or {} if p != protocol)
         error_name = (
             "INCONSISTENT_GROUP_PROTOCOL"
