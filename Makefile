@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export KPMON_HOME ?= $(CURDIR)/.kpmon
 
-.PHONY: setup jars tools schemas lint typecheck test unit run clean
+.PHONY: setup jars tools debian-tools schemas lint typecheck test unit run clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.11 found (tried python3.13, python3.12, python3.11, python3); install one or set PYTHON=/path/to/python"; exit 1; }
@@ -20,7 +20,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
-setup: $(STAMP) jars tools
+setup: $(STAMP) jars tools debian-tools
+
+# tcpdump captures real client<->broker traffic for the pcap tests; tshark dissects what
+# `kpmon export --pcap` writes (docs/quickstart.md). From Debian's packages, once.
+debian-tools:
+	@if ! command -v tcpdump >/dev/null || ! command -v tshark >/dev/null; then \
+		echo "kpmon: installing tcpdump and tshark (Debian packages)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q tcpdump tshark; \
+	fi
 
 # kubeconform validates the Kubernetes manifests (deploy/k8s); built once from the Go module proxy.
 # A real Prometheus Alertmanager receives the alertmanager hook's payloads in the tests (docs/alerting.md).

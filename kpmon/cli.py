@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from kpmon import __version__
 
 #: Subcommand modules; each exposes ``register(subparsers)`` which sets ``func`` on its parser.
-COMMANDS = ("decode", "schemas", "codec", "stack", "tap", "stream", "report", "run", "deploy")
+COMMANDS = ("decode", "schemas", "codec", "stack", "tap", "stream", "report", "export", "run", "deploy")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +66,7 @@ EXTRAS = {
     "matplotlib": "report",
     "kafka": "run",
     "airflow": "ops",
+    "scapy": "pcap",
 }
 
 
