@@ -301,6 +301,11 @@ def stop(
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            # SIGKILL is delivered at once but a busy machine takes a moment to tear the process
+            # down: "nothing left" is what callers rely on (the next job takes the ports).
+            gone_by = clock() + 30.0
+            while group_members(pid) and clock() < gone_by:
+                time.sleep(poll)
     finally:
         paths.stop_marker.unlink(missing_ok=True)
     return StopResult(how, clock() - started, pid)
