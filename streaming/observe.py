@@ -82,6 +82,8 @@ class StreamMetrics:
             "When the query last reported progress or idleness (Unix time): the job's liveness",
             registry=registry,
         )
+        # Starting counts as progress: a job still in Spark's start-up is not stalled (yet).
+        self.last_progress.set_to_current_time()
 
     def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
         if port:

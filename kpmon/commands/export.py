@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kpmon.commands.report import InputError, frames_from_capture, frames_from_topic
-from kpmon.commands.topicopts import add_cluster_options, resolve_cluster
+from kpmon.commands.topicopts import add_source_options, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 
@@ -58,12 +58,5 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--pcap", required=True, help="pcap file to write")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
-    source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
-    add_cluster_options(parser)
-    parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
-    parser.add_argument(
-        "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"
-    )
+    add_source_options(parser)
     parser.set_defaults(func=run)

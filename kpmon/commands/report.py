@@ -30,7 +30,7 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
-from kpmon.commands.topicopts import add_cluster_options, open_tap_topic, resolve_cluster
+from kpmon.commands.topicopts import add_source_options, open_tap_topic, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
@@ -257,14 +257,7 @@ def register(sub: Any) -> None:
         "read or written; 2 bad usage or config; 3 a finding at or above --fail-on exists.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
-    source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
-    add_cluster_options(parser)
-    parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
-    parser.add_argument(
-        "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"
-    )
+    add_source_options(parser)
     parser.add_argument(
         "--save-capture", help="also save the records read from the topic to this capture file"
     )

@@ -28,6 +28,19 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """Where tap records come from (``kpmon report``, ``kpmon export``): a capture file or the tap
+    topic, and how much of the topic to read."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
+    source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
+    add_cluster_options(parser)
+    parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"
+    )
+
+
 def resolve_cluster(args: argparse.Namespace, config: KpmonConfig) -> None:
     """Set ``args.bootstrap_servers`` and ``args.properties`` from the options and the config.
 

@@ -73,6 +73,8 @@ def test_listener_writes_progress_and_metrics(tmp_path: Path) -> None:
     paths.make()
     registry = CollectorRegistry()
     metrics = StreamMetrics(registry)
+    # From the start, not 0: `time() - x > 300` (KpmonStreamStalled) must not fire during start-up.
+    assert (registry.get_sample_value("kpmon_stream_last_progress_timestamp_seconds") or 0) > 0
     lines: list[str] = []
     listener = ProgressListener(paths, metrics, lambda: {"findings": {"tap.gap": 1}}, lines.append)
     event = SimpleNamespace(progress=SimpleNamespace(json=json.dumps(progress())))
