@@ -24,7 +24,7 @@ from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, start_stack
-from tests.tap.test_secured_legs import _refused, _roundtrip
+from tests.tap.secured import refused, roundtrip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -107,7 +107,7 @@ def _client(m: Mtls, port: int, name: str | None) -> dict[str, Any]:
 def test_the_tap_presents_the_clients_identity_to_an_mtls_broker(mtls: Mtls) -> None:
     t, port, sink = _tap(mtls)
     try:
-        _roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"from alice")
+        roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"from alice")
         t.wait_idle(15)
     finally:
         t.stop()
@@ -117,10 +117,10 @@ def test_the_tap_presents_the_clients_identity_to_an_mtls_broker(mtls: Mtls) -> 
 
 
 @pytest.mark.parametrize("client", ["bob", None], ids=["no identity for the client", "no client certificate"])
-def test_clients_the_tap_cannot_represent_are_refused(mtls: Mtls, client: str | None) -> None:
+def test_clients_the_tap_cannot_represent_arerefused(mtls: Mtls, client: str | None) -> None:
     t, port, sink = _tap(mtls)
     try:
-        error = _refused(_client(mtls, port, client))
+        error = refused(_client(mtls, port, client))
         t.wait_idle(15)
     finally:
         t.stop()
@@ -141,7 +141,7 @@ def test_without_identities_the_broker_refuses_the_tap(mtls: Mtls) -> None:
     """The control: the broker really requires a client certificate, which a plain tap does not have."""
     t, port, sink = _tap(mtls, identities=False)
     try:
-        assert _refused(_client(mtls, port, "alice"))
+        assert refused(_client(mtls, port, "alice"))
         t.wait_idle(15)
     finally:
         t.stop()
@@ -156,7 +156,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
     from streaming.hooks.kafka_sender import KafkaSender
     from tests.streaming.hooks.builders import alert
     from tests.tap.harness import read_topic_range
-    from tests.tap.test_secured_legs import _java_properties_file
+    from tests.tap.secured import java_properties_file
 
     kpmon = mtls.clients["kpmon"]
     cluster = KafkaClusterConfig(
@@ -174,7 +174,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
     )
     t, port, _ = _tap(mtls, sink=sink)
     try:
-        _roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"mirrored over mTLS")
+        roundtrip(_client(mtls, port, "alice"), f"mtls-{uuid.uuid4().hex[:6]}", b"mirrored over mTLS")
         t.wait_mirrored(60)
         t.tap.sink.close(10)
     finally:
@@ -187,7 +187,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
 
     java = cluster.java_client_properties()
     assert java["ssl.keystore.type"] == "PEM" and "BEGIN PRIVATE KEY" in java["ssl.keystore.key"]
-    props = _java_properties_file(tmp_path / "java-mtls.properties", java)
+    props = java_properties_file(tmp_path / "java-mtls.properties", java)
     done = run_tool(
         KAFKA_LEGACY,
         "kafka-console-consumer",

@@ -18,8 +18,6 @@ refused with a clear error, the connection closed, and no frame mirrored.
 
 from __future__ import annotations
 
-import logging
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 
 from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
@@ -38,6 +35,7 @@ from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, read_topic_range, secret_count, start_stack
+from tests.tap.secured import java_properties_file, refused, roundtrip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,34 +104,7 @@ def _start_tap(secured: Secured, sink: MirrorSink, **overrides: Any) -> tuple[Ta
     return TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(), port
 
 
-def _roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
-    producer = Producer(config)
-    producer.produce(topic, value)
-    assert producer.flush(30) == 0
-    consumer = Consumer({**config, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    deadline = time.monotonic() + 30
-    got: list[bytes] = []
-    while value not in got and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and not msg.error():
-            got.append(msg.value() or b"")
-    consumer.close()
-    assert value in got
-
-
-def _java_properties_file(path: Path, props: dict[str, str]) -> Path:
-    """A Java ``.properties`` file (values escaped: inline PEM holds newlines)."""
-
-    def escape(value: str) -> str:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
-
-    path.write_text("".join(f"{k}={escape(v)}\n" for k, v in props.items()))
-    path.chmod(0o600)
-    return path
-
-
-def _kafka_python_roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
+def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
     common = {
@@ -160,7 +131,7 @@ def _java_tool_through_tap(secured: Secured, tap_port: int, directory: Path) -> 
     from deploy.versions import KAFKA_LEGACY
 
     user, password = secured.stack.sasl_users["SCRAM-SHA-256"]
-    props = _java_properties_file(
+    props = java_properties_file(
         directory / "java-client.properties",
         {
             "security.protocol": "SASL_SSL",
@@ -195,7 +166,7 @@ def _java_reads_tap_topic(secured: Secured, tap_topic: str, directory: Path) -> 
     )
     java = cluster.java_client_properties()
     assert "sasl.jaas.config" in java and "sasl.password" not in java
-    props = _java_properties_file(directory / "spark-source.properties", java)
+    props = java_properties_file(directory / "spark-source.properties", java)
     done = run_tool(
         KAFKA_LEGACY,
         "kafka-console-consumer",
@@ -242,8 +213,8 @@ def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     data = f"secured-{uuid.uuid4().hex[:6]}"
     try:
         for mechanism in MECHANISMS:
-            _roundtrip(secured.via_tap(tap_port, mechanism), data, mechanism.encode())
-        _kafka_python_roundtrip(secured.via_tap(tap_port, "SCRAM-SHA-512"), data, b"kafka-python")
+            roundtrip(secured.via_tap(tap_port, mechanism), data, mechanism.encode())
+        _kafka_pythonroundtrip(secured.via_tap(tap_port, "SCRAM-SHA-512"), data, b"kafka-python")
         assert data in _java_tool_through_tap(secured, tap_port, tmp_path)
         t.wait_mirrored(60)
         t.tap.sink.close(10)
@@ -264,30 +235,6 @@ def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     # The Java client, configured like the Spark source, reads the tap topic on SASL_SSL.
     assert _java_reads_tap_topic(secured, tap_topic, tmp_path) == 5
     _send_alert_over_sasl_ssl(secured)
-
-
-def _refused(config: dict[str, Any]) -> str:
-    """The client's error for a connection the other side (or the client itself) refuses."""
-    errors: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            errors.append(record.getMessage())
-
-    logger = logging.getLogger(f"kpmon.test.refused.{uuid.uuid4().hex[:6]}")
-    logger.addHandler(Collect())
-    logger.propagate = False
-    admin = AdminClient(
-        {**config, "error_cb": lambda e: errors.append(e.str()), "logger": logger, "socket.timeout.ms": 6000}
-    )
-    try:
-        admin.list_topics(timeout=6)
-    except KafkaException as exc:
-        errors.append(exc.args[0].str())
-    else:
-        raise AssertionError("the connection was accepted")
-    admin.poll(1)  # serves error_cb and the log callback
-    return " | ".join(dict.fromkeys(errors))
 
 
 @pytest.mark.parametrize(
@@ -319,7 +266,7 @@ def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
         config = {**secured.via_tap(tap_port, "PLAIN"), "ssl.ca.location": str(client_ca)}
         if case == "plaintext to the tap":
             config["security.protocol"] = "SASL_PLAINTEXT"
-        error = _refused(config)
+        error = refused(config)
         t.wait_idle(15)
     finally:
         t.stop()
@@ -338,9 +285,9 @@ def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
         assert "certificate verify failed" in error, error
 
 
-def test_plaintext_to_the_brokers_tls_listener_is_refused(secured: Secured) -> None:
+def test_plaintext_to_the_brokers_tls_listener_isrefused(secured: Secured) -> None:
     config = {**secured.direct("PLAIN"), "security.protocol": "SASL_PLAINTEXT"}
-    assert _refused(config)
+    assert refused(config)
 
 
 def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""Helpers for the tests on secured clusters (tests/tap/test_secured_legs.py, tests/tap/test_mtls.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+
+def roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
+    producer = Producer(config)
+    producer.produce(topic, value)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**config, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    got: list[bytes] = []
+    while value not in got and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value() or b"")
+    consumer.close()
+    assert value in got
+
+
+def java_properties_file(path: Path, props: dict[str, str]) -> Path:
+    """A Java ``.properties`` file (values escaped: inline PEM holds newlines)."""
+
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+
+    path.write_text("".join(f"{k}={escape(v)}\n" for k, v in props.items()))
+    path.chmod(0o600)
+    return path
+
+
+def refused(config: dict[str, Any]) -> str:
+    """The client's error for a connection the other side (or the client itself) refuses."""
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(record.getMessage())
+
+    logger = logging.getLogger(f"kpmon.test.refused.{uuid.uuid4().hex[:6]}")
+    logger.addHandler(Collect())
+    logger.propagate = False
+    admin = AdminClient(
+        {**config, "error_cb": lambda e: errors.append(e.str()), "logger": logger, "socket.timeout.ms": 6000}
+    )
+    try:
+        admin.list_topics(timeout=6)
+    except KafkaException as exc:
+        errors.append(exc.args[0].str())
+    else:
+        raise AssertionError("the connection was accepted")
+    admin.poll(1)  # serves error_cb and the log callback
+    return " | ".join(dict.fromkeys(errors))
