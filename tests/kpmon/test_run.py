@@ -565,3 +565,82 @@ def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) 
         if ending == "double-ctrl-c":
             assert "SIGINT while stopping: stopping without waiting" in log
     assert json.loads((state / "run" / "processes.json").read_text())["state"] == "stopped"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: Path) -> None:
+    """`kpmon run` and its watchdog both killed -9 (the worst case): the tap, the job and Kafka are left.
+    The next `kpmon run` on that state directory stops them before it starts anything."""
+    state = tmp_path / "state"
+    base = _free_base(4)
+    tag = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "KPMON_RUN_TEST": tag,
+        "KPMON__STACK__BASE_PORT": str(base),
+        "KPMON__TAP__METRICS_PORT": "null",
+        "KPMON__STREAM__METRICS_PORT": "null",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), "--no-demo"),
+        *("--tap-port", str(base + 3), "--duration", "600"),
+    ]
+    registry = state / "run" / "processes.json"
+    first_log, second_log = tmp_path / "first.out", tmp_path / "second.out"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with first_log.open("wb") as out:
+            first = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        procs.append(first)
+        _wait_for(first_log, first, lambda text: "streaming monitor: starting Spark" in text, timeout=300)
+        recorded = json.loads(registry.read_text())
+        assert [g["name"] for g in recorded["groups"]] == ["tap", "stream"]
+        watchdog = [
+            pid
+            for pid, cmdline in _processes_with(f"KPMON_RUN_TEST={tag}").items()
+            if "kpmon.runner.watchdog" in cmdline
+        ]
+        assert len(watchdog) == 1, _processes_with(f"KPMON_RUN_TEST={tag}")
+        os.kill(watchdog[0], signal.SIGKILL)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        time.sleep(2)
+        left = _processes_with(f"KPMON_RUN_TEST={tag}")
+        assert any("kpmon.cli tap" in c for c in left.values()), left  # really left behind
+        with second_log.open("wb") as out:
+            second = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        procs.append(second)
+        _wait_for(
+            second_log,
+            second,
+            lambda text: "Kafka: " in text and "starting a KRaft stack" in text,
+            timeout=300,
+        )
+        os.killpg(second.pid, signal.SIGINT)
+        assert second.wait(timeout=300) == 0, second_log.read_text()[-3000:]
+        deadline = time.monotonic() + 60
+        while _processes_with(f"KPMON_RUN_TEST={tag}") and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    second_out = second_log.read_text()
+    assert leftovers == {}, (leftovers, second_out[-3000:])
+    assert "a previous kpmon run here did not stop (killed?): stopping what it left first" in second_out
+    assert "stream (process group" in second_out and "tap (process group" in second_out
+    assert "Kafka: stopping the local stack" in second_out
+    # Only then did the second run start its own stack.
+    assert second_out.index("Kafka: stopping the local stack") < second_out.index("starting a KRaft stack")
