@@ -67,8 +67,18 @@ CONFIG_VALUES: dict[tuple[int, Direction], tuple[ConfigEntries, ...]] = {
 #: ``DescribeConfigsResponse.ConfigType`` of a password (Kafka's ``ConfigDef.Type.PASSWORD``).
 CONFIG_TYPE_PASSWORD = 9
 
-_SECRET_REQUEST_KEYS = frozenset(k for (k, d) in (*SECRETS, *CONFIG_VALUES) if d == "req")
-_SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in (*SECRETS, *CONFIG_VALUES) if d == "resp")
+_SECRET_REQUEST_KEYS = frozenset(k for (k, d) in SECRETS if d == "req")
+_SECRET_RESPONSE_KEYS = frozenset(k for (k, d) in SECRETS if d == "resp")
+#: Inner APIs whose whole Envelope request is hidden: a secret field may sit anywhere in it.
+_HIDDEN_ENVELOPE_REQUESTS = _SECRET_REQUEST_KEYS | _SECRET_RESPONSE_KEYS
+#: Inner APIs whose Envelope response is hidden: the inner answer cannot be decoded without the inner
+#: request's version, so answers that may carry secrets or config values go header-only.
+_HIDDEN_ENVELOPE_RESPONSES = _HIDDEN_ENVELOPE_REQUESTS | frozenset(
+    k for (k, d) in CONFIG_VALUES if d == "resp"
+)
+#: Inner requests that may carry config values: the Envelope keeps its body, the inner values are blanked
+#: (KIP-590 forwards CreateTopics and IncrementalAlterConfigs in Envelopes; the envelope check needs them).
+_CONFIG_REQUEST_KEYS = frozenset(k for (k, d) in CONFIG_VALUES if d == "req")
 
 #: Where the headers policy strips record payloads.
 _RECORDS: frozenset[tuple[int, Direction]] = frozenset(
@@ -226,17 +236,37 @@ def _strip_payloads() -> Callable[[bytes], bytes] | None:
     return fn
 
 
-def request_is_sensitive_envelope(frame: bytes) -> bool:
-    """An Envelope request whose inner request carries secrets (or cannot be read: fail closed)."""
+def _inner_api_key(frame: bytes) -> int | None:
+    """The API key of an Envelope request's inner request; None when it cannot be read."""
     try:
         request = codec.decode_request(frame)
         data = request.body.get("RequestData")
         raw = getattr(data, "raw", data)
         if not isinstance(raw, bytes | bytearray):
-            return True
-        return codec.peek.peek_request_header(raw).api_key in (_SECRET_REQUEST_KEYS | _SECRET_RESPONSE_KEYS)
+            return None
+        return int(codec.peek.peek_request_header(bytes(raw)).api_key)
     except Exception:
-        return True
+        return None
+
+
+def request_is_sensitive_envelope(frame: bytes) -> bool:
+    """An Envelope request whose response must be hidden: its inner request carries secrets, its inner
+    answer may carry config values, or it cannot be read (fail closed)."""
+    inner = _inner_api_key(frame)
+    return inner is None or inner in _HIDDEN_ENVELOPE_RESPONSES
+
+
+def _redact_envelope_configs(message: codec.Request) -> list[str]:
+    """Blank password-type config values inside an Envelope's inner request; the configs' names."""
+    data = message.body.get("RequestData")
+    raw = getattr(data, "raw", data)
+    if not isinstance(raw, bytes | bytearray):
+        raise DecodeError("Envelope without readable RequestData", 0, what="Envelope")
+    inner = codec.decode_request(bytes(raw))
+    names = redact_configs(inner.body, CONFIG_VALUES.get((inner.api_key, "req"), ()))
+    if names:
+        message.body["RequestData"] = codec.encode(inner)
+    return names
 
 
 def secret_fields(info: FrameInfo) -> tuple[str, ...]:
@@ -263,13 +293,12 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
     secrets = secret_fields(info)
     if info.sasl_token:
         return Captured(b"", secrets, {Header.ORIG_SIZE: str(info.size)})
-    if (
-        info.api_key == ApiKey.ENVELOPE
-        and info.direction == "req"
-        and len(head) == info.size
-        and request_is_sensitive_envelope(head)
-    ):
-        secrets = ("RequestData",)
+    envelope_configs = False
+    if info.api_key == ApiKey.ENVELOPE and info.direction == "req" and len(head) == info.size:
+        inner = _inner_api_key(head)
+        if inner is None or inner in _HIDDEN_ENVELOPE_REQUESTS:
+            secrets = ("RequestData",)
+        envelope_configs = inner in _CONFIG_REQUEST_KEYS
 
     def header_only(extra: dict[str, str] | None = None) -> Captured:
         # The header is located lazily: the full policy's common case never needs it. An unreadable
@@ -290,12 +319,14 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
         return header_only()
     value = head
     configs = CONFIG_VALUES.get((info.api_key, info.direction), ()) if info.api_key is not None else ()
-    if secrets or configs:
+    if secrets or configs or envelope_configs:
         try:
             message = _decode(head, info)
             for path in secrets:
                 _blank(message.body, path.split("."))
             config_names = redact_configs(message.body, configs)
+            if envelope_configs:
+                config_names += _redact_envelope_configs(message)  # type: ignore[arg-type]
             if secrets or config_names:
                 value = codec.encode(message)
         except Exception:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import codec
 from codec.protocol import ApiKey
 from codec.samples import random_request_body, random_response_body
-from tap.capture import CONFIG_TYPE_PASSWORD, CONFIG_VALUES, FrameInfo, capture
+from tap.capture import CONFIG_TYPE_PASSWORD, CONFIG_VALUES, FrameInfo, capture, request_is_sensitive_envelope
 from tap.password_configs_gen import JSON_PATH
 from tap.secret_configs import is_password_config, password_configs
 
@@ -187,25 +187,35 @@ def test_describe_configs_trusts_the_brokers_own_flags(sensitive: bool, config_t
     assert entry["Value"] is None and entry["Synonyms"][0]["Value"] is None
 
 
-def test_an_envelope_carrying_alter_configs_is_mirrored_header_only() -> None:
+def _envelope(inner: bytes) -> bytes:
+    body = {"RequestData": inner, "RequestPrincipal": b"User:admin", "ClientHostAddress": b"\x7f\x00\x00\x01"}
+    return codec.encode_request(ApiKey.ENVELOPE, 0, 9, "broker", body)
+
+
+def test_an_envelope_keeps_its_body_with_the_inner_password_blanked() -> None:
+    """KIP-590 forwards config requests in Envelopes; the envelope check needs the inner request."""
+    configs = [{"Name": "sasl.jaas.config", "Value": MARKER}, {"Name": "retention.ms", "Value": KEEP}]
     inner = codec.encode_request(
         ApiKey.ALTER_CONFIGS,
         2,
         1,
         "admin",
-        {
-            "Resources": [
-                {
-                    "ResourceType": 4,
-                    "ResourceName": "1",
-                    "Configs": [{"Name": "sasl.jaas.config", "Value": MARKER}],
-                }
-            ],
-            "ValidateOnly": False,
-        },
+        {"Resources": [{"ResourceType": 4, "ResourceName": "1", "Configs": configs}], "ValidateOnly": False},
     )
-    body = {"RequestData": inner, "RequestPrincipal": b"User:admin", "ClientHostAddress": b"\x7f\x00\x00\x01"}
-    frame = codec.encode_request(ApiKey.ENVELOPE, 0, 9, "broker", body)
-    for policy in POLICIES:
-        out = capture(frame, FrameInfo("req", len(frame), ApiKey.ENVELOPE, 0), policy, 900_000)  # type: ignore[arg-type]
-        assert MARKER.encode() not in out.value and out.redacted == ("RequestData",)
+    frame = _envelope(inner)
+    out = capture(frame, FrameInfo("req", len(frame), ApiKey.ENVELOPE, 0), "full", 900_000)
+    assert MARKER.encode() not in out.value and out.redacted == ("config:sasl.jaas.config",)
+    data = codec.decode_request(out.value).body["RequestData"]
+    entries = codec.decode_request(bytes(data.raw)).body["Resources"][0]["Configs"]
+    assert [(e["Name"], e["Value"]) for e in entries] == [("sasl.jaas.config", None), ("retention.ms", KEEP)]
+    for policy in ("headers", "meta"):
+        hidden = capture(frame, FrameInfo("req", len(frame), ApiKey.ENVELOPE, 0), policy, 900_000)  # type: ignore[arg-type]
+        assert MARKER.encode() not in hidden.value
+    # Its answer cannot carry configs: shown. A CreateTopics answer can: hidden.
+    assert not request_is_sensitive_envelope(frame)
+    create = codec.encode_request(
+        ApiKey.CREATE_TOPICS, 7, 1, "forged", {"Topics": [], "ValidateOnly": True, "TimeoutMs": 1}
+    )
+    assert request_is_sensitive_envelope(_envelope(create))
+    plain = _envelope(create)
+    assert capture(plain, FrameInfo("req", len(plain), ApiKey.ENVELOPE, 0), "full", 900_000).value == plain
