@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kpmon.config import ConfigError, KafkaClusterConfig, KpmonConfig, TapListenerConfig, load_config
+from kpmon.config import ConfigError, KpmonConfig, TapListenerConfig, load_config
 
 
 def _listener(text: str) -> TapListenerConfig:
@@ -44,7 +44,10 @@ def configure(args: argparse.Namespace) -> KpmonConfig:
         if value is not None:
             tap[name] = value
     if args.tap_bootstrap_servers:
-        tap["cluster"] = KafkaClusterConfig(bootstrap_servers=args.tap_bootstrap_servers)
+        # Another address for the same cluster: its credentials (properties) still apply.
+        tap["cluster"] = config.tap_cluster.model_copy(
+            update={"bootstrap_servers": args.tap_bootstrap_servers}
+        )
     if args.rewrite_broker_addresses:
         tap["rewrite_broker_addresses"] = True
     if args.dynamic_listener_ports:

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_listen_args_override_config(tmp_path: Path) -> None:
     cfg = tmp_path / "kpmon.yaml"
-    cfg.write_text("tap:\n  topic: from-file\n  capture: meta\n")
+    cfg.write_text(
+        "tap:\n  topic: from-file\n  capture: meta\n"
+        "  cluster: {bootstrap_servers: 'x:1', properties: {security.protocol: SASL_SSL}}\n"
+    )
     args = build_parser().parse_args(
         [
             "tap",
@@ -46,6 +49,7 @@ def test_listen_args_override_config(tmp_path: Path) -> None:
     assert config.tap.capture == "full"
     assert config.tap.listeners[0].broker_id == 3
     assert config.tap_cluster.bootstrap_servers == "mon:9092"
+    assert config.tap_cluster.properties == {"security.protocol": "SASL_SSL"}  # kept, not dropped
     assert config.tap.rewrite_broker_addresses and config.tap.clamp_api_versions
 
 
