@@ -142,3 +142,255 @@ def export_pcap(frames: Iterable[TapFrame], path: Path) -> ExportStats:
     finally:
         stats = export.close()
     return stats
+
+
+# ----- pcap in ------------------------------------------------------------------------------------------
+
+#: Kafka's default port: always dissected as Kafka, besides the ports given or found in Metadata.
+DEFAULT_BROKER_PORT = 9092
+
+
+class PcapError(ValueError):
+    """A capture that cannot be read (no tshark, not a pcap/pcapng, tshark failed)."""
+
+
+@dataclass
+class PcapStats:
+    streams: int = 0
+    pdus: int = 0
+    #: Frames of streams whose start the capture missed, before the first frame that decodes:
+    #: the capture began mid-stream, so where frames begin is unknown until one decodes.
+    skipped_before_boundary: int = 0
+    #: Responses whose request is not in the capture.
+    unpaired_responses: int = 0
+    broker_ports: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Pdu:
+    ts_ns: int
+    stream: int
+    src: str
+    dst: str
+    data: bytes
+
+
+def _tshark() -> str:
+    import shutil
+
+    found = shutil.which("tshark")
+    if found is None:
+        raise PcapError("reading a pcap needs tshark (Debian package tshark; `make setup` installs it)")
+    return found
+
+
+def _run_tshark(args: list[str]) -> str:
+    import subprocess
+
+    done = subprocess.run([_tshark(), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PcapError(f"tshark failed: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+def _stream_starts(path: Path) -> tuple[set[int], set[int]]:
+    """Streams whose SYN is in the capture, and streams that end (FIN or RST) in it."""
+    text = _run_tshark(
+        [
+            "-r",
+            str(path),
+            "-n",
+            "-Y",
+            "tcp.flags.syn == 1 || tcp.flags.fin == 1 || tcp.flags.reset == 1",
+            "-T",
+            "fields",
+            "-e",
+            "tcp.stream",
+            "-e",
+            "tcp.flags.syn",
+            "-e",
+            "tcp.flags.ack",
+            "-e",
+            "tcp.flags.fin",
+            "-e",
+            "tcp.flags.reset",
+        ]
+    )
+    starts: set[int] = set()
+    ends: set[int] = set()
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 5 or not parts[0]:
+            continue
+        flag = {
+            name: value in ("1", "True")
+            for name, value in zip(("syn", "ack", "fin", "rst"), parts[1:], strict=False)
+        }
+        if flag["syn"] and not flag["ack"]:
+            starts.add(int(parts[0]))
+        if flag["fin"] or flag["rst"]:
+            ends.add(int(parts[0]))
+    return starts, ends
+
+
+def _pdus(path: Path, ports: set[int]) -> list[_Pdu]:
+    """Every Kafka PDU on ``ports``, reassembled by Wireshark's TCP engine (retransmissions dropped,
+    out-of-order segments put in order, PDUs split over segments joined)."""
+    import json
+
+    decode_as = [arg for port in sorted(ports) for arg in ("-d", f"tcp.port=={port},kafka")]
+    text = _run_tshark(
+        [
+            "-r",
+            str(path),
+            "-n",
+            # Two passes: segments that arrive out of order are put in place before PDUs are cut.
+            "-2",
+            *decode_as,
+            "-o",
+            "tcp.desegment_tcp_streams:TRUE",
+            "-o",
+            "tcp.reassemble_out_of_order:TRUE",
+            "-o",
+            "tcp.analyze_sequence_numbers:TRUE",
+            "-Y",
+            "kafka",
+            "-T",
+            "json",
+            "-x",
+        ]
+    )
+    out: list[_Pdu] = []
+    for packet in json.loads(text or "[]"):
+        layers = packet["_source"]["layers"]
+        ip = layers.get("ip") or layers.get("ipv6") or {}
+        src_ip = ip.get("ip.src") or ip.get("ipv6.src") or "?"
+        dst_ip = ip.get("ip.dst") or ip.get("ipv6.dst") or "?"
+        tcp = layers["tcp"]
+        raws = layers.get("kafka_raw") or []
+        if raws and isinstance(raws[0], str):
+            raws = [raws]
+        seconds, _, fraction = str(layers["frame"]["frame.time_epoch"]).partition(".")
+        ts_ns = int(seconds) * 1_000_000_000 + int((fraction + "000000000")[:9])
+        for raw in raws:
+            data = bytes.fromhex(raw[0])
+            if len(data) < 4:
+                continue
+            out.append(
+                _Pdu(
+                    ts_ns,
+                    int(tcp["tcp.stream"]),
+                    f"{src_ip}:{tcp['tcp.srcport']}",
+                    f"{dst_ip}:{tcp['tcp.dstport']}",
+                    data[4:],
+                )
+            )
+    return out
+
+
+def _metadata_ports(frames: Iterable[TapFrame]) -> set[int]:
+    """Broker ports the cluster announced in the Metadata responses seen."""
+    found: set[int] = set()
+    for frame in frames:
+        response = frame.response
+        if response is None or frame.api_key != 3:
+            continue
+        for broker in response.body.get("Brokers") or []:
+            port = broker.get("Port") if isinstance(broker, dict) else None
+            if isinstance(port, int) and 0 < port < 65536:
+                found.add(port)
+    return found
+
+
+def frames_from_pcap(
+    path: Path, broker_ports: Iterable[int] = (), learn_ports: bool = True
+) -> tuple[list[TapFrame], PcapStats]:
+    """A pcap or pcapng of client-broker traffic as tap frames, one connection per TCP stream.
+
+    Requests are what goes to a broker port, responses what comes from one; each response is paired
+    with its stream's request by correlation id (as the tap does). Broker ports are ``broker_ports``
+    plus 9092 plus, with ``learn_ports``, every port the Metadata responses seen announce (the capture
+    is read again when that finds new ones).
+    """
+    if not path.is_file():
+        raise PcapError(f"cannot read {path}: no such file")
+    ports = {DEFAULT_BROKER_PORT, *broker_ports}
+    while True:
+        frames, stats = _frames(path, ports)
+        found = _metadata_ports(frames) if learn_ports else set()
+        if found <= ports:
+            stats.broker_ports = ports
+            return frames, stats
+        ports |= found
+
+
+def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
+    from codec.errors import DecodeError
+    from codec.peek import peek_request_header
+    from codec.taprecord import decode_frame
+
+    starts, ends = _stream_starts(path)
+    stats = PcapStats()
+    frames: list[TapFrame] = []
+    seqs: dict[int, int] = {}
+    pending: dict[int, dict[int, tuple[int, int]]] = {}
+    synced: set[int] = set(starts)
+    last_ts: dict[int, tuple[int, str, str]] = {}
+    for pdu in _pdus(path, ports):
+        stats.pdus += 1
+        src_port = int(pdu.src.rpartition(":")[2])
+        dst_port = int(pdu.dst.rpartition(":")[2])
+        is_request = dst_port in ports and not (src_port in ports and dst_port not in ports)
+        client, broker = (pdu.src, pdu.dst) if is_request else (pdu.dst, pdu.src)
+        conn = f"pcap-{pdu.stream}"
+        if pdu.stream not in seqs:
+            seqs[pdu.stream] = 1
+            stats.streams += 1
+            frames.append(TapFrame(conn, 1, pdu.ts_ns, "open", client=client, broker=broker, capture="full"))
+        last_ts[pdu.stream] = (pdu.ts_ns, client, broker)
+        frame = TapFrame(
+            conn, 0, pdu.ts_ns, "req" if is_request else "resp", client=client, broker=broker, capture="full"
+        )
+        if is_request:
+            try:
+                header = peek_request_header(pdu.data)
+            except DecodeError:
+                header = None
+            if pdu.stream not in synced:
+                # Mid-stream start: Wireshark's PDU boundaries are guesses until one request decodes.
+                if header is None or decode_frame(frame, pdu.data).error is not None:
+                    stats.skipped_before_boundary += 1
+                    continue
+                synced.add(pdu.stream)
+                frame = TapFrame(conn, 0, pdu.ts_ns, "req", client=client, broker=broker, capture="full")
+            if header is not None:
+                pending.setdefault(pdu.stream, {})[header.correlation_id] = (
+                    header.api_key,
+                    header.api_version,
+                )
+                frame.correlation_id = header.correlation_id
+        else:
+            if len(pdu.data) < 4:
+                stats.unpaired_responses += 1
+                continue
+            (corr,) = struct.unpack_from(">i", pdu.data)
+            request = pending.get(pdu.stream, {}).pop(corr, None)
+            if request is None:
+                if pdu.stream in synced:
+                    stats.unpaired_responses += 1
+                else:
+                    stats.skipped_before_boundary += 1
+                continue
+            frame.api_key, frame.api_version, frame.correlation_id = request[0], request[1], corr
+        seqs[pdu.stream] += 1
+        frame.seq = seqs[pdu.stream]
+        frames.append(decode_frame(frame, pdu.data))
+    for stream in sorted(ends & set(seqs)):
+        ts_ns, client, broker = last_ts[stream]
+        seqs[stream] += 1
+        frames.append(
+            TapFrame(
+                f"pcap-{stream}", seqs[stream], ts_ns, "close", client=client, broker=broker, capture="full"
+            )
+        )
+    return frames, stats

@@ -142,20 +142,45 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
         consumer.close()
 
 
+def frames_from_pcap_file(args: argparse.Namespace) -> Iterator[InputFrame]:
+    from kpmon.pcap import PcapError, frames_from_pcap
+
+    try:
+        frames, stats = frames_from_pcap(Path(args.pcap), args.broker_port)
+    except PcapError as exc:
+        raise InputError(str(exc)) from None
+    for frame in frames:
+        if frame.direction in (REQ, RESP) and frame.raw is not None:
+            yield InputFrame(
+                frame.raw,
+                frame.direction,
+                frame.api_key,
+                frame.api_version,
+                f"{args.pcap}:{frame.conn}#{frame.seq}",
+            )
+    print(
+        f"kpmon decode: {stats.streams} TCP streams, {stats.pdus} Kafka frames; {stats.skipped_before_boundary} "
+        f"skipped before the first frame boundary, {stats.unpaired_responses} responses without their request",
+        file=sys.stderr,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.topic:
+    if args.pcap:
+        frames: Iterator[InputFrame] = frames_from_pcap_file(args)
+    elif args.topic:
         try:
             resolve_cluster(args, load_config(args.config))
         except (ConfigError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        frames: Iterator[InputFrame] = frames_from_topic(args)
+        frames = frames_from_topic(args)
     elif args.file:
         frames = frames_from_file(Path(args.file), args)
     elif args.hex:
         frames = frames_from_hex(args.hex, args)
     else:
-        print("error: give hex frames, --file or --topic (see kpmon decode --help)", file=sys.stderr)
+        print("error: give hex frames, --file, --topic or --pcap (see kpmon decode --help)", file=sys.stderr)
         return 2
     pairer = Pairer()
     failures = 0
@@ -201,6 +226,17 @@ def register(sub: Any) -> None:
     parser.add_argument("hex", nargs="*", help="frames as hex strings (whitespace ignored)")
     parser.add_argument("--file", help="binary file of size-prefixed frames ('-' for stdin)")
     parser.add_argument("--topic", help="read frames from this tap topic")
+    parser.add_argument(
+        "--pcap",
+        help="pcap or pcapng of client-broker traffic (TCP reassembled by tshark; docs/quickstart.md)",
+    )
+    parser.add_argument(
+        "--broker-port",
+        type=int,
+        action="append",
+        default=[],
+        help="with --pcap: a port brokers listen on (repeatable; 9092 and the ports Metadata announces are added)",
+    )
     add_cluster_options(parser)
     parser.add_argument("--max", type=int, default=None, help="stop after this many frames from the topic")
     parser.add_argument(

@@ -30,7 +30,7 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
-from kpmon.commands.topicopts import add_source_options, open_tap_topic, resolve_cluster
+from kpmon.commands.topicopts import add_pcap_options, add_source_options, open_tap_topic, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
@@ -199,6 +199,17 @@ def run(args: argparse.Namespace) -> int:
                 monitor, findings = run_checks(
                     frames_from_capture(Path(args.capture)), config.checks.settings()
                 )
+            elif args.pcap:
+                from kpmon.pcap import frames_from_pcap
+
+                frames, read = frames_from_pcap(Path(args.pcap), args.broker_port)
+                source = (
+                    f"pcap {args.pcap}: {read.streams} TCP streams, {read.pdus} Kafka frames on ports "
+                    f"{','.join(map(str, sorted(read.broker_ports)))}; {read.skipped_before_boundary} skipped "
+                    f"before the first frame boundary (capture started mid-stream), "
+                    f"{read.unpaired_responses} responses without their request"
+                )
+                monitor, findings = run_checks(frames, config.checks.settings())
             else:
                 args.topic = args.topic or config.tap.topic
                 resolve_cluster(args, config)
@@ -257,7 +268,7 @@ def register(sub: Any) -> None:
         "read or written; 2 bad usage or config; 3 a finding at or above --fail-on exists.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_source_options(parser)
+    add_pcap_options(add_source_options(parser), parser)
     parser.add_argument(
         "--save-capture", help="also save the records read from the topic to this capture file"
     )

@@ -28,9 +28,9 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_source_options(parser: argparse.ArgumentParser) -> None:
+def add_source_options(parser: argparse.ArgumentParser) -> Any:
     """Where tap records come from (``kpmon report``, ``kpmon export``): a capture file or the tap
-    topic, and how much of the topic to read."""
+    topic, and how much of the topic to read. Returns the group of sources, for a command's own."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--capture", help="capture file of tap records, JSON lines ('-' for stdin)")
     source.add_argument("--topic", help="tap topic to read (default: tap.topic from the config)")
@@ -38,6 +38,22 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max", type=int, default=None, help="stop after this many records from the topic")
     parser.add_argument(
         "--idle-timeout", type=float, default=5.0, help="stop reading the topic after this many idle seconds"
+    )
+    return source
+
+
+def add_pcap_options(source: Any, parser: argparse.ArgumentParser) -> None:
+    """``--pcap`` as a source (``kpmon report``, ``kpmon decode``) and the broker ports it needs."""
+    source.add_argument(
+        "--pcap",
+        help="pcap or pcapng of client-broker traffic (TCP reassembled by tshark; docs/quickstart.md)",
+    )
+    parser.add_argument(
+        "--broker-port",
+        type=int,
+        action="append",
+        default=[],
+        help="with --pcap: a port brokers listen on (repeatable; 9092 and the ports Metadata announces are added)",
     )
 
 
