@@ -211,3 +211,82 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
         len(read_topic_range(cluster.bootstrap_servers, alerts_topic, properties=dict(cluster.properties)))
         == 1
     )
+
+
+def _kafka_python_roundtrip(m: Mtls, port: int, topic: str, value: bytes) -> None:
+    """kafka-python as alice: its own TLS stack (Python's ``ssl``) with her client certificate."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    common: dict[str, Any] = {
+        "bootstrap_servers": f"127.0.0.1:{port}",
+        "security_protocol": "SSL",
+        "ssl_cafile": str(m.tap_ca.pem),
+        "ssl_certfile": str(m.clients["alice"].cert),
+        "ssl_keyfile": str(m.clients["alice"].key),
+        "client_id": "kpmon-mtls-kafka-python",
+    }
+    producer = KafkaProducer(**common)
+    producer.send(topic, value).get(timeout=30)
+    producer.close()
+    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
+    try:
+        assert value in [r.value for r in consumer]
+    finally:
+        consumer.close()
+
+
+def _java_roundtrip(m: Mtls, port: int, topic: str, value: str, directory: Path) -> None:
+    """Kafka's Java tools (the Java client) as alice: a PEM keystore with her key and certificate."""
+    from deploy.local.tools import run_tool
+    from deploy.versions import KAFKA_LEGACY
+    from tests.tap.secured import java_properties_file
+
+    props = java_properties_file(
+        directory / "java-mtls-alice.properties",
+        {
+            "security.protocol": "SSL",
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(m.tap_ca.pem),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(m.clients["alice"].keystore),
+            "client.id": "kpmon-mtls-java",
+        },
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    produced = run_tool(
+        KAFKA_LEGACY,
+        "kafka-console-producer",
+        ["--bootstrap-server", bootstrap, "--producer.config", str(props), "--topic", topic],
+        timeout=120,
+        input=value + "\n",
+    )
+    assert produced.returncode == 0, produced.stderr[-2000:]
+    consumed = run_tool(
+        KAFKA_LEGACY,
+        "kafka-console-consumer",
+        [
+            *("--bootstrap-server", bootstrap, "--consumer.config", str(props), "--topic", topic),
+            *("--from-beginning", "--max-messages", "1", "--timeout-ms", "30000"),
+        ],
+        timeout=120,
+    )
+    assert consumed.returncode == 0 and value in consumed.stdout, consumed.stderr[-2000:]
+
+
+def test_kafka_python_and_the_java_client_through_the_tap_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
+    """The same re-presented identity for the two other client libraries: each TLS stack (Python's
+    ``ssl`` in kafka-python, the JDK's with a PEM keystore) presents alice's certificate to the tap,
+    and the tap presents its alice identity to the broker that requires one."""
+    t, port, sink = _tap(mtls)
+    try:
+        _kafka_python_roundtrip(mtls, port, f"mtls-kp-{uuid.uuid4().hex[:6]}", b"from kafka-python")
+        _java_roundtrip(mtls, port, f"mtls-java-{uuid.uuid4().hex[:6]}", "from-java", tmp_path)
+        t.wait_idle(15)
+    finally:
+        t.stop()
+    opened = [json.loads(r.value) for r in sink.records if dict(r.headers)["dir"] == b"open"]
+    assert opened and all(o["tls"]["peer"] == "commonName=alice" for o in opened)
+    requests = [r.value for r in sink.records if dict(r.headers)["dir"] == b"req"]
+    per_library = {c: sum(c in v for v in requests) for c in (b"kpmon-mtls-kafka-python", b"kpmon-mtls-java")}
+    print(f"\nmTLS through the tap: {len(opened)} connections as alice; requests mirrored: {per_library}")
+    assert all(per_library.values()), per_library
