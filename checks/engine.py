@@ -46,7 +46,8 @@ class _ConnState:
     pending: dict[int, TapFrame] = field(default_factory=dict)
 
 
-#: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules.
+#: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules,
+#: and with ("on_header", exchange) for a request known only by its header (undecodable or header-only).
 ExchangeObserver = Callable[[str, Exchange], None]
 
 
@@ -67,12 +68,16 @@ class Monitor:
         only_key: str | None = None,
         observer: ExchangeObserver | None = None,
         track_gaps: bool = True,
+        report_frames: bool = True,
     ) -> None:
         self.rules = list(rules)
         self.ctx = ctx
         self.only_key = only_key
         self.observer = observer
         self.track_gaps = track_gaps
+        #: Report undecodable frames and count header-only ones. Off in a keyed shard: the connection
+        #: shard did both, and routes such a request on only for the rules that judge its header.
+        self.report_frames = report_frames
         self.states: dict[tuple[str, str], State] = {}
         self.last_seen: dict[tuple[str, str], int] = {}
         self.conns: dict[str, _ConnState] = {}
@@ -155,12 +160,14 @@ class Monitor:
         if frame.direction == "open":
             return
         if frame.error is not None:
-            self._decode_error(frame)
+            if self.report_frames:
+                self._decode_error(frame)
             self._header_only_request(frame)
             return
         if frame.message is None:
             # Captured header-only (``meta`` policy, or truncated as too large): only the header's facts.
-            self.stats.header_only += 1
+            if self.report_frames:
+                self.stats.header_only += 1
             self._header_only_request(frame)
             return
         if frame.direction == "req":
@@ -196,13 +203,15 @@ class Monitor:
     def _header_only_request(self, frame: TapFrame) -> None:
         """A request known only by its header: the rules that judge headers alone still see it.
 
-        Not shown to the observer: a shard routes frames by decoded content, and this frame's content is
-        only its header (the connection-scoped rules of the shard itself do see it).
+        Shown to the observer as ``on_header`` (``ex.req`` is the header, ``ex.request.message`` the only
+        thing added to the frame as it came): a shard routes it to the keyed rules that judge headers.
         """
         request = header_request(frame)
         if request is None:
             return
         exchange = Exchange(replace(frame, message=request), None)
+        if self.observer is not None:
+            self.observer("on_header", exchange)
         for rule in self.rules:
             if not rule.judges_headers or (
                 rule.api_keys is not None and request.api_key not in rule.api_keys
@@ -392,10 +401,18 @@ class Monitor:
         only_key: str | None = None,
         observer: ExchangeObserver | None = None,
         track_gaps: bool = True,
+        report_frames: bool = True,
     ) -> Monitor:
         """A monitor with ``rules`` that carries on from ``to_state`` output."""
         body = _read_state(data)
-        monitor = cls(rules, ctx, only_key=only_key, observer=observer, track_gaps=track_gaps)
+        monitor = cls(
+            rules,
+            ctx,
+            only_key=only_key,
+            observer=observer,
+            track_gaps=track_gaps,
+            report_frames=report_frames,
+        )
         monitor.states = {(rule, key): state for rule, key, state in body["states"]}
         monitor.last_seen = {(rule, key): ts for rule, key, ts in body["last_seen"]}
         for conn, last_seq, pending in body["conns"]:

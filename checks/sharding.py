@@ -15,7 +15,10 @@ Two stages, both driving the same ``Monitor`` and rules as a single-process run:
 A route carries the frame's facts (``codec.facts``: the decoded message without the records of data
 batches), so the two stages can run in different processes and the frame is decoded only once. Routes are only sent for the frames a rule needs: a request when it is sent, and its
 response when it comes (with the request again for keys that only the response revealed, such as the
-producer id an InitProducerId response assigns).
+producer id an InitProducerId response assigns). A request known only by its header (its body did not
+decode, or was mirrored header-only) goes on as it came, with its decode error and bytes, to the keyed
+rules that judge headers (``Rule.judges_headers``: the fleet matrix); the connection shard alone reports
+its decode error.
 """
 
 from __future__ import annotations
@@ -115,12 +118,15 @@ class ConnectionShard:
         """This shard's state as bytes (the monitor's binary state plus the routing memory)."""
         return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
-    def _keys(self, ex: Exchange, first_use: bool) -> list[str]:
+    def _keys(self, ex: Exchange, first_use: bool, header_only: bool = False) -> list[str]:
+        """Route keys of ``ex``; ``header_only``: of the rules that judge a request by its header alone."""
         inner = (
             unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == ApiKey.ENVELOPE else None
         )
         out: dict[str, None] = {}
         for rule in self.keyed_rules:
+            if header_only and not rule.judges_headers:
+                continue
             if rule.key_kind in FIRST_USE_ONLY and ex.api_key != ApiKey.API_VERSIONS and not first_use:
                 continue
             for exchange in (ex, inner):
@@ -135,11 +141,19 @@ class ConnectionShard:
     def _observe(self, hook: str, ex: Exchange) -> None:
         incomplete = ex.conn in self.ctx.incomplete_conns
         sent_key = f"{ex.conn}|{ex.request.correlation_id}"
-        if hook == "on_request":
+        if hook in ("on_request", "on_header"):
             use = f"{ex.api_key}|{ex.api_version}"
             first_use = use not in self.used
             if first_use:
                 self.used.append(use)
+        if hook == "on_header":
+            # Known by its header only: the frame goes on as it came (its decode error and bytes, or
+            # nothing), the keyed shard judges the header and reports no decode error of its own.
+            frame = replace(ex.request, message=None)
+            for key in self._keys(ex, first_use, header_only=True):
+                self.routes.append(Route(key, frame, ex.ts_ns, incomplete, request_only=True))
+            return
+        if hook == "on_request":
             keys = self._keys(ex, first_use)
             paired = [
                 k
@@ -180,12 +194,15 @@ class KeyedShard:
             raise KeyError(f"no rule keyed by {kind!r} (route key {key!r})")
         self.ctx = Context(_stage_config(config))
         # Only some of a connection's frames come here, so its seq numbers have holes by design: gaps
-        # are judged by the connection shard, which flags its routes ``incomplete``.
+        # are judged by the connection shard, which flags its routes ``incomplete``. It also reports
+        # the decode errors: an undecodable request routed here is judged by its header only.
         if saved:
             monitor = _unpack(saved)["monitor"]
-            self.monitor = Monitor.from_state(monitor, rules, self.ctx, only_key=state_key, track_gaps=False)
+            self.monitor = Monitor.from_state(
+                monitor, rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False
+            )
         else:
-            self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False)
+            self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False)
 
     def feed(self, routes: Iterable[Route]) -> list[Finding]:
         """Routed frames in event-time order (the caller releases them past its watermark)."""

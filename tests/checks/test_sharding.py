@@ -114,7 +114,24 @@ def more_rules() -> list[TapFrame]:
     frames.append(flex.garbage("req", raw[: fl.HEADER_END] + raw[fl.HEADER_END + 1 :], 20 * SECOND))
     tags = bytes([2, 7, 1, ord("a"), 3, 1, ord("b")])
     frames.append(flex.garbage("req", raw[: fl.HEADER_END] + tags + raw[fl.HEADER_END + 1 :], 21 * SECOND))
+    frames += headers_only(22 * SECOND)
     return frames
+
+
+def headers_only(at: int) -> list[TapFrame]:
+    """Requests known by their header alone, judged at both scopes: an undecodable Produce v2 (out of
+    range here, and removed in 4.0: the cluster rule), an undecodable Metadata v99 (no codec defines it)
+    and a header-only Fetch v3 (``meta`` capture, another software's connection)."""
+    conv = Conversation(conn="tap1-undecodable", client_id="old-app")
+    meta = Conversation(conn="tap1-meta", client_id="meta-app")
+    return [
+        conv.open(at),
+        *av.handshake(conv, at + 1_000_000),
+        conv.undecodable_request(av.PRODUCE, 2, b"\xff", at + 2_000_000),
+        conv.undecodable_request(av.METADATA, 99, b"\x00\x00\x00\x00", at + 3_000_000),
+        meta.open(at),
+        meta.header_only_request(av.FETCH, 3, at + 4_000_000),
+    ]
 
 
 def single_run(frames: list[TapFrame]) -> list[Finding]:
@@ -190,6 +207,37 @@ def test_the_scenario_raises_every_family() -> None:
         "flex.header_version",
         "flex.tagged_fields",
     } <= rules, sorted(rules)
+
+
+def test_requests_known_by_their_header_reach_the_cluster_shard_once() -> None:
+    """Undecodable and header-only requests: the connection shard reports the decode errors, the
+    cluster shard judges their headers (KIP-896 removals) without a decode error of its own."""
+    frames = headers_only(SECOND)
+    single = single_run(frames)
+    found = sorted((f.rule, f.subject) for f in single)
+    assert found == [
+        ("apiversions.no_handshake", "conn:tap1-meta"),
+        ("apiversions.out_of_range", "conn:tap1-undecodable"),
+        ("apiversions.out_of_range", "conn:tap1-undecodable"),
+        ("apiversions.removed_in_4_0", "client:client.id="),
+        ("apiversions.removed_in_4_0", "client:librdkafka/2.6.0"),
+        ("frame.decode_error", "conn:tap1-undecodable"),
+        ("frame.decode_error", "conn:tap1-undecodable"),
+    ], found
+    for cuts in ([], list(range(len(frames)))):
+        assert summary(sharded_run(frames, cuts)) == summary(single)
+    shard = ConnectionShard(CONFIG)
+    shard.feed([f for f in frames if f.conn == "tap1-undecodable"])
+    routed = [r for r in shard.take_routes() if r.frame.error is not None]
+    # Both undecodable requests go to the cluster key as they came (error and bytes), request-only.
+    assert [(r.key, r.frame.api_version, r.request_only) for r in routed] == [
+        ("cluster|cluster", 2, True),
+        ("cluster|cluster", 99, True),
+    ]
+    assert all(r.frame.message is None and r.frame.raw for r in routed)
+    keyed = KeyedShard(CONFIG, "cluster|cluster")
+    assert [f.rule for f in keyed.feed(routed)] == ["apiversions.removed_in_4_0"]
+    assert keyed.ctx.stats.decode_errors == 0
 
 
 def test_one_batch_matches_the_single_monitor() -> None:

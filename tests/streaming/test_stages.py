@@ -21,9 +21,18 @@ from streaming.stages import (
     connection_step,
     keyed_step,
 )
-from tests.checks.test_sharding import CONFIG, LATENESS_NS, corpus_frames, scenario, single_run, summary
+from tests.checks.test_sharding import (
+    CONFIG,
+    LATENESS_NS,
+    corpus_frames,
+    headers_only,
+    scenario,
+    single_run,
+    summary,
+)
 
 NS_PER_MS = 1_000_000
+SECOND_NS = 1_000 * NS_PER_MS
 
 
 def tap_record(frame: TapFrame) -> tuple[dict[str, str], bytes | None, int, int]:
@@ -41,9 +50,15 @@ def tap_record(frame: TapFrame) -> tuple[dict[str, str], bytes | None, int, int]
         headers["listener"] = frame.listener
     if frame.broker_id is not None:
         headers["broker_id"] = str(frame.broker_id)
-    if frame.direction == "resp":
-        headers.update(api_key=str(frame.api_key), api_version=str(frame.api_version))
-        headers["corr_id"] = str(frame.correlation_id)
+    # The tap names every frame's api, version and correlation id (read from the frame's first bytes):
+    # what an undecodable or header-only request is judged by.
+    for name, value in (
+        ("api_key", frame.api_key),
+        ("api_version", frame.api_version),
+        ("corr_id", frame.correlation_id),
+    ):
+        if value is not None:
+            headers[name] = str(value)
     return headers, frame.raw, frame.partition, frame.offset
 
 
@@ -115,6 +130,18 @@ def test_stages_find_what_one_monitor_finds() -> None:
     expected = summary(single_run(frames))
     for batch_size in (1, 5, 1000):
         assert findings_of(run_stages(frames, batch_size)) == expected
+
+
+def test_requests_known_by_their_header_through_the_stages() -> None:
+    """Undecodable out-of-range requests and a header-only one, as tap records: both stages together
+    find what one monitor finds, the KIP-896 removal included, and each decode error once."""
+    frames = headers_only(SECOND_NS)
+    expected = summary(single_run(frames))
+    assert [f[1] for f in expected].count("frame.decode_error") == 2
+    assert "apiversions.removed_in_4_0" in {f[1] for f in expected}
+    for batch_size in (1, 100):
+        assert findings_of(run_stages(frames, batch_size)) == expected
+        assert findings_of(run_bucketed(frames, batch_size, 4)[0]) == expected
 
 
 def test_real_traffic_through_the_stages() -> None:
