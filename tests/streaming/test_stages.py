@@ -29,6 +29,7 @@ from tests.checks.test_sharding import (
     scenario,
     single_run,
     summary,
+    with_headers_only,
 )
 
 NS_PER_MS = 1_000_000
@@ -126,7 +127,7 @@ def findings_of(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, bo
 
 
 def test_stages_find_what_one_monitor_finds() -> None:
-    frames = scenario()
+    frames = with_headers_only()
     expected = summary(single_run(frames))
     for batch_size in (1, 5, 1000):
         assert findings_of(run_stages(frames, batch_size)) == expected
@@ -207,7 +208,7 @@ def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
 
 @pytest.mark.parametrize("buckets", [1, 3, 16])
 def test_bucketed_stages_find_what_one_monitor_finds(buckets: int) -> None:
-    frames = scenario()
+    frames = with_headers_only()
     expected = summary(single_run(frames))
     for batch_size in (1, 7, 1000):
         rows, _ = run_bucketed(frames, batch_size, buckets)
