@@ -385,8 +385,10 @@ _LIBRDKAFKA_ONLY = frozenset(
         "ssl.key.password",
         "ssl.endpoint.identification.algorithm",
         "enable.ssl.certificate.verification",
+        "enable.sasl.oauthbearer.unsecure.jwt",
     }
 )
+_OAUTHBEARER_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -396,6 +398,36 @@ _LOGIN_MODULES = {
 
 def _jaas_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _unsecured_oauthbearer_jaas(config: str) -> str:
+    """librdkafka's unsecured-token ``sasl.oauthbearer.config`` (``principal=alice scope=a,b
+    lifeSeconds=600 extension_k=v``) as the options of Kafka's ``OAuthBearerLoginModule``."""
+    options: dict[str, str] = {}
+    fields = dict(item.split("=", 1) for item in config.split() if "=" in item)
+    if len(fields) != len(config.split()):
+        raise ConfigError("properties: sasl.oauthbearer.config is not a list of name=value")
+    principal_claim, scope_claim = (
+        fields.pop("principalClaimName", "sub"),
+        fields.pop("scopeClaimName", "scope"),
+    )
+    if principal_claim != "sub":
+        options["unsecuredLoginPrincipalClaimName"] = principal_claim
+    if scope_claim != "scope":
+        options["unsecuredLoginScopeClaimName"] = scope_claim
+    if "principal" not in fields:
+        raise ConfigError("properties: sasl.oauthbearer.config has no principal=")
+    options[f"unsecuredLoginStringClaim_{principal_claim}"] = fields.pop("principal")
+    if "scope" in fields:
+        options[f"unsecuredLoginListClaim_{scope_claim}"] = "," + fields.pop("scope")
+    if "lifeSeconds" in fields:
+        options["unsecuredLoginLifetimeSeconds"] = fields.pop("lifeSeconds")
+    for name in [n for n in fields if n.startswith("extension_")]:
+        options[f"unsecuredLoginExtension_{name.removeprefix('extension_')}"] = fields.pop(name)
+    if fields:
+        raise ConfigError(f"properties: sasl.oauthbearer.config: no Java translation for {sorted(fields)}")
+    rendered = " ".join(f"{k}={_jaas_quote(v)}" for k, v in options.items())
+    return f"{_OAUTHBEARER_MODULE} required {rendered};"
 
 
 def java_properties_from_librdkafka(props: dict[str, str]) -> dict[str, str]:
@@ -408,6 +440,8 @@ def java_properties_from_librdkafka(props: dict[str, str]) -> dict[str, str]:
       certificate chain and the key inline (``ssl.keystore.certificate.chain``, ``ssl.keystore.key``),
       ``ssl.key.password`` carried over; the Java client wants the key in PKCS#8.
     - ``ssl.endpoint.identification.algorithm=none`` becomes the Java client's empty algorithm.
+    - OAUTHBEARER with librdkafka's unsecured tokens (``enable.sasl.oauthbearer.unsecure.jwt=true``)
+      becomes ``OAuthBearerLoginModule`` with the ``unsecuredLogin*`` options of ``sasl.oauthbearer.config``.
     - Other librdkafka-only names (``enable.ssl.certificate.verification``, ``sasl.oauthbearer.*``) are
       dropped: the Java client always verifies certificates. Anything else passes through unchanged.
 
@@ -429,6 +463,9 @@ def java_properties_from_librdkafka(props: dict[str, str]) -> dict[str, str]:
         out["sasl.jaas.config"] = (
             f"{module} required username={_jaas_quote(username or '')} password={_jaas_quote(password or '')};"
         )
+    unsecured_jwt = props.get("enable.sasl.oauthbearer.unsecure.jwt", "false").lower() == "true"
+    if props.get("sasl.mechanism", "").upper() == "OAUTHBEARER" and unsecured_jwt:
+        out["sasl.jaas.config"] = _unsecured_oauthbearer_jaas(props.get("sasl.oauthbearer.config", ""))
     if "ssl.ca.location" in props:
         out["ssl.truststore.type"] = "PEM"
         out["ssl.truststore.location"] = props["ssl.ca.location"]

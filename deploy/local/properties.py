@@ -89,15 +89,23 @@ def _jaas(spec: ClusterSpec) -> dict[str, str]:
     listener = spec.client_listener.lower()
     plain_user, plain_password = spec.users.plain
     scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    mechanisms = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER"
     return {
-        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-        f"listener.name.{listener}.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "sasl.enabled.mechanisms": mechanisms,
+        f"listener.name.{listener}.sasl.enabled.mechanisms": mechanisms,
         f"listener.name.{listener}.plain.sasl.jaas.config": (
             "org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'username="{plain_user}" password="{plain_password}" user_{plain_user}="{plain_password}";'
         ),
         f"listener.name.{listener}.scram-sha-256.sasl.jaas.config": scram,
         f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": scram,
+        # OAUTHBEARER with unsecured JWS tokens (alg "none"): Kafka's default validator for the mechanism
+        # (OAuthBearerUnsecuredValidatorCallbackHandler) accepts any well-formed token with a "sub". A
+        # development stack only: whoever connects names their own principal.
+        f"listener.name.{listener}.oauthbearer.sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredLoginStringClaim_sub="kpmon-broker";'
+        ),
     }
 
 

@@ -127,6 +127,37 @@ def test_sasl_credentials_become_a_jaas_config(mechanism: str) -> None:
     }
 
 
+def test_unsecured_oauthbearer_becomes_the_login_modules_unsecured_options() -> None:
+    java = java_properties_from_librdkafka(
+        {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "OAUTHBEARER",
+            "enable.sasl.oauthbearer.unsecure.jwt": "true",
+            "sasl.oauthbearer.config": "principal=kpmon scope=read,write lifeSeconds=600 extension_traceId=42",
+        }
+    )
+    assert java == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredLoginStringClaim_sub="kpmon" unsecuredLoginListClaim_scope=",read,write" '
+            'unsecuredLoginLifetimeSeconds="600" unsecuredLoginExtension_traceId="42";'
+        ),
+    }
+
+
+@pytest.mark.parametrize("config", ["scope=read", "principal=kpmon unknownOption=1", "principal"])
+def test_an_unsecured_oauthbearer_config_without_a_translation_is_a_config_error(config: str) -> None:
+    props = {
+        "sasl.mechanism": "OAUTHBEARER",
+        "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "sasl.oauthbearer.config": config,
+    }
+    with pytest.raises(ConfigError, match=r"sasl\.oauthbearer\.config"):
+        java_properties_from_librdkafka(props)
+
+
 def test_a_client_certificate_becomes_a_pem_keystore(tmp_path: Path) -> None:
     cert, key = tmp_path / "client.pem", tmp_path / "client.key"
     cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")

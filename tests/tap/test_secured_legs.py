@@ -18,6 +18,9 @@ refused with a clear error, the connection closed, and no frame mirrored.
 
 from __future__ import annotations
 
+import base64
+import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,9 +159,6 @@ def _java_tool_through_tap(secured: Secured, tap_port: int, directory: Path) -> 
 
 def _java_reads_tap_topic(secured: Secured, tap_topic: str, directory: Path) -> int:
     """The Java client reads the tap topic with the Spark source's properties (the translation)."""
-    from deploy.local.tools import run_tool
-    from deploy.versions import KAFKA_LEGACY
-
     direct = secured.direct("SCRAM-SHA-512")
     cluster = KafkaClusterConfig(
         bootstrap_servers=direct["bootstrap.servers"],
@@ -166,12 +166,20 @@ def _java_reads_tap_topic(secured: Secured, tap_topic: str, directory: Path) -> 
     )
     java = cluster.java_client_properties()
     assert "sasl.jaas.config" in java and "sasl.password" not in java
+    return _java_reads_tap_topic_with(java, cluster.bootstrap_servers, tap_topic, directory)
+
+
+def _java_reads_tap_topic_with(java: dict[str, str], bootstrap: str, tap_topic: str, directory: Path) -> int:
+    """Records ``kafka-console-consumer`` reads (5 at most) from the tap topic with ``java`` properties."""
+    from deploy.local.tools import run_tool
+    from deploy.versions import KAFKA_LEGACY
+
     props = java_properties_file(directory / "spark-source.properties", java)
     done = run_tool(
         KAFKA_LEGACY,
         "kafka-console-consumer",
         [
-            *("--bootstrap-server", cluster.bootstrap_servers, "--consumer.config", str(props)),
+            *("--bootstrap-server", bootstrap, "--consumer.config", str(props)),
             *("--topic", tap_topic, "--from-beginning", "--max-messages", "5", "--timeout-ms", "30000"),
             *("--property", "print.key=true", "--property", "print.value=false"),
         ],
@@ -291,9 +299,10 @@ def test_plaintext_to_the_brokers_tls_listener_isrefused(secured: Secured) -> No
 
 
 def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
-    """The job's own Kafka source (Spark, Java client) with ``source_options``: the translated properties."""
+    """The job's own streaming source (Spark's Kafka source, the Java client) with ``source_options``:
+    the translated properties, in a Structured Streaming query run once (``availableNow``)."""
     from kpmon.config import KpmonConfig
-    from streaming.job import source_options
+    from streaming.job import frame_rows, source_options
     from streaming.session import build_session
 
     direct = secured.direct("SCRAM-SHA-256")
@@ -319,8 +328,86 @@ def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured
     assert "kafka.sasl.jaas.config" in options and "kafka.sasl.password" not in options
     spark = build_session(config, "kpmon-secured-source")
     try:
-        batch = {k: v for k, v in options.items() if k != "maxOffsetsPerTrigger"}
-        rows = spark.read.format("kafka").options(**batch).option("endingOffsets", "latest").load().collect()
+        # The job's own stream (frame_rows: readStream with these options, then the header parsing),
+        # run once over what is there (availableNow) into a memory table.
+        query = (
+            frame_rows(spark, config)
+            .writeStream.format("memory")
+            .queryName("secured_source")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        rows = spark.table("secured_source").collect()
     finally:
         spark.stop()
     assert sorted(bytes(r["value"]) for r in rows) == [b"frame-0", b"frame-1", b"frame-2"]
+    assert {r["dir"] for r in rows} == {"req"}
+
+
+def _unsecured_jws(subject: str, marker: str) -> str:
+    """An unsecured JWS (``alg: none``, empty signature) the broker's default OAUTHBEARER validator takes."""
+
+    def part(claims: dict[str, Any]) -> str:
+        raw = json.dumps(claims, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    now = int(time.time())
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + 3600, 'jti': marker})}."
+
+
+#: base64url of ``{"alg":"`` : the start of every JWS header, whoever made the token.
+JWS_START = b"eyJhbGciOi"
+
+
+def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_path: Path) -> None:
+    """SASL_SSL OAUTHBEARER with unsecured JWS tokens (the broker's default validator): librdkafka's own
+    unsecured-token builder for the mirror producer and the tap-topic reader, and a client through the
+    tap whose token the test makes (``oauth_cb``), so the exact token can be searched for."""
+    direct = secured.direct("PLAIN")
+    oauth = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "OAUTHBEARER",
+        "ssl.ca.location": direct["ssl.ca.location"],
+        "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "sasl.oauthbearer.config": "principal=kpmon-tap",
+    }
+    tap_topic = f"kpmon.tap.oauth.{uuid.uuid4().hex[:6]}"
+    sink = KafkaMirror(direct["bootstrap.servers"], tap_topic, 100_000, 64 << 20, {**oauth, "linger.ms": "5"})
+    t, tap_port = _start_tap(secured, sink)
+    token = _unsecured_jws("kpmon-oauth-client", uuid.uuid4().hex)
+    client = {
+        "bootstrap.servers": f"127.0.0.1:{tap_port}",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "OAUTHBEARER",
+        "ssl.ca.location": str(secured.tap_ca.pem),
+        "oauth_cb": lambda _config: (token, time.time() + 3600),
+    }
+    try:
+        roundtrip(client, f"oauth-{uuid.uuid4().hex[:6]}", b"over OAUTHBEARER")
+        t.wait_mirrored(60)
+        t.tap.sink.close(10)
+    finally:
+        t.stop()
+    reader = {k: v for k, v in oauth.items() if k != "sasl.oauthbearer.config"}
+    reader["sasl.oauthbearer.config"] = "principal=kpmon-reader"
+    records = read_topic_range(direct["bootstrap.servers"], tap_topic, properties=reader)
+    auth = [r for r in records if r.headers.get("api_key") == b"36"]
+    found = {
+        "token": secret_count(records, token.encode()),
+        "claims": secret_count(records, token.split(".")[1].encode()),
+        "any JWS": secret_count(records, JWS_START),
+    }
+    print(
+        f"\nOAUTHBEARER: {len(records)} tap records, {len(auth)} SaslAuthenticate; secret bytes found: {found}"
+    )
+    assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
+    assert any(b"OAUTHBEARER" in r.value for r in records if r.headers.get("api_key") == b"17")
+    assert found == {"token": 0, "claims": 0, "any JWS": 0}
+    # The Java client (the Spark source's properties) on OAUTHBEARER: the translated unsecured login.
+    cluster = KafkaClusterConfig(bootstrap_servers=direct["bootstrap.servers"], properties=reader)
+    java = cluster.java_client_properties()
+    assert "OAuthBearerLoginModule" in java["sasl.jaas.config"]
+    assert _java_reads_tap_topic_with(java, cluster.bootstrap_servers, tap_topic, tmp_path) == 5
