@@ -1,14 +1,17 @@
 """Every leg on a real KRaft broker whose client listener is SASL_SSL; certificates made by the test.
 
-One broker (``LocalStack(sasl=True, tls=...)``), its listener on TLS with PLAIN, SCRAM-SHA-256 and
-SCRAM-SHA-512. Legs:
+One broker (``LocalStack(sasl=True, tls=...)``), its listener on TLS with PLAIN, SCRAM-SHA-256,
+SCRAM-SHA-512 and OAUTHBEARER. Legs:
 
 - client → tap: the tap terminates TLS with its own certificate; SASL passes through to the broker;
 - tap → broker: TLS, verified against the broker's CA;
 - tap → tap-topic cluster: the mirror producer on SASL_SSL (SCRAM-SHA-512);
 - tap-topic cluster → the Java client, with the properties the Spark Kafka source gets
   (``KafkaClusterConfig.java_client_properties()``: the translation of the librdkafka map);
-- hooks → alerts topic: the ``kafka`` hook's producer on SASL_SSL.
+- hooks → alerts topic: the ``kafka`` hook's producer on SASL_SSL;
+- the Spark source: the job's streaming query (``frame_rows``) run once (``availableNow``);
+- OAUTHBEARER (unsecured JWS tokens, the broker's default validator): a client through the tap, the
+  mirror producer, a librdkafka reader and the Java client with the translated login module.
 
 Clients through the tap: confluent-kafka (librdkafka) with each mechanism, kafka-python, and Kafka's
 Java tools. The tap topic is then read whole and searched for every password (figures in
