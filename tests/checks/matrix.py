@@ -371,3 +371,26 @@ def undecodable_version(bootstrap: str) -> dict[str, Any]:
         raw.send_frame(header + b"\x01\x00\x00")
         outcome = _drain(raw)
     return {"scenario": "undecodable_version", "advertised": advertised[ApiKey.METADATA], "broker": outcome}
+
+
+def decodable_version(bootstrap: str) -> dict[str, Any]:
+    """ApiVersions, then InitProducerId at the codec's newest version, which the broker does not advertise
+    (4.4's unstable latest, KIP-939's v6): a well-formed request the codec decodes, out of range."""
+    with RawKafkaClient(bootstrap, client_id="kpmon-unadvertised-client") as raw:
+        advertised = raw.handshake()[ApiKey.INIT_PRODUCER_ID]
+        version = codec.supported_versions(ApiKey.INIT_PRODUCER_ID)[1]
+        if version <= advertised[1]:
+            raise AssertionError(
+                f"the broker advertises InitProducerId v{advertised}: pick another unadvertised version"
+            )
+        body = {
+            "TransactionalId": None,
+            "TransactionTimeoutMs": 60000,
+            "ProducerId": -1,
+            "ProducerEpoch": -1,
+            "Enable2Pc": False,
+            "KeepPreparedTxn": False,
+        }
+        raw.request(ApiKey.INIT_PRODUCER_ID, version, body, expect_response=False)
+        outcome = _drain(raw)
+    return {"scenario": "decodable_version", "advertised": advertised, "version": version, "broker": outcome}

@@ -3,7 +3,8 @@
 
 Clean scenarios must raise nothing above info; each violation must raise its finding and nothing else
 above info. The scenarios are in ``tests.checks.matrix``; the librdkafka/kafka-python clean workload and
-the other catalogue violations are in ``test_real_traffic``.
+the other catalogue violations are in ``test_real_traffic`` (transactions v1 with an abort: librdkafka in
+its clean workload).
 """
 
 from __future__ import annotations
@@ -213,6 +214,22 @@ def test_undecodable_out_of_range_version(scenarios: ScenarioTap) -> None:
     assert oor.severity == Severity.WARNING
     (error,) = checked.of("frame.decode_error")
     assert error.evidence["conn"] == oor.evidence["conn"]
+
+
+def test_decodable_out_of_range_version(scenarios: ScenarioTap) -> None:
+    """A version the codec defines but the broker did not advertise: out of range, and no decode error."""
+    checked = scenarios.run(matrix.decodable_version)
+    assert _above_info(checked) == {"apiversions.out_of_range"}, checked.describe()
+    (oor,) = checked.of("apiversions.out_of_range")
+    assert (oor.evidence["api_key"], oor.evidence["api_version"], oor.evidence["body"]) == (
+        ApiKey.INIT_PRODUCER_ID,
+        checked.result["version"],
+        "decoded",
+    )
+    assert oor.evidence["advertised"] == list(checked.result["advertised"])
+    assert checked.stats.decode_errors == 0
+    (sent,) = [f for f in checked.requests(ApiKey.INIT_PRODUCER_ID) if f.conn == oor.evidence["conn"]]
+    assert sent.request is not None and sent.request.body["Enable2Pc"] is False  # the body decoded
 
 
 # -- the CI gate over the real tap topic ---------------------------------------------------------------
