@@ -110,16 +110,19 @@ def _start_tap(secured: Secured, sink: MirrorSink, **overrides: Any) -> tuple[Ta
     return TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(), port
 
 
-def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
+def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes, **auth: Any) -> None:
+    """kafka-python with ``config``'s mechanism: its user and password, or ``auth`` (a token provider)."""
     from kafka import KafkaConsumer, KafkaProducer
 
     common = {
         "bootstrap_servers": config["bootstrap.servers"],
         "security_protocol": "SASL_SSL",
         "sasl_mechanism": config["sasl.mechanism"],
+        "ssl_cafile": config["ssl.ca.location"],
+    }
+    common |= auth or {
         "sasl_plain_username": config["sasl.username"],
         "sasl_plain_password": config["sasl.password"],
-        "ssl_cafile": config["ssl.ca.location"],
     }
     producer = KafkaProducer(**common)
     producer.send(topic, value).get(timeout=30)
@@ -131,21 +134,27 @@ def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes) -> 
         consumer.close()
 
 
-def _java_tool_through_tap(secured: Secured, tap_port: int, directory: Path) -> str:
-    """Kafka's Java tools (the Java client) through the tap on SASL_SSL, with a PEM truststore."""
+def _java_tool_through_tap(
+    secured: Secured, tap_port: int, directory: Path, sasl: dict[str, str] | None = None
+) -> str:
+    """Kafka's Java tools (the Java client) through the tap on SASL_SSL, with a PEM truststore; SCRAM-SHA-256
+    unless ``sasl`` gives the mechanism and its ``sasl.jaas.config``."""
     from deploy.local.tools import run_tool
     from deploy.versions import KAFKA_LEGACY
 
     user, password = secured.stack.sasl_users["SCRAM-SHA-256"]
+    sasl = sasl or {
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{user}" password="{password}";'
+        ),
+    }
     props = java_properties_file(
         directory / "java-client.properties",
         {
             "security.protocol": "SASL_SSL",
-            "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.jaas.config": (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required "
-                f'username="{user}" password="{password}";'
-            ),
+            **sasl,
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": str(secured.tap_ca.pem),
         },
@@ -367,8 +376,9 @@ JWS_START = b"eyJhbGciOi"
 
 def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_path: Path) -> None:
     """SASL_SSL OAUTHBEARER with unsecured JWS tokens (the broker's default validator): librdkafka's own
-    unsecured-token builder for the mirror producer and the tap-topic reader, and a client through the
-    tap whose token the test makes (``oauth_cb``), so the exact token can be searched for."""
+    unsecured-token builder for the mirror producer and the tap-topic reader; through the tap,
+    confluent-kafka and kafka-python with tokens the test makes (``oauth_cb``, a token provider), so the
+    exact tokens can be searched for, and Kafka's Java tools with the login module's unsecured token."""
     direct = secured.direct("PLAIN")
     oauth = {
         "security.protocol": "SASL_SSL",
@@ -388,8 +398,31 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
         "ssl.ca.location": str(secured.tap_ca.pem),
         "oauth_cb": lambda _config: (token, time.time() + 3600),
     }
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    kafka_python_token = _unsecured_jws("kpmon-oauth-kafka-python", uuid.uuid4().hex)
+
+    class Token(AbstractTokenProvider):
+        def token(self) -> str:
+            return kafka_python_token
+
+    topic = f"oauth-{uuid.uuid4().hex[:6]}"
+    java_oauth = {
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.jaas.config": (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredLoginStringClaim_sub="kpmon-oauth-java";'
+        ),
+    }
     try:
-        roundtrip(client, f"oauth-{uuid.uuid4().hex[:6]}", b"over OAUTHBEARER")
+        roundtrip(client, topic, b"over OAUTHBEARER")
+        _kafka_pythonroundtrip(
+            client,
+            topic,
+            b"kafka-python over OAUTHBEARER",
+            sasl_oauth_token_provider=Token(),
+        )
+        assert topic in _java_tool_through_tap(secured, tap_port, tmp_path, java_oauth)
         t.wait_mirrored(60)
         t.tap.sink.close(10)
     finally:
@@ -401,6 +434,7 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
     found = {
         "token": secret_count(records, token.encode()),
         "claims": secret_count(records, token.split(".")[1].encode()),
+        "kafka-python token": secret_count(records, kafka_python_token.encode()),
         "any JWS": secret_count(records, JWS_START),
     }
     print(
@@ -408,7 +442,7 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
     )
     assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
     assert any(b"OAUTHBEARER" in r.value for r in records if r.headers.get("api_key") == b"17")
-    assert found == {"token": 0, "claims": 0, "any JWS": 0}
+    assert found == {"token": 0, "claims": 0, "kafka-python token": 0, "any JWS": 0}
     # The Java client (the Spark source's properties) on OAUTHBEARER: the translated unsecured login.
     cluster = KafkaClusterConfig(bootstrap_servers=direct["bootstrap.servers"], properties=reader)
     java = cluster.java_client_properties()
