@@ -31,6 +31,7 @@ import msgpack
 
 from checks.engine import Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
+from checks.projections import project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.settings import ChecksSettings
@@ -88,9 +89,14 @@ class ConnectionShard:
     def __init__(self, config: ChecksSettings, saved: bytes | None = None) -> None:
         rules = all_rules()
         self.keyed_rules = [r for r in rules if not is_connection_scoped(r)]
+        #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
+        self.kind_rules: dict[str, tuple[str, ...]] = {}
+        for rule in self.keyed_rules:
+            self.kind_rules[rule.key_kind] = (*self.kind_rules.get(rule.key_kind, ()), rule.name)
         self.ctx = Context(_stage_config(config))
         own_rules = [r for r in rules if is_connection_scoped(r)]
         self.routes: list[Route] = []
+        self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> route keys its request went to, until the response comes.
         self.sent: dict[str, list[str]] = {}
         #: "api|version" pairs this connection already reported to the first-use-only rules.
@@ -138,7 +144,20 @@ class ConnectionShard:
                     out[route_key(rule, key)] = None
         return list(out)
 
+    def _route(
+        self, key: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
+    ) -> None:
+        """Send ``frame`` on to ``key``'s shard with the fields that shard's rules read."""
+        kind = split_route_key(key)[0]
+        projected = self._projected.get((id(frame), kind))
+        if projected is None:
+            projected = project_frame(frame, self.kind_rules.get(kind, ()))
+            self._projected[(id(frame), kind)] = projected
+        self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
+
     def _observe(self, hook: str, ex: Exchange) -> None:
+        # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
+        self._projected.clear()
         incomplete = ex.conn in self.ctx.incomplete_conns
         sent_key = f"{ex.conn}|{ex.request.correlation_id}"
         if hook in ("on_request", "on_header"):
@@ -161,9 +180,7 @@ class ConnectionShard:
                 if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == ApiKey.API_VERSIONS
             ]
             for key in keys:
-                self.routes.append(
-                    Route(key, ex.request, ex.ts_ns, incomplete, request_only=key not in paired)
-                )
+                self._route(key, ex.request, ex.ts_ns, incomplete, request_only=key not in paired)
             if paired:
                 self.sent[sent_key] = paired
                 self.ctx.trim(self.sent)
@@ -180,8 +197,8 @@ class ConnectionShard:
         at = ex.response.ts_ns
         for key in dict.fromkeys(before + keys):
             if key not in before:
-                self.routes.append(Route(key, ex.request, at, incomplete))
-            self.routes.append(Route(key, ex.response, at, incomplete))
+                self._route(key, ex.request, at, incomplete)
+            self._route(key, ex.response, at, incomplete)
 
 
 class KeyedShard:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from checks.model import Exchange
+from checks.projections import covers, rule_tree
+from checks.rule import Rule
+from codec.protocol import ApiKey
+from tests.checks.recording import Reads, exists, recording_exchange
 from tests.checks.tapped import ScenarioTap
 from tests.tap.harness import TappedCluster
 
@@ -18,3 +24,39 @@ def scenarios(tapped_cluster: TappedCluster) -> Iterator[ScenarioTap]:
         yield tap
     finally:
         tap.stop()
+
+
+@pytest.fixture(autouse=True)
+def keyed_rules_read_only_what_they_declare(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every keyed rule, in every test here, reads bodies that record each field read; a read outside
+    the rule's declaration in checks/projections.py fails the test (stage two would not have it)."""
+    from checks.engine import Monitor
+    from checks.rules import all_rules
+
+    reads: dict[str, Reads] = {}
+    call = Monitor._call
+
+    def recording_call(self: Monitor, rule: Rule, key: str, hook: str, ex: Exchange, envelope: Any) -> None:
+        if rule.key_kind != "conn":
+            ex = recording_exchange(ex, reads.setdefault(rule.name, Reads()))
+        call(self, rule, key, hook, ex, envelope)
+
+    monkeypatch.setattr(Monitor, "_call", recording_call)
+    for rule in all_rules():
+        cls = type(rule)
+        if rule.key_kind == "conn":
+            continue
+
+        def recording_keys(self: Rule, ex: Exchange, _keys: Any = cls.keys) -> list[str]:
+            return list(_keys(self, recording_exchange(ex, reads.setdefault(self.name, Reads()))))
+
+        monkeypatch.setattr(cls, "keys", recording_keys)
+    yield
+    undeclared = sorted(
+        f"{rule} reads {ApiKey(api_key).name} {side} field {path}"
+        for rule, recorded in reads.items()
+        for (api_key, side), paths in recorded.paths.items()
+        for path in paths
+        if exists(api_key, side, path) and not covers(rule_tree(rule, api_key, side == "response"), path)
+    )
+    assert not undeclared, "fields read but not declared in checks/projections.py:\n" + "\n".join(undeclared)

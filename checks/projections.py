@@ -1,0 +1,247 @@
+"""The body fields each keyed rule reads, per API: what a frame keeps when it is routed to stage two.
+
+Stage one (``checks.sharding.ConnectionShard``) decodes a frame once and runs the connection-scoped
+rules on all of it. A frame it routes on to a keyed shard (a producer id, a transactional id, a group,
+the cluster) carries only the body fields that the rules of that key kind declare here, plus the few
+the engine itself reads; the request and response headers travel whole. So the routes, the shuffle
+and stage two's state hold the facts those rules need and nothing else.
+
+Paths are dotted field names, as in a codec projection (``codec.projection``): list elements share
+their list's path, and a path ending at a struct, a list of structs, a record set or a nested payload
+keeps it whole. A path named only as a prefix of longer ones keeps just those.
+
+The declarations are checked, not trusted: every test in tests/checks runs the keyed rules over
+bodies that record what is read (``tests/checks/recording.py``), and a read outside these paths fails
+the test that made it. The staged-pipeline proofs then show the routed facts are enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from functools import cache
+from typing import Any, Final
+
+from codec.protocol import ApiKey
+from codec.taprecord import TapFrame
+
+#: (request paths, response paths) of one API.
+Reads = tuple[tuple[str, ...], tuple[str, ...]]
+#: A projection as a tree: field name -> the tree below it, or None to keep the field whole.
+Tree = dict[str, "Tree | None"]
+
+_TOPIC_DATA = (
+    "TopicData.Name",
+    "TopicData.TopicId",
+    "TopicData.PartitionData.Index",
+    "TopicData.PartitionData.Records",
+)
+_PRODUCE_ANSWERS = (
+    "Responses.Name",
+    "Responses.TopicId",
+    "Responses.PartitionResponses.Index",
+    "Responses.PartitionResponses.ErrorCode",
+    "Responses.PartitionResponses.BaseOffset",
+)
+_TXN_CLAIM = ("TransactionalId", "ProducerId", "ProducerEpoch")
+_ADD_PARTITIONS_REQUEST = (
+    "V3AndBelowTransactionalId",
+    "V3AndBelowProducerId",
+    "V3AndBelowProducerEpoch",
+    "Transactions.TransactionalId",
+    "Transactions.ProducerId",
+    "Transactions.ProducerEpoch",
+    "Transactions.VerifyOnly",
+)
+_ADD_PARTITIONS_ANSWERS = (
+    "ErrorCode",
+    "ResultsByTopicV3AndBelow.Name",
+    "ResultsByTopicV3AndBelow.ResultsByPartition.PartitionIndex",
+    "ResultsByTopicV3AndBelow.ResultsByPartition.PartitionErrorCode",
+    "ResultsByTransaction.TransactionalId",
+    "ResultsByTransaction.TopicResults.Name",
+    "ResultsByTransaction.TopicResults.ResultsByPartition.PartitionIndex",
+    "ResultsByTransaction.TopicResults.ResultsByPartition.PartitionErrorCode",
+)
+_TXN_OFFSET_ANSWERS = ("Topics.Partitions.ErrorCode",)
+_MEMBER_HEARTBEAT: Reads = (
+    ("GroupId", "MemberId", "MemberEpoch"),
+    ("ErrorCode", "ErrorMessage", "MemberId", "MemberEpoch"),
+)
+_GROUP_DESCRIBE: Reads = (
+    ("GroupIds",),
+    (
+        "Groups.GroupId",
+        "Groups.ErrorCode",
+        "Groups.GroupState",
+        "Groups.GroupEpoch",
+        "Groups.AssignorName",
+        "Groups.Members",
+    ),
+)
+
+#: Rule name -> API -> (request paths, response paths). Only keyed rules: the connection-scoped ones
+#: run in stage one on the whole decoded frame.
+READS: Final[Mapping[str, Mapping[int, Reads]]] = {
+    "producer": {
+        ApiKey.PRODUCE: (("TransactionalId", *_TOPIC_DATA), _PRODUCE_ANSWERS),
+        ApiKey.INIT_PRODUCER_ID: (("TransactionalId",), ("ErrorCode", "ProducerId", "ProducerEpoch")),
+        ApiKey.ADD_PARTITIONS_TO_TXN: (_ADD_PARTITIONS_REQUEST, _ADD_PARTITIONS_ANSWERS),
+        ApiKey.ADD_OFFSETS_TO_TXN: (_TXN_CLAIM, ("ErrorCode",)),
+        ApiKey.END_TXN: (_TXN_CLAIM, ("ErrorCode", "ProducerId", "ProducerEpoch")),
+        ApiKey.WRITE_TXN_MARKERS: (
+            ("Markers.ProducerId", "Markers.ProducerEpoch"),
+            ("Markers.ProducerId", "Markers.Topics.Partitions.ErrorCode"),
+        ),
+        ApiKey.TXN_OFFSET_COMMIT: (_TXN_CLAIM, _TXN_OFFSET_ANSWERS),
+    },
+    "txn_pid": {
+        ApiKey.PRODUCE: (("TransactionalId", *_TOPIC_DATA), ("ErrorCode",)),
+        ApiKey.INIT_PRODUCER_ID: (("TransactionalId",), ("ErrorCode", "ProducerId", "ProducerEpoch")),
+        ApiKey.ADD_PARTITIONS_TO_TXN: (_ADD_PARTITIONS_REQUEST, ("ErrorCode",)),
+        ApiKey.ADD_OFFSETS_TO_TXN: (_TXN_CLAIM, ("ErrorCode",)),
+        ApiKey.END_TXN: (_TXN_CLAIM, ("ErrorCode", "ProducerId", "ProducerEpoch")),
+        ApiKey.TXN_OFFSET_COMMIT: (_TXN_CLAIM, ("ErrorCode",)),
+    },
+    "txn": {
+        ApiKey.PRODUCE: (("TransactionalId", *_TOPIC_DATA), _PRODUCE_ANSWERS),
+        ApiKey.INIT_PRODUCER_ID: (
+            ("TransactionalId", "TransactionTimeoutMs"),
+            ("ErrorCode", "ProducerId", "ProducerEpoch"),
+        ),
+        ApiKey.ADD_PARTITIONS_TO_TXN: (_ADD_PARTITIONS_REQUEST, _ADD_PARTITIONS_ANSWERS),
+        ApiKey.ADD_OFFSETS_TO_TXN: (_TXN_CLAIM, ("ErrorCode",)),
+        ApiKey.END_TXN: (_TXN_CLAIM, ("ErrorCode", "ProducerId", "ProducerEpoch")),
+        ApiKey.TXN_OFFSET_COMMIT: (_TXN_CLAIM, _TXN_OFFSET_ANSWERS),
+    },
+    "group": {
+        ApiKey.JOIN_GROUP: (
+            ("GroupId", "MemberId", "ProtocolType", "Protocols.Name", "Protocols.Metadata"),
+            (
+                "ErrorCode",
+                "GenerationId",
+                "MemberId",
+                "ProtocolType",
+                "ProtocolName",
+                "Members.MemberId",
+                "Members.Metadata",
+            ),
+        ),
+        ApiKey.SYNC_GROUP: (
+            (
+                "GroupId",
+                "MemberId",
+                "GenerationId",
+                "ProtocolType",
+                "ProtocolName",
+                "Assignments.MemberId",
+                "Assignments.Assignment",
+            ),
+            ("ErrorCode", "ProtocolType", "ProtocolName", "Assignment"),
+        ),
+        ApiKey.DESCRIBE_GROUPS: (
+            ("Groups",),
+            (
+                "Groups.GroupId",
+                "Groups.ErrorCode",
+                "Groups.GroupState",
+                "Groups.ProtocolType",
+                "Groups.Members.MemberId",
+                "Groups.Members.MemberMetadata",
+                "Groups.Members.MemberAssignment",
+            ),
+        ),
+    },
+    "group_protocol": {
+        ApiKey.JOIN_GROUP: (("GroupId",), ("ErrorCode",)),
+        ApiKey.SYNC_GROUP: (("GroupId",), ("ErrorCode",)),
+        ApiKey.CONSUMER_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
+        ApiKey.SHARE_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
+        ApiKey.STREAMS_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
+        ApiKey.CONSUMER_GROUP_DESCRIBE: _GROUP_DESCRIBE,
+        ApiKey.SHARE_GROUP_DESCRIBE: _GROUP_DESCRIBE,
+        ApiKey.STREAMS_GROUP_DESCRIBE: _GROUP_DESCRIBE,
+    },
+    "apiversions.cluster": {
+        ApiKey.API_VERSIONS: (
+            ("ClientSoftwareName", "ClientSoftwareVersion"),
+            ("ErrorCode", "ApiKeys.ApiKey", "ApiKeys.MinVersion", "ApiKeys.MaxVersion"),
+        ),
+    },
+}
+
+#: What the engine reads of a body whatever the rules: a Produce's acks (acks=0 completes the
+#: exchange at once) and an Envelope's inner request and response (it unwraps them for the rules).
+ENGINE_READS: Final[Mapping[int, Reads]] = {
+    ApiKey.PRODUCE: (("Acks",), ()),
+    ApiKey.ENVELOPE: (("RequestData", "RequestPrincipal"), ("ResponseData",)),
+}
+
+
+def tree_of(paths: Iterable[str]) -> Tree:
+    """Dotted paths as a tree; a path that ends at a node keeps it whole (None)."""
+    tree: Tree = {}
+    for path in sorted(set(paths), key=lambda p: p.count(".")):
+        node = tree
+        *parents, leaf = path.split(".")
+        for name in parents:
+            child = node.get(name, {})
+            if child is None:
+                break  # an ancestor is kept whole already
+            node = node.setdefault(name, child)  # type: ignore[assignment]
+        else:
+            if leaf not in node:
+                node[leaf] = None
+    return tree
+
+
+def covers(tree: Tree, path: str) -> bool:
+    """Whether a projection with ``tree`` keeps the field at ``path`` (or everything read below it)."""
+    node: Tree | None = tree
+    for name in path.split("."):
+        if node is None:
+            return True
+        if name not in node:
+            return False
+        node = node[name]
+    return True
+
+
+def rule_tree(rule: str, api_key: int, response: bool) -> Tree:
+    """The fields ``rule`` declares for one side of an API, with the engine's own."""
+    side = 1 if response else 0
+    paths = [*READS.get(rule, {}).get(api_key, ((), ()))[side], *ENGINE_READS.get(api_key, ((), ()))[side]]
+    return tree_of(paths)
+
+
+@cache
+def kind_tree(rules: tuple[str, ...], api_key: int, response: bool) -> Tree:
+    """The union of ``rules``' declarations for one side of an API (the rules of one key kind)."""
+    side = 1 if response else 0
+    paths: list[str] = list(ENGINE_READS.get(api_key, ((), ()))[side])
+    for rule in rules:
+        paths += READS.get(rule, {}).get(api_key, ((), ()))[side]
+    return tree_of(paths)
+
+
+def prune(value: Any, tree: Tree) -> Any:
+    """``value`` with only the fields ``tree`` names (lists pruned element by element)."""
+    if type(value) is dict:
+        out: dict[str, Any] = {}
+        for name, below in tree.items():
+            if name in value:
+                field = value[name]
+                out[name] = field if below is None else prune(field, below)
+        return out
+    if type(value) is list:
+        return [prune(item, tree) for item in value]
+    return value
+
+
+def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
+    """A copy of ``frame`` whose body keeps only what ``rules`` (and the engine) read."""
+    message = frame.message
+    if message is None or frame.api_key is None:
+        return frame
+    tree = kind_tree(rules, frame.api_key, frame.direction != "req")
+    return replace(frame, message=replace(message, body=prune(message.body, tree)))
