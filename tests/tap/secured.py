@@ -61,3 +61,48 @@ def refused(config: dict[str, Any]) -> str:
         raise AssertionError("the connection was accepted")
     admin.poll(1)  # serves error_cb and the log callback
     return " | ".join(dict.fromkeys(errors))
+
+
+def spark_stream_reads(direct: dict[str, Any], directory: Path) -> tuple[dict[str, str], list[Any]]:
+    """Writes three records to a fresh topic with librdkafka ``direct`` properties, then reads them with
+    the job's own stream (``streaming.job.frame_rows``: ``readStream`` with ``source_options``, then the
+    header parsing) over a tap cluster with the same properties, run once (``availableNow``) into a
+    memory table. Returns the source options (the Java translation) and the rows."""
+    from kpmon.config import KpmonConfig
+    from streaming.job import frame_rows, source_options
+    from streaming.session import build_session
+
+    topic = f"kpmon.tap.spark.{uuid.uuid4().hex[:6]}"
+    producer = Producer(direct)
+    for i in range(3):
+        producer.produce(topic, f"frame-{i}".encode(), key=b"conn-1", headers=[("dir", b"req")])
+    assert producer.flush(30) == 0
+    config = KpmonConfig.model_validate(
+        {
+            "state_dir": str(directory / "state"),
+            "tap": {
+                "topic": topic,
+                "cluster": {
+                    "bootstrap_servers": direct["bootstrap.servers"],
+                    "properties": {k: str(v) for k, v in direct.items() if k != "bootstrap.servers"},
+                },
+            },
+            "stream": {"master": "local[1]", "metrics_port": None},
+        }
+    )
+    spark = build_session(config, "kpmon-secured-source")
+    try:
+        query = (
+            frame_rows(spark, config)
+            .writeStream.format("memory")
+            .queryName("secured_source")
+            .option("checkpointLocation", str(directory / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        rows = spark.table("secured_source").collect()
+    finally:
+        spark.stop()
+    return source_options(config), rows

@@ -150,8 +150,9 @@ def test_without_identities_the_broker_refuses_the_tap(mtls: Mtls) -> None:
 
 def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
     """The mirror producer, a tap-topic reader, the Java client with the translated properties (a PEM
-    keystore made from ``ssl.certificate.location``/``ssl.key.location``) and the kafka hook, each with
-    kpmon's own client certificate against a broker that requires one."""
+    keystore made from ``ssl.certificate.location``/``ssl.key.location``), the job's Spark source with
+    the same translation and the kafka hook, each with kpmon's own client certificate against a broker
+    that requires one."""
     from kpmon.config import KafkaClusterConfig
     from streaming.hooks.kafka_sender import KafkaSender
     from tests.streaming.hooks.builders import alert
@@ -199,6 +200,15 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 3, done.stderr[-2000:]
+
+    # The job's own streaming source (Spark's Kafka source) with the translated PEM keystore.
+    from tests.tap.secured import spark_stream_reads
+
+    options, rows = spark_stream_reads(
+        {"bootstrap.servers": cluster.bootstrap_servers, **cluster.properties}, tmp_path
+    )
+    assert options["kafka.ssl.keystore.type"] == "PEM"
+    assert sorted(bytes(r["value"]) for r in rows) == [b"frame-0", b"frame-1", b"frame-2"]
 
     alerts_topic = f"kpmon.alerts.{uuid.uuid4().hex[:6]}"
     sender = KafkaSender(cluster, alerts_topic, timeout=20)

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
@@ -313,48 +312,11 @@ def test_plaintext_to_the_brokers_tls_listener_isrefused(secured: Secured) -> No
 def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     """The job's own streaming source (Spark's Kafka source, the Java client) with ``source_options``:
     the translated properties, in a Structured Streaming query run once (``availableNow``)."""
-    from kpmon.config import KpmonConfig
-    from streaming.job import frame_rows, source_options
-    from streaming.session import build_session
+    from tests.tap.secured import spark_stream_reads
 
     direct = secured.direct("SCRAM-SHA-256")
-    topic = f"kpmon.tap.spark.{uuid.uuid4().hex[:6]}"
-    producer = Producer(direct)
-    for i in range(3):
-        producer.produce(topic, f"frame-{i}".encode(), key=b"conn-1", headers=[("dir", b"req")])
-    assert producer.flush(30) == 0
-    config = KpmonConfig.model_validate(
-        {
-            "state_dir": str(tmp_path / "state"),
-            "tap": {
-                "topic": topic,
-                "cluster": {
-                    "bootstrap_servers": direct["bootstrap.servers"],
-                    "properties": {k: str(v) for k, v in direct.items() if k != "bootstrap.servers"},
-                },
-            },
-            "stream": {"master": "local[1]", "metrics_port": None},
-        }
-    )
-    options = source_options(config)
+    options, rows = spark_stream_reads(direct, tmp_path)
     assert "kafka.sasl.jaas.config" in options and "kafka.sasl.password" not in options
-    spark = build_session(config, "kpmon-secured-source")
-    try:
-        # The job's own stream (frame_rows: readStream with these options, then the header parsing),
-        # run once over what is there (availableNow) into a memory table.
-        query = (
-            frame_rows(spark, config)
-            .writeStream.format("memory")
-            .queryName("secured_source")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
-        rows = spark.table("secured_source").collect()
-    finally:
-        spark.stop()
     assert sorted(bytes(r["value"]) for r in rows) == [b"frame-0", b"frame-1", b"frame-2"]
     assert {r["dir"] for r in rows} == {"req"}
 
