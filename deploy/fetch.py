@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.versions import KAFKA_RELEASES
+from deploy.versions import KAFKA_RELEASES, KAFKA_STREAMS
 from kpmon.paths import cache_dir
 
 
@@ -19,9 +19,14 @@ class FetchError(RuntimeError):
     """A download that Maven could not complete."""
 
 
+def jar_path(artifact: str, version: str) -> Path:
+    """Path of the cached ``org.apache.kafka:<artifact>`` jar for ``version`` (not necessarily present)."""
+    return cache_dir() / "jars" / f"{artifact}-{version}.jar"
+
+
 def clients_jar(version: str) -> Path:
     """Path of the cached ``kafka-clients`` jar for ``version`` (not necessarily present)."""
-    return cache_dir() / "jars" / f"kafka-clients-{version}.jar"
+    return jar_path("kafka-clients", version)
 
 
 def _mvn() -> str:
@@ -31,9 +36,9 @@ def _mvn() -> str:
     return mvn
 
 
-def fetch_clients_jar(version: str) -> Path:
-    """Copy ``org.apache.kafka:kafka-clients:<version>`` from Maven Central into the cache."""
-    target = clients_jar(version)
+def fetch_jar(artifact: str, version: str) -> Path:
+    """Copy ``org.apache.kafka:<artifact>:<version>`` (the jar alone) from Maven Central into the cache."""
+    target = jar_path(artifact, version)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -42,19 +47,30 @@ def fetch_clients_jar(version: str) -> Path:
         "-q",
         "-B",
         "dependency:copy",
-        f"-Dartifact=org.apache.kafka:kafka-clients:{version}",
+        f"-Dartifact=org.apache.kafka:{artifact}:{version}",
         f"-DoutputDirectory={target.parent}",
     ]
-    print(f"kpmon: fetching kafka-clients {version} from Maven Central", file=sys.stderr)
+    print(f"kpmon: fetching {artifact} {version} from Maven Central", file=sys.stderr)
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not target.is_file():
-        raise FetchError(f"mvn failed to fetch kafka-clients {version}:\n{done.stdout}{done.stderr}")
+        raise FetchError(f"mvn failed to fetch {artifact} {version}:\n{done.stdout}{done.stderr}")
     return target
+
+
+def fetch_clients_jar(version: str) -> Path:
+    """Copy ``org.apache.kafka:kafka-clients:<version>`` from Maven Central into the cache."""
+    return fetch_jar("kafka-clients", version)
+
+
+def fetch_streams_jars() -> list[Path]:
+    """kafka-streams (``KAFKA_STREAMS``) and the kafka-clients it is built with."""
+    return [fetch_jar("kafka-streams", KAFKA_STREAMS), fetch_clients_jar(KAFKA_STREAMS)]
 
 
 def fetch_all() -> None:
     for version in KAFKA_RELEASES:
         fetch_clients_jar(version)
+    fetch_streams_jars()
     from streaming.connector import fetch_connector
 
     fetch_connector()

@@ -9,4 +9,8 @@ KAFKA_LEGACY = "3.9.2"
 #: Newest first: for every API version the codec takes the definition from the first release that has it.
 KAFKA_RELEASES = (KAFKA_LATEST, KAFKA_LEGACY)
 
+#: Newest kafka-streams on Maven Central (4.4.0's was never published there, like its kafka-tools): the
+#: real Kafka Streams app of the client matrix (KIP-1071's streams protocol), with its own kafka-clients.
+KAFKA_STREAMS = "4.3.1"
+
 SCALA_BINARY = "2.13"

@@ -17,7 +17,7 @@ from codec.protocol import ApiKey, ErrorCode
 from kpmon.traffic.raw_client import RawKafkaClient
 from kpmon.traffic.violations import _drain, _join_connect_member
 from kpmon.traffic.workload import create_topic
-from tests.java.harness import main_command
+from tests.java.harness import main_command, streams_command
 
 JAVA_KAFKA = "4.4.0"
 TIMEOUT = 30.0
@@ -54,6 +54,23 @@ def java_share(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
 def java_zombie(bootstrap: str, topic: str, transactional_id: str) -> dict[str, Any]:
     create_topic(bootstrap, topic)
     return {"scenario": "java_zombie", **_java("zombie", bootstrap, topic, transactional_id)}
+
+
+def java_streams(bootstrap: str, topic: str, out_topic: str, application_id: str) -> dict[str, Any]:
+    """A real Kafka Streams app (``tests/java/streams``) on the KIP-1071 streams protocol."""
+    create_topic(bootstrap, topic, partitions=1)
+    create_topic(bootstrap, out_topic, partitions=1)
+    done = subprocess.run(
+        streams_command(bootstrap, topic, out_topic, application_id),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"KpmonStreams exited {done.returncode}:\n{done.stderr[-4000:]}")
+    lines = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return {"scenario": "java_streams", **lines}
 
 
 # -- librdkafka ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The real-client matrix: Java kafka-clients 4.4, librdkafka, kafka-python and raw frames against the real
-4.4 broker through the real tap, read back from the tap topic and run through the whole catalogue.
+"""The real-client matrix: Java kafka-clients 4.4, a Kafka Streams 4.3.1 app, librdkafka, kafka-python and
+raw frames against the real 4.4 broker through the real tap, read back from the tap topic and run through
+the whole catalogue.
 
 Clean scenarios must raise nothing above info; each violation must raise its finding and nothing else
 above info. The scenarios are in ``tests.checks.matrix``; the librdkafka/kafka-python clean workload and
@@ -96,6 +97,19 @@ def test_java_kip932_share_group(scenarios: ScenarioTap) -> None:
     assert checked.requests(ApiKey.SHARE_GROUP_HEARTBEAT) and checked.requests(ApiKey.SHARE_FETCH)
     groups = {g.group: g for g in _report(checked).groups}
     assert groups[group].protocol == "share", groups
+
+
+def test_java_kip1071_streams_group(scenarios: ScenarioTap) -> None:
+    """A Kafka Streams app with ``group.protocol=streams``: a streams group in the report, nothing
+    above info."""
+    app = _unique("kpmon-streams")
+    checked = scenarios.run(matrix.java_streams, _unique("streams-in"), _unique("streams-out"), app)
+    assert checked.above_info() == [], checked.describe()
+    assert checked.result["streams_moved"] == "10", checked.result
+    beats = [f for f in checked.requests(ApiKey.STREAMS_GROUP_HEARTBEAT) if f.request is not None]
+    assert beats and {f.request.body["GroupId"] for f in beats} == {app}, checked.describe()
+    groups = {g.group: g for g in _report(checked).groups}
+    assert groups[app].protocol == "streams", groups
 
 
 def _conns_of(checked: Checked, client_id: str) -> set[str]:
