@@ -167,10 +167,11 @@ class ConnectionShard:
                 self.used.append(use)
         if hook == "on_header":
             # Known by its header only: the frame goes on as it came (its decode error and bytes, or
-            # nothing), the keyed shard judges the header and reports no decode error of its own.
+            # nothing: no body to project; the client id is read from the bytes), the keyed shard
+            # judges the header and reports no decode error of its own.
             frame = replace(ex.request, message=None)
             for key in self._keys(ex, first_use, header_only=True):
-                self.routes.append(Route(key, frame, ex.ts_ns, incomplete, request_only=True))
+                self._route(key, frame, ex.ts_ns, incomplete, request_only=True)
             return
         if hook == "on_request":
             keys = self._keys(ex, first_use)
