@@ -49,9 +49,10 @@ def _spark_headers(raw: Any) -> dict[str, str]:
 
 def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
     """One tap record as a row. Header-derived columns are named after their headers; the record's own
-    place gets ``ROW_KEYS``. A request's api key, version and correlation id stay null here (the tap
-    sends them as headers on responses only): stage one's decode fills them, exactly as
-    ``codec.taprecord.frame_from_record`` does, so an undecodable request looks the same everywhere."""
+    place gets ``ROW_KEYS``. The api key, version and correlation id come from the tap's headers, on
+    requests and responses alike; for a request, stage one's decode replaces them with the frame's
+    own header, exactly as ``codec.taprecord.frame_from_record`` does, so a request looks the same
+    everywhere (and an undecodable one keeps what the tap read of its header)."""
     direction = headers.get(Header.DIR, "")
     row: dict[str, Any] = {
         Header.CONN: connection_of(headers.get(Header.CONN), partition),
