@@ -19,6 +19,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from codec.taprecord import TapFrame
 
@@ -233,6 +234,49 @@ def _stream_starts(path: Path) -> tuple[set[int], set[int]]:
     return starts, ends
 
 
+def _in_sequence_order(path: Path, out: Path) -> Path:
+    """``path`` rewritten with each TCP flow's data segments in sequence-number order.
+
+    Wireshark's reassembly does not hand on a segment that arrives after a later one of its flow
+    (tested: that frame is lost), so the capture is put in order first. Only the order of one flow's
+    segments among the slots they already take changes; other packets, and every slot's capture time,
+    stay where they are, so times still run forward. Read and written with scapy (pcap or pcapng in,
+    pcap out).
+    """
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.inet6 import IPv6
+    from scapy.utils import PcapReader, PcapWriter
+
+    with PcapReader(str(path)) as reader:
+        packets = list(reader)
+    flows: dict[tuple[str, str, int, int], list[int]] = {}
+    for index, packet in enumerate(packets):
+        if TCP in packet and len(packet[TCP].payload) > 0:
+            layer = IP if IP in packet else IPv6 if IPv6 in packet else None
+            if layer is not None:
+                ip = packet[layer]
+                flows.setdefault((ip.src, ip.dst, packet[TCP].sport, packet[TCP].dport), []).append(index)
+    reordered = list(packets)
+    for slots in flows.values():
+        base = packets[slots[0]][TCP].seq
+
+        def relative(index: int, base: int = base) -> int:
+            return ((packets[index][TCP].seq - base + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+        for slot, index in zip(slots, sorted(slots, key=relative), strict=True):
+            if slot != index:
+                moved = packets[index].copy()
+                moved.time = packets[slot].time
+                reordered[slot] = moved
+    writer = PcapWriter(str(out), sync=False)
+    try:
+        for packet in reordered:
+            writer.write(packet)
+    finally:
+        writer.close()
+    return out
+
+
 def _pdus(path: Path, ports: set[int]) -> list[_Pdu]:
     """Every Kafka PDU on ``ports``, reassembled by Wireshark's TCP engine (retransmissions dropped,
     out-of-order segments put in order, PDUs split over segments joined)."""
@@ -260,8 +304,20 @@ def _pdus(path: Path, ports: set[int]) -> list[_Pdu]:
             "-x",
         ]
     )
+
+    def keep_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # A frame that ends one Kafka PDU and holds another has two "kafka_raw" keys in tshark's JSON;
+        # a plain dict would keep only the last one.
+        merged: dict[str, Any] = {}
+        for key, value in pairs:
+            if key == "kafka_raw":
+                merged.setdefault(key, []).extend([value] if value and isinstance(value[0], str) else value)
+            else:
+                merged[key] = value
+        return merged
+
     out: list[_Pdu] = []
-    for packet in json.loads(text or "[]"):
+    for packet in json.loads(text or "[]", object_pairs_hook=keep_repeats):
         layers = packet["_source"]["layers"]
         ip = layers.get("ip") or layers.get("ipv6") or {}
         src_ip = ip.get("ip.src") or ip.get("ipv6.src") or "?"
@@ -325,18 +381,22 @@ def frames_from_pcap(
 
 
 def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
+    import tempfile
+
     from codec.errors import DecodeError
     from codec.peek import peek_request_header
     from codec.taprecord import decode_frame
 
     starts, ends = _stream_starts(path)
     stats = PcapStats()
+    with tempfile.TemporaryDirectory(prefix="kpmon-pcap-") as work:
+        pdus = _pdus(_in_sequence_order(path, Path(work) / "ordered.pcap"), ports)
     frames: list[TapFrame] = []
     seqs: dict[int, int] = {}
     pending: dict[int, dict[int, tuple[int, int]]] = {}
     synced: set[int] = set(starts)
     last_ts: dict[int, tuple[int, str, str]] = {}
-    for pdu in _pdus(path, ports):
+    for pdu in pdus:
         stats.pdus += 1
         src_port = int(pdu.src.rpartition(":")[2])
         dst_port = int(pdu.dst.rpartition(":")[2])
