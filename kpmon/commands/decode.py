@@ -15,7 +15,13 @@ import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
 from codec.taprecord import REQ, RESP, Header, headers_dict, int_header
-from kpmon.commands.topicopts import TopicReadError, add_cluster_options, open_tap_topic, resolve_cluster
+from kpmon.commands.topicopts import (
+    TopicReadError,
+    add_cluster_options,
+    add_pcap_options,
+    open_tap_topic,
+    resolve_cluster,
+)
 from kpmon.config import ConfigError, load_config
 
 _SIZE = struct.Struct(">i")
@@ -226,17 +232,7 @@ def register(sub: Any) -> None:
     parser.add_argument("hex", nargs="*", help="frames as hex strings (whitespace ignored)")
     parser.add_argument("--file", help="binary file of size-prefixed frames ('-' for stdin)")
     parser.add_argument("--topic", help="read frames from this tap topic")
-    parser.add_argument(
-        "--pcap",
-        help="pcap or pcapng of client-broker traffic (TCP reassembled by tshark; docs/quickstart.md)",
-    )
-    parser.add_argument(
-        "--broker-port",
-        type=int,
-        action="append",
-        default=[],
-        help="with --pcap: a port brokers listen on (repeatable; 9092 and the ports Metadata announces are added)",
-    )
+    add_pcap_options(parser, parser)
     add_cluster_options(parser)
     parser.add_argument("--max", type=int, default=None, help="stop after this many frames from the topic")
     parser.add_argument(
