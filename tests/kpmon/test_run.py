@@ -483,14 +483,9 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
 ENDINGS = ("closed-pipe-ctrl-c", "sighup", "double-ctrl-c", "sigterm", "sigkill")
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("ending", ENDINGS)
-def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) -> None:
-    """A real `kpmon run --no-demo` (Kafka, the tap, the streaming job and its Spark JVM), ended once
-    Spark runs the query; afterwards no process of that run may be left, whatever the ending."""
-    state = tmp_path / "state"
+def _real_run(state: Path) -> tuple[str, dict[str, str], list[str]]:
+    """(tag, environment, command) of a real `kpmon run --no-demo` on its own ports: the tag marks
+    every process of that run, so a test can find what is left of it."""
     base = _free_base(4)
     tag = uuid.uuid4().hex
     env = {
@@ -505,6 +500,18 @@ def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) 
         *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), "--no-demo"),
         *("--tap-port", str(base + 3), "--duration", "600"),
     ]
+    return tag, env, cmd
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) -> None:
+    """A real `kpmon run --no-demo` (Kafka, the tap, the streaming job and its Spark JVM), ended once
+    Spark runs the query; afterwards no process of that run may be left, whatever the ending."""
+    state = tmp_path / "state"
+    tag, env, cmd = _real_run(state)
     run_log = state / "run" / "run.log"
     # As a shell pipeline's first command: its own process group, output into a pipe we read.
     proc = subprocess.Popen(
@@ -574,20 +581,7 @@ def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: P
     """`kpmon run` and its watchdog both killed -9 (the worst case): the tap, the job and Kafka are left.
     The next `kpmon run` on that state directory stops them before it starts anything."""
     state = tmp_path / "state"
-    base = _free_base(4)
-    tag = uuid.uuid4().hex
-    env = {
-        **os.environ,
-        "KPMON_RUN_TEST": tag,
-        "KPMON__STACK__BASE_PORT": str(base),
-        "KPMON__TAP__METRICS_PORT": "null",
-        "KPMON__STREAM__METRICS_PORT": "null",
-        "PYTHONUNBUFFERED": "1",
-    }
-    cmd = [
-        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), "--no-demo"),
-        *("--tap-port", str(base + 3), "--duration", "600"),
-    ]
+    tag, env, cmd = _real_run(state)
     registry = state / "run" / "processes.json"
     first_log, second_log = tmp_path / "first.out", tmp_path / "second.out"
     procs: list[subprocess.Popen[bytes]] = []
