@@ -634,7 +634,10 @@ def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: P
     second_out = second_log.read_text()
     assert leftovers == {}, (leftovers, second_out[-3000:])
     assert "a previous kpmon run here did not stop (killed?): stopping what it left first" in second_out
-    assert "stream (process group" in second_out and "tap (process group" in second_out
+    # The tap was seen left behind above, so the second run must have stopped it. The job may be gone
+    # by then on its own (its output pipe went with the killed run), so it is not required here:
+    # that nothing of the run is left is asserted above.
+    assert "tap (process group" in second_out
     assert "Kafka: stopping the local stack" in second_out
     # Only then did the second run start its own stack.
     assert second_out.index("Kafka: stopping the local stack") < second_out.index("starting a KRaft stack")
