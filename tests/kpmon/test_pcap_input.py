@@ -105,6 +105,10 @@ def test_a_tcpdump_capture_gives_the_findings_the_tap_gives(
     differ = {}
     for client, expected in by_client_tap.items():
         got = by_client_pcap.get(client) or []
+        if got == expected[: len(got)] and all(d == "resp" for d, _, _ in expected[len(got) :]):
+            # Responses the tap read from the broker after the client had closed: mirrored, but the
+            # client's RST came first, so they never crossed the wire tcpdump watched.
+            continue
         if got != expected:
             at = next(
                 (i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
