@@ -250,7 +250,12 @@ def connection_step(
     event_ms = max(newest, floor_ms)
     findings = shard.feed(frames)
     out = [finding_row(f, event_ms) for f in findings]
+    # A frame routed to several keys of one kind is one projected object: packed once.
+    packed: dict[int, bytes] = {}
     for route in shard.take_routes():
+        data = packed.get(id(route.frame))
+        if data is None:
+            data = packed[id(route.frame)] = pack_frame(route.frame)
         flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
         at_ms = max(-(-route.at_ns // NS_PER_MS), floor_ms)
         out.append(
@@ -262,7 +267,7 @@ def connection_step(
                 at_ms=at_ms,
                 conn=route.frame.conn,
                 seq=route.frame.seq,
-                frame=pack_frame(route.frame),
+                frame=data,
                 flags=flags,
             )
         )
