@@ -167,6 +167,9 @@ def expand_response(response: Response, request: Request | None) -> None:
     key = response.api_key
     if key == ENVELOPE:
         data = body.get("ResponseData")
+        if isinstance(data, EmbeddedResponse) and data.response is None and data.error is None:
+            # Decoded before its request was known (a response frame on its own): now it is.
+            data = data.raw
         if isinstance(data, bytes):
             inner = None
             if request is not None and isinstance(request.body.get("RequestData"), EmbeddedRequest):

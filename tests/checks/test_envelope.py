@@ -130,3 +130,32 @@ def test_inner_request_is_checked_by_every_rule_but_counted_once_in_the_fleet() 
     assert findings[0].evidence["tag"] == 5 and "envelope" in findings[0].evidence
     used = monitor.states[("apiversions.cluster", "cluster")]["used"]
     assert used == {"client.id=app": {str(ENVELOPE): {"0": 1}}}
+
+
+def test_rules_see_the_inner_response_of_an_envelope() -> None:
+    """KIP-590: the monitor decodes each frame on its own, then pairs it; the Envelope's inner answer
+    must be typed by then, so rules judge the forwarded request's response, not only the request."""
+    from checks.model import Exchange
+    from checks.rule import Rule, RuleContext, State
+
+    seen: list[tuple[int, int | None]] = []
+
+    class Inner(Rule):
+        name = "inner"
+        key_kind = "conn"
+
+        def keys(self, ex: Exchange) -> list[str]:
+            return [ex.conn]
+
+        def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
+            if ex.envelope is not None:
+                seen.append((ex.api_key, None if ex.resp is None else ex.resp.correlation_id))
+
+    request, response = envelope(Conversation(listener="PLAINTEXT"), SECOND)
+    assert response.message is not None
+    # As the tap topic's reader has it: the response frame decoded on its own, without its request.
+    response.message = codec.decode_response(codec.encode(response.message), ENVELOPE, 0)
+    monitor = Monitor([Inner()], Context(ChecksSettings()))
+    monitor.feed_all([request, response])
+    monitor.flush()
+    assert seen == [(CREATE_TOPICS, 99)]
