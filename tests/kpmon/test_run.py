@@ -413,21 +413,7 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
     """`kpmon run` for real: local Kafka, the tap, Spark on local[*], demo clients; Ctrl-C once the
     demo's first alert is on screen; then everything must be stopped and the report written."""
     state = tmp_path / "state"
-    base = _free_base(4)
-    tag = uuid.uuid4().hex
-    env = {
-        **os.environ,
-        "KPMON_RUN_TEST": tag,  # inherited by every process the run starts: how leftovers are found
-        "KPMON__STACK__BASE_PORT": str(base),  # broker base, base+1 inter-broker, base+2 controller
-        "KPMON__TAP__METRICS_PORT": "null",
-        "KPMON__STREAM__METRICS_PORT": "null",
-        "PYTHONUNBUFFERED": "1",
-    }
-    # --duration only bounds a run whose Ctrl-C never comes.
-    cmd = [
-        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state)),
-        *("--violation-every", "20", "--tap-port", str(base + 3), "--duration", "600"),
-    ]
+    tag, env, cmd = _real_run(state, "--violation-every", "20")
     log = tmp_path / "run.out"
     with log.open("wb") as out:
         # Its own session, as a shell's foreground job: Ctrl-C is SIGINT to that process group.
@@ -439,13 +425,7 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
-        for pid in leftovers:  # whatever happened, never leave them running into the next test
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        leftovers = _kill_leftovers(tag, [proc])
     output = log.read_text()
     assert code == 0, output[-4000:]
     assert leftovers == {}, leftovers
@@ -483,24 +463,46 @@ def test_make_run_on_embedded_defaults_shows_real_alerts_writes_the_report_and_c
 ENDINGS = ("closed-pipe-ctrl-c", "sighup", "double-ctrl-c", "sigterm", "sigkill")
 
 
-def _real_run(state: Path) -> tuple[str, dict[str, str], list[str]]:
-    """(tag, environment, command) of a real `kpmon run --no-demo` on its own ports: the tag marks
-    every process of that run, so a test can find what is left of it."""
+def _real_run(state: Path, *args: str) -> tuple[str, dict[str, str], list[str]]:
+    """(tag, environment, command) of a real `kpmon run` on its own ports, with ``args`` added: the tag
+    marks every process of that run (the environment is inherited), so a test can find what is left."""
     base = _free_base(4)
     tag = uuid.uuid4().hex
     env = {
         **os.environ,
         "KPMON_RUN_TEST": tag,
-        "KPMON__STACK__BASE_PORT": str(base),
+        "KPMON__STACK__BASE_PORT": str(base),  # broker base, base+1 inter-broker, base+2 controller
         "KPMON__TAP__METRICS_PORT": "null",
         "KPMON__STREAM__METRICS_PORT": "null",
         "PYTHONUNBUFFERED": "1",
     }
+    # --duration only bounds a run whose ending never comes.
     cmd = [
-        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), "--no-demo"),
+        *(sys.executable, "-m", "kpmon.cli", "run", "--state-dir", str(state), *args),
         *("--tap-port", str(base + 3), "--duration", "600"),
     ]
     return tag, env, cmd
+
+
+def _wait_until_gone(tag: str, seconds: float) -> None:
+    """Until no process of the run tagged ``tag`` is left, or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while _processes_with(f"KPMON_RUN_TEST={tag}") and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def _kill_leftovers(tag: str, procs: list[subprocess.Popen[bytes]]) -> dict[int, str]:
+    """What was left of the run tagged ``tag`` (pid → command line), after SIGKILLing it all: whatever
+    happened in the test, nothing of a run may live on into the next test."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return leftovers
 
 
 @pytest.mark.integration
@@ -511,7 +513,7 @@ def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) 
     """A real `kpmon run --no-demo` (Kafka, the tap, the streaming job and its Spark JVM), ended once
     Spark runs the query; afterwards no process of that run may be left, whatever the ending."""
     state = tmp_path / "state"
-    tag, env, cmd = _real_run(state)
+    tag, env, cmd = _real_run(state, "--no-demo")
     run_log = state / "run" / "run.log"
     # As a shell pipeline's first command: its own process group, output into a pipe we read.
     proc = subprocess.Popen(
@@ -546,18 +548,9 @@ def test_every_ending_leaves_no_process_of_the_run(tmp_path: Path, ending: str) 
         if not proc.stdout.closed:
             proc.stdout.read()  # keep the pipe drained, as a living reader does
         code = proc.wait(timeout=300)
-        # The watchdog (after SIGKILL) takes a few seconds more; nothing may survive it.
-        deadline = time.monotonic() + 180
-        while _processes_with(f"KPMON_RUN_TEST={tag}") and time.monotonic() < deadline:
-            time.sleep(1)
+        _wait_until_gone(tag, seconds=180)  # the watchdog (after SIGKILL) takes a few seconds more
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        leftovers = _kill_leftovers(tag, [proc])
     log = run_log.read_text()
     assert leftovers == {}, (leftovers, log[-3000:])
     if ending == "sigkill":
@@ -581,7 +574,7 @@ def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: P
     """`kpmon run` and its watchdog both killed -9 (the worst case): the tap, the job and Kafka are left.
     The next `kpmon run` on that state directory stops them before it starts anything."""
     state = tmp_path / "state"
-    tag, env, cmd = _real_run(state)
+    tag, env, cmd = _real_run(state, "--no-demo")
     registry = state / "run" / "processes.json"
     first_log, second_log = tmp_path / "first.out", tmp_path / "second.out"
     procs: list[subprocess.Popen[bytes]] = []
@@ -619,18 +612,9 @@ def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: P
         )
         os.killpg(second.pid, signal.SIGINT)
         assert second.wait(timeout=300) == 0, second_log.read_text()[-3000:]
-        deadline = time.monotonic() + 60
-        while _processes_with(f"KPMON_RUN_TEST={tag}") and time.monotonic() < deadline:
-            time.sleep(1)
+        _wait_until_gone(tag, seconds=60)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-        leftovers = _processes_with(f"KPMON_RUN_TEST={tag}")
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        leftovers = _kill_leftovers(tag, procs)
     second_out = second_log.read_text()
     assert leftovers == {}, (leftovers, second_out[-3000:])
     assert "a previous kpmon run here did not stop (killed?): stopping what it left first" in second_out
