@@ -13,14 +13,13 @@ Kafka 4.0 (KIP-896) are decoded with the 3.9 definitions.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from codec.generated_file import write_or_check
 from deploy.versions import KAFKA_RELEASES
 
 TABLE_PATH = Path(__file__).with_name("schema_table.json")
@@ -234,22 +233,13 @@ def render(table: Json) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return write_or_check(
+        argv,
+        path=TABLE_PATH,
+        generate=lambda: render(build_table(default_jars())),
+        command="python -m codec.generator",
+        description=__doc__,
     )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help=f"rewrite {TABLE_PATH.name}")
-    mode.add_argument("--check", action="store_true", help="fail if the committed table is stale")
-    args = parser.parse_args(argv)
-    text = render(build_table(default_jars()))
-    if args.write:
-        TABLE_PATH.write_text(text)
-        print(f"wrote {TABLE_PATH} ({len(text)} bytes)", file=sys.stderr)
-        return 0
-    if TABLE_PATH.read_text() != text:
-        print(f"{TABLE_PATH} is stale: run `make schemas`", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

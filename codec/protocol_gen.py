@@ -18,12 +18,12 @@ the 2 MB schema table (the tap imports them on its hot path).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
 
+from codec.generated_file import write_or_check
 from codec.schema import SchemaTable, load_table
 
 MODULE_PATH = Path(__file__).with_name("protocol.py")
@@ -84,19 +84,13 @@ def render(table: SchemaTable, errors_path: Path = ERRORS_PATH) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="rewrite codec/protocol.py")
-    mode.add_argument("--check", action="store_true", help="fail when codec/protocol.py is stale")
-    args = parser.parse_args(argv)
-    text = render(load_table())
-    if args.write:
-        MODULE_PATH.write_text(text)
-        return 0
-    if MODULE_PATH.read_text() != text:
-        print(f"{MODULE_PATH} is stale: run python -m codec.protocol_gen --write", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(
+        argv,
+        path=MODULE_PATH,
+        generate=lambda: render(load_table()),
+        command="python -m codec.protocol_gen",
+        description=__doc__,
+    )
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ own notion of a password: the broker returns such values as null in DescribeConf
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from codec.generated_file import write_or_check
 from deploy.local.distribution import fetch_distribution, libs_dir
 from deploy.versions import KAFKA_RELEASES
 
@@ -72,23 +72,14 @@ def generate() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="rewrite tap/password_configs.json")
-    mode.add_argument("--check", action="store_true", help="fail when tap/password_configs.json is stale")
-    args = parser.parse_args(argv)
-    try:
-        text = generate()
-    except GenerateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.write:
-        JSON_PATH.write_text(text)
-        return 0
-    if JSON_PATH.read_text() != text:
-        print(f"{JSON_PATH} is stale: run python -m tap.password_configs_gen --write", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(
+        argv,
+        path=JSON_PATH,
+        generate=generate,
+        command="python -m tap.password_configs_gen",
+        description=__doc__,
+        errors=(GenerateError,),
+    )
 
 
 if __name__ == "__main__":
