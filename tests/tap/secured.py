@@ -28,6 +28,21 @@ def roundtrip(config: dict[str, Any], topic: str, value: bytes) -> None:
     assert value in got
 
 
+def kafka_python_roundtrip(common: dict[str, Any], topic: str, value: bytes) -> None:
+    """kafka-python (its own protocol code and Python's ``ssl``) with ``common`` connection settings:
+    produce ``value`` and read it back."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    producer = KafkaProducer(**common)
+    producer.send(topic, value).get(timeout=30)
+    producer.close()
+    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
+    try:
+        assert value in [record.value for record in consumer]
+    finally:
+        consumer.close()
+
+
 def java_properties_file(path: Path, props: dict[str, str]) -> Path:
     """A Java ``.properties`` file (values escaped: inline PEM holds newlines)."""
 
@@ -50,9 +65,13 @@ def refused(config: dict[str, Any]) -> str:
     logger = logging.getLogger(f"kpmon.test.refused.{uuid.uuid4().hex[:6]}")
     logger.addHandler(Collect())
     logger.propagate = False
-    admin = AdminClient(
-        {**config, "error_cb": lambda e: errors.append(e.str()), "logger": logger, "socket.timeout.ms": 6000}
-    )
+    settings: dict[str, Any] = {
+        **config,
+        "error_cb": lambda e: errors.append(e.str()),
+        "logger": logger,
+        "socket.timeout.ms": 6000,
+    }
+    admin = AdminClient(settings)
     try:
         admin.list_topics(timeout=6)
     except KafkaException as exc:

@@ -18,7 +18,7 @@ import pytest
 
 from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
-from kpmon.config import TapConfig, TapListenerConfig
+from kpmon.config import BrokerIdentity, TapConfig, TapListenerConfig
 from tap.app import listener_specs
 from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
@@ -73,7 +73,9 @@ def _tap(m: Mtls, identities: bool = True, sink: MirrorSink | None = None) -> tu
                 broker_tls=True,
                 broker_cafile=str(m.broker_ca.pem),
                 broker_identities={
-                    "alice": {"certfile": str(m.alice_at_tap.cert), "keyfile": str(m.alice_at_tap.key)}
+                    "alice": BrokerIdentity(
+                        certfile=str(m.alice_at_tap.cert), keyfile=str(m.alice_at_tap.key)
+                    )
                 }
                 if identities
                 else {},
@@ -117,7 +119,7 @@ def test_the_tap_presents_the_clients_identity_to_an_mtls_broker(mtls: Mtls) -> 
 
 
 @pytest.mark.parametrize("client", ["bob", None], ids=["no identity for the client", "no client certificate"])
-def test_clients_the_tap_cannot_represent_arerefused(mtls: Mtls, client: str | None) -> None:
+def test_clients_the_tap_cannot_represent_are_refused(mtls: Mtls, client: str | None) -> None:
     t, port, sink = _tap(mtls)
     try:
         error = refused(_client(mtls, port, client))
@@ -225,7 +227,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
 
 def _kafka_python_roundtrip(m: Mtls, port: int, topic: str, value: bytes) -> None:
     """kafka-python as alice: its own TLS stack (Python's ``ssl``) with her client certificate."""
-    from kafka import KafkaConsumer, KafkaProducer
+    from tests.tap.secured import kafka_python_roundtrip
 
     common: dict[str, Any] = {
         "bootstrap_servers": f"127.0.0.1:{port}",
@@ -235,14 +237,7 @@ def _kafka_python_roundtrip(m: Mtls, port: int, topic: str, value: bytes) -> Non
         "ssl_keyfile": str(m.clients["alice"].key),
         "client_id": "kpmon-mtls-kafka-python",
     }
-    producer = KafkaProducer(**common)
-    producer.send(topic, value).get(timeout=30)
-    producer.close()
-    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
-    try:
-        assert value in [r.value for r in consumer]
-    finally:
-        consumer.close()
+    kafka_python_roundtrip(common, topic, value)
 
 
 def _java_roundtrip(m: Mtls, port: int, topic: str, value: str, directory: Path) -> None:

@@ -40,7 +40,7 @@ from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, read_topic_range, secret_count, start_stack
-from tests.tap.secured import java_properties_file, refused, roundtrip
+from tests.tap.secured import java_properties_file, kafka_python_roundtrip, refused, roundtrip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -109,10 +109,8 @@ def _start_tap(secured: Secured, sink: MirrorSink, **overrides: Any) -> tuple[Ta
     return TapThread(specs, sink, TapSettings(capture="full", rewrite_broker_addresses=True)).start(), port
 
 
-def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes, **auth: Any) -> None:
+def _kafka_python_roundtrip_sasl(config: dict[str, Any], topic: str, value: bytes, **auth: Any) -> None:
     """kafka-python with ``config``'s mechanism: its user and password, or ``auth`` (a token provider)."""
-    from kafka import KafkaConsumer, KafkaProducer
-
     common = {
         "bootstrap_servers": config["bootstrap.servers"],
         "security_protocol": "SASL_SSL",
@@ -123,14 +121,7 @@ def _kafka_pythonroundtrip(config: dict[str, Any], topic: str, value: bytes, **a
         "sasl_plain_username": config["sasl.username"],
         "sasl_plain_password": config["sasl.password"],
     }
-    producer = KafkaProducer(**common)
-    producer.send(topic, value).get(timeout=30)
-    producer.close()
-    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
-    try:
-        assert value in [m.value for m in consumer]
-    finally:
-        consumer.close()
+    kafka_python_roundtrip(common, topic, value)
 
 
 def _java_tool_through_tap(
@@ -233,7 +224,7 @@ def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     try:
         for mechanism in MECHANISMS:
             roundtrip(secured.via_tap(tap_port, mechanism), data, mechanism.encode())
-        _kafka_pythonroundtrip(secured.via_tap(tap_port, "SCRAM-SHA-512"), data, b"kafka-python")
+        _kafka_python_roundtrip_sasl(secured.via_tap(tap_port, "SCRAM-SHA-512"), data, b"kafka-python")
         assert data in _java_tool_through_tap(secured, tap_port, tmp_path)
         t.wait_mirrored(60)
         t.tap.sink.close(10)
@@ -304,7 +295,7 @@ def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
         assert "certificate verify failed" in error, error
 
 
-def test_plaintext_to_the_brokers_tls_listener_isrefused(secured: Secured) -> None:
+def test_plaintext_to_the_brokers_tls_listener_is_refused(secured: Secured) -> None:
     config = {**secured.direct("PLAIN"), "security.protocol": "SASL_PLAINTEXT"}
     assert refused(config)
 
@@ -378,7 +369,7 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
     }
     try:
         roundtrip(client, topic, b"over OAUTHBEARER")
-        _kafka_pythonroundtrip(
+        _kafka_python_roundtrip_sasl(
             client,
             topic,
             b"kafka-python over OAUTHBEARER",
