@@ -76,7 +76,7 @@ def test_replay_raises_what_one_monitor_raises() -> None:
 
 
 def test_alert_keys_fold_like_the_alert_book() -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"rule": "producer.sequence_gap", "subject": "pid:1", "severity": "warning", "incomplete": True},
         {"rule": "producer.sequence_gap", "subject": "pid:1", "severity": "info"},
         {"rule": "envelope.untrusted_source", "subject": "conn:x", "severity": "warning"},
@@ -105,7 +105,10 @@ def test_which_running_findings_belong_to_the_window() -> None:
     assert not finding_in_window(outside, window, None)
     assert finding_in_window(by_time, window, (40, 60)) and not finding_in_window(by_time, window, (51, 60))
     assert not finding_in_window(by_time, window, None)
-    batches = [{"findings": [inside, {**outside, "subject": "other"}]}, {"findings": []}]
+    batches: list[dict[str, Any]] = [
+        {"findings": [inside, {**outside, "subject": "other"}]},
+        {"findings": []},
+    ]
     assert running_alerts(batches, window, None) == {("r", "s"): "warning"}
 
 

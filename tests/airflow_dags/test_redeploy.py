@@ -53,6 +53,12 @@ def running_checkpoint(config_path: str, shape: dict[str, Any] | None = None) ->
     return checkpoint
 
 
+def _record(sent: list[Any], alerts: list[Any]) -> dict[str, Any]:
+    """A stand-in for the ops-alert publisher: keeps what it was given."""
+    sent.append(alerts)
+    return {}
+
+
 def test_params_need_both_configs() -> None:
     with pytest.raises(DeployError, match="new_config"):
         Params.from_mapping({"current_config": "x"})
@@ -194,10 +200,7 @@ def test_rollback_after_a_failure_before_the_swap_touches_nothing(
     params = Params(new, current)
     sent: list[Any] = []
     j = journal(tmp_path)
-    assert (
-        redeploy.rollback(params, j, "run1", publish=lambda c, a: sent.append(a) or {})["rolled_back"]
-        is False
-    )
+    assert redeploy.rollback(params, j, "run1", publish=lambda c, a: _record(sent, a))["rolled_back"] is False
     # A validated plan whose job is still running (the canary failed): still nothing to undo.
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
@@ -206,7 +209,7 @@ def test_rollback_after_a_failure_before_the_swap_touches_nothing(
         paths.pid_file.write_text(f"{job.pid}\n")
         redeploy.validate(params, j, "run1")
         j.write("canary.failed", {"error": "lost alerts"})
-        result = redeploy.rollback(params, j, "run1", publish=lambda c, a: sent.append(a) or {})
+        result = redeploy.rollback(params, j, "run1", publish=lambda c, a: _record(sent, a))
         assert result["rolled_back"] is False and "canary failed" in result["reason"]
         assert job.poll() is None and sent == []
     finally:

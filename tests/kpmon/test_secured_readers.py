@@ -46,7 +46,11 @@ def test_readers_use_the_tap_clusters_properties(sasl_kafka_stack: Any, tmp_path
         ApiKey.API_VERSIONS, 3, 7, "secured", {"ClientSoftwareName": "x", "ClientSoftwareVersion": "1"}
     )
     producer = Producer(client)
-    headers = [("dir", b"req"), ("api_key", str(int(ApiKey.API_VERSIONS)).encode()), ("api_version", b"3")]
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("dir", b"req"),
+        ("api_key", str(int(ApiKey.API_VERSIONS)).encode()),
+        ("api_version", b"3"),
+    ]
     producer.produce(topic, frame, key=b"conn-1", headers=headers)
     assert producer.flush(30) == 0
 

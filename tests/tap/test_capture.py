@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import codec
 from codec.samples import random_request_body, random_response_body
-from tap.capture import SECRETS, Captured, FrameInfo, capture, header_end
+from tap.capture import SECRETS, Captured, Direction, FrameInfo, capture, header_end
 
 MARKER = b"s3cr3t-MARKER-pw"
 POLICIES = ("full", "headers", "meta")
@@ -28,14 +28,14 @@ def _plant(node: Any, parts: list[str]) -> int:
     return 1
 
 
-def _secret_frame(api_key: int, direction: str, version: int, seed: int) -> bytes:
+def _secret_frame(api_key: int, direction: Direction, version: int, seed: int) -> bytes:
     rng = random.Random(seed)
     for _ in range(200):
         if direction == "req":
             body = random_request_body(api_key, version, rng)
         else:
             body = random_response_body(api_key, version, rng)
-        planted = sum(_plant(body, path.split(".")) for path in SECRETS[(api_key, direction)])  # type: ignore[index]
+        planted = sum(_plant(body, path.split(".")) for path in SECRETS[(api_key, direction)])
         if planted:
             break
     else:
@@ -54,13 +54,13 @@ CASES = [
 
 @pytest.mark.parametrize(("api_key", "direction", "version"), CASES)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_secrets_never_leave(api_key: int, direction: str, version: int, policy: str) -> None:
+def test_secrets_never_leave(api_key: int, direction: Direction, version: int, policy: str) -> None:
     frame = _secret_frame(api_key, direction, version, seed=api_key * 100 + version)
     assert MARKER in frame
-    info = FrameInfo(direction, len(frame), api_key, version)  # type: ignore[arg-type]
+    info = FrameInfo(direction, len(frame), api_key, version)
     out = capture(frame, info, policy, 900_000)  # type: ignore[arg-type]
     assert MARKER not in out.value
-    assert out.redacted == SECRETS[(api_key, direction)]  # type: ignore[index]
+    assert out.redacted == SECRETS[(api_key, direction)]
     if policy != "meta":
         # The redacted frame still decodes, so checks keep everything but the secret.
         if direction == "req":

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def _quietly(call: Callable[[], Any]) -> None:
 
 def _settle(futures: dict[Any, Any]) -> None:
     for future in futures.values():
-        _quietly(lambda f=future: f.result(30))
+        _quietly(partial(future.result, 30))
 
 
 def _confluent(bootstrap: str, broker_id: int) -> list[Case]:

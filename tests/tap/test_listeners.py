@@ -432,14 +432,14 @@ def test_broker_context_picks_the_clients_identity_and_refuses_the_rest() -> Non
     for cn in ("bob", None):
         with pytest.raises(NoBrokerIdentity):
             broker_context(spec, cn)
-    peer = {"subject": ((("organizationName", "x"),), (("commonName", "alice"),))}
+    peer: dict[str, object] = {"subject": ((("organizationName", "x"),), (("commonName", "alice"),))}
     assert client_common_name(peer) == "alice" and client_common_name(None) is None
 
 
 def test_broker_identities_need_verified_client_certificates() -> None:
-    from kpmon.config import TapListenerConfig
+    from kpmon.config import BrokerIdentity, TapListenerConfig
 
-    identity = {"alice": {"certfile": "a.pem", "keyfile": "a.key"}}
+    identity = {"alice": BrokerIdentity(certfile="a.pem", keyfile="a.key")}
     with pytest.raises(ValueError, match="broker_identities need"):
         TapListenerConfig(listen="127.0.0.1:1", broker="b:9093", broker_tls=True, broker_identities=identity)
     TapListenerConfig(

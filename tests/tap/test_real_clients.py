@@ -103,7 +103,7 @@ def test_idempotent_producer_and_consumer(tapped_cluster: TappedCluster, tap: tu
     while len(got) < 500 and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
-            got.append(msg.value())
+            got.append(msg.value() or b"")
     consumer.close()
     del producer
     assert got == [f"value-{i}".encode() * 10 for i in range(500)]
@@ -135,12 +135,12 @@ def test_transactional_commit_and_abort(tapped_cluster: TappedCluster, tap: tupl
         }
     )
     consumer.assign([TopicPartition(topic, 0, 0)])
-    got = []
+    got: list[bytes] = []
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not got:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
-            got.append(msg.value())
+            got.append(msg.value() or b"")
     consumer.close()
     assert got == [b"committed"]
     records = _drain_tap(t, tapped_cluster, tap_topic)
@@ -176,7 +176,7 @@ def test_consumer_group_of_two(tapped_cluster: TappedCluster, tap: tuple[TapThre
             msg = c.poll(0.3)
             if msg is not None and not msg.error():
                 with lock:
-                    seen.append(msg.value())
+                    seen.append(msg.value() or b"")
             with lock:
                 if len(seen) >= 200:
                     break

@@ -95,12 +95,12 @@ def test_passwords_and_salts_never_reach_the_tap_topic(sasl_cluster: SaslCluster
             {**sasl_cluster.client("SCRAM-SHA-512"), "group.id": "g-sasl", "auto.offset.reset": "earliest"}
         )
         consumer.subscribe([data_topic])
-        got = []
+        got: list[bytes] = []
         deadline = time.monotonic() + 20
         while len(got) < 3 and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and not msg.error():
-                got.append(msg.value())
+                got.append(msg.value() or b"")
         consumer.close()
         assert sorted(got) == [b"PLAIN", b"SCRAM-SHA-256", b"SCRAM-SHA-512"]
         # A credential change carries Salt and SaltedPassword in AlterUserScramCredentials.

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 import codec
 from codec.protocol import ApiKey
 from codec.samples import random_request_body, random_response_body
-from tap.capture import CONFIG_TYPE_PASSWORD, CONFIG_VALUES, FrameInfo, capture, request_is_sensitive_envelope
+from tap.capture import (
+    CONFIG_TYPE_PASSWORD,
+    CONFIG_VALUES,
+    Direction,
+    FrameInfo,
+    capture,
+    request_is_sensitive_envelope,
+)
 from tap.password_configs_gen import JSON_PATH
 from tap.secret_configs import is_password_config, password_configs
 
@@ -73,7 +80,9 @@ def _entries(node: Any, parts: list[str]) -> list[dict[str, Any]]:
     return _entries(node.get(name), rest)
 
 
-def _config_frame(api_key: int, direction: str, version: int, seed: int, secret_name: str) -> bytes | None:
+def _config_frame(
+    api_key: int, direction: Direction, version: int, seed: int, secret_name: str
+) -> bytes | None:
     """A valid frame whose first config entry is ``secret_name`` = MARKER and the others ordinary."""
     rng = random.Random(seed)
     for _ in range(300):
@@ -81,7 +90,7 @@ def _config_frame(api_key: int, direction: str, version: int, seed: int, secret_
         entries = [
             (where, e)
             for where in CONFIG_VALUES[(api_key, direction)]
-            for e in _entries(body, where.path.split("."))  # type: ignore[index]
+            for e in _entries(body, where.path.split("."))
         ]
         if any(where.value in e for where, e in entries):
             break
@@ -106,7 +115,7 @@ def _config_frame(api_key: int, direction: str, version: int, seed: int, secret_
 
 
 #: CreateTopics answers carry configs from v5 on.
-_FIRST_VERSION = {(ApiKey.CREATE_TOPICS, "resp"): 5}
+_FIRST_VERSION: dict[tuple[int, Direction], int] = {(ApiKey.CREATE_TOPICS, "resp"): 5}
 CASES = [
     (api_key, direction, version)
     for (api_key, direction) in CONFIG_VALUES
@@ -126,12 +135,12 @@ CASES = [
     seed=st.integers(0, 1000),
 )
 def test_password_config_values_never_leave(
-    api_key: int, direction: str, version: int, name: str, prefix: str, policy: str, seed: int
+    api_key: int, direction: Direction, version: int, name: str, prefix: str, policy: str, seed: int
 ) -> None:
     frame = _config_frame(api_key, direction, version, seed, prefix + name)
     assert frame is not None, "no sample body with a config entry"
     assert MARKER.encode() in frame
-    info = FrameInfo(direction, len(frame), api_key, version)  # type: ignore[arg-type]
+    info = FrameInfo(direction, len(frame), api_key, version)
     out = capture(frame, info, policy, 900_000)  # type: ignore[arg-type]
     assert MARKER.encode() not in out.value
     if policy == "meta":
@@ -209,7 +218,7 @@ def test_an_envelope_keeps_its_body_with_the_inner_password_blanked() -> None:
     entries = codec.decode_request(bytes(data.raw)).body["Resources"][0]["Configs"]
     assert [(e["Name"], e["Value"]) for e in entries] == [("sasl.jaas.config", None), ("retention.ms", KEEP)]
     for policy in ("headers", "meta"):
-        hidden = capture(frame, FrameInfo("req", len(frame), ApiKey.ENVELOPE, 0), policy, 900_000)  # type: ignore[arg-type]
+        hidden = capture(frame, FrameInfo("req", len(frame), ApiKey.ENVELOPE, 0), policy, 900_000)
         assert MARKER.encode() not in hidden.value
     # Its answer cannot carry configs: shown. A CreateTopics answer can: hidden.
     assert not request_is_sensitive_envelope(frame)
