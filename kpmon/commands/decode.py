@@ -14,12 +14,13 @@ from typing import Any
 import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
-from codec.taprecord import REQ, RESP, Header, headers_dict, int_header
+from codec.taprecord import REQ, RESP, Header, int_header
 from kpmon.commands.topicopts import (
-    TopicReadError,
+    InputError,
     add_cluster_options,
     add_pcap_options,
     open_tap_topic,
+    poll_records,
     resolve_cluster,
 )
 from kpmon.config import ConfigError, load_config
@@ -38,10 +39,6 @@ class InputFrame:
     api_key: int | None = None
     api_version: int | None = None
     source: str = ""
-
-
-class InputError(ValueError):
-    """Input that is not a frame source at all (bad hex, truncated capture)."""
 
 
 class Pairer:
@@ -113,36 +110,25 @@ def frames_from_file(path: Path, args: argparse.Namespace) -> Iterator[InputFram
 
 
 def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
-    from confluent_kafka import KafkaError
-
     consumer = open_tap_topic(args, "kpmon-decode")
     try:
+        # Only frames count towards --max: the tap's open/close records are skipped.
+        records = poll_records(consumer, idle_timeout=args.idle_timeout)
         seen = 0
-        idle = 0.0
         while args.max is None or seen < args.max:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                idle += 0.5
-                if idle >= args.idle_timeout:
-                    return
-                continue
-            idle = 0.0
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise InputError(f"consumer error: {error}")
-            headers = headers_dict(msg.headers())
-            direction = headers.get(Header.DIR)
+            record = next(records, None)
+            if record is None:
+                return
+            direction = record.headers.get(Header.DIR)
             if direction not in (REQ, RESP):
                 continue
             seen += 1
             yield InputFrame(
-                msg.value() or b"",
+                record.value or b"",
                 direction,
-                int_header(headers, Header.API_KEY),
-                int_header(headers, Header.API_VERSION),
-                f"{msg.topic()}/{msg.partition()}@{msg.offset()}",
+                int_header(record.headers, Header.API_KEY),
+                int_header(record.headers, Header.API_VERSION),
+                f"{record.topic}/{record.partition}@{record.offset}",
             )
     finally:
         consumer.close()
@@ -206,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 }
             out["source"] = frame.source
             print(json.dumps(out, indent=2 if args.pretty else None, ensure_ascii=False))
-    except (InputError, TopicReadError) as exc:
+    except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if failures:

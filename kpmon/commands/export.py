@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kpmon.commands.report import InputError, frames_from_capture, frames_from_topic
-from kpmon.commands.topicopts import add_source_options, resolve_cluster
+from kpmon.commands.report import frames_from_capture, frames_from_topic
+from kpmon.commands.topicopts import InputError, add_source_options, resolve_cluster
 from kpmon.config import ConfigError, load_config
 
 

@@ -30,15 +30,19 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
-from kpmon.commands.topicopts import add_pcap_options, add_source_options, open_tap_topic, resolve_cluster
+from kpmon.commands.topicopts import (
+    InputError,
+    add_pcap_options,
+    add_source_options,
+    open_tap_topic,
+    open_topic,
+    poll_records,
+    resolve_cluster,
+)
 from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_FINDINGS = 0, 1, 2, 3
-
-
-class InputError(ValueError):
-    """A capture or tap topic that cannot be read."""
 
 
 def frames_from_capture(path: Path) -> Iterator[TapFrame]:
@@ -57,34 +61,16 @@ def frames_from_capture(path: Path) -> Iterator[TapFrame]:
 
 
 def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[TapFrame]:
-    from confluent_kafka import KafkaError
-
-    from codec.taprecord import frame_from_record, headers_dict
+    from codec.taprecord import frame_from_record
 
     consumer = open_tap_topic(args, "kpmon-report")
     try:
-        seen = 0
-        idle = 0.0
-        while args.max is None or seen < args.max:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                idle += 0.5
-                if idle >= args.idle_timeout:
-                    return
-                continue
-            idle = 0.0
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise InputError(f"consumer error: {error}")
-            seen += 1
-            headers = headers_dict(msg.headers() or [])
-            value = msg.value()
-            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+        for record in poll_records(consumer, idle_timeout=args.idle_timeout, max_records=args.max):
             if save is not None:
-                save.write(record_to_json(headers, value, partition, offset) + "\n")
-            yield frame_from_record(headers, value, partition, offset)
+                save.write(
+                    record_to_json(record.headers, record.value, record.partition, record.offset) + "\n"
+                )
+            yield frame_from_record(record.headers, record.value, record.partition, record.offset)
     finally:
         consumer.close()
 
@@ -97,72 +83,46 @@ class TapTopicReader:
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, properties: dict[str, str] | None = None) -> None:
-        from confluent_kafka import Consumer
-
         self.topic = topic
         self.bootstrap_servers = bootstrap_servers
-        self._consumer = Consumer(
-            {
-                **(properties or {}),
-                "bootstrap.servers": bootstrap_servers,
-                # A throwaway group: the report never commits, and must not disturb the streaming job.
-                "group.id": f"kpmon-report-{id(self)}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        self._partitions: list[int] | None = None
+        self.properties: dict[str, str] = dict(properties or {})
+        self._consumer: Any | None = None
+        self._partitions: list[int] = []
         self._next: dict[int, int] = {}
 
-    def _assign(self, timeout: float) -> list[int]:
+    def read_to_end(self, timeout: float = 10.0, save: Any | None = None) -> Iterator[TapFrame]:
+        """Frames from where the last call stopped up to the end offsets as of now. Raises InputError
+        (TopicReadError) while the topic cannot be read, e.g. before it is created."""
         from confluent_kafka import TopicPartition
 
-        if self._partitions is None:
-            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
-            topic = metadata.topics.get(self.topic)
-            if topic is None or topic.error is not None:
-                raise InputError(f"tap topic {self.topic!r} not found on {self.bootstrap_servers}")
-            self._partitions = sorted(topic.partitions)
-            self._consumer.assign([TopicPartition(self.topic, p, -2) for p in self._partitions])
-        return self._partitions
+        from codec.taprecord import frame_from_record
 
-    def read_to_end(self, timeout: float = 10.0, save: Any | None = None) -> Iterator[TapFrame]:
-        """Frames from where the last call stopped up to the end offsets as of now."""
-        from confluent_kafka import KafkaError, TopicPartition
-
-        from codec.taprecord import frame_from_record, headers_dict
-
-        partitions = self._assign(timeout)
+        if self._consumer is None:
+            self._consumer, self._partitions = open_topic(
+                self.bootstrap_servers, self.properties, self.topic, "kpmon-report"
+            )
+        consumer = self._consumer
         ends = {
-            p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
-            for p in partitions
+            p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
+            for p in self._partitions
         }
-        idle = 0.0
-        while any(self._next.get(p, 0) < end for p, end in ends.items()):
-            msg = self._consumer.poll(0.5)
-            if msg is None:
-                idle += 0.5
-                if idle >= timeout:
-                    raise InputError(
-                        f"tap topic {self.topic!r}: no records for {timeout:.0f} s before its end"
-                    )
-                continue
-            idle = 0.0
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise InputError(f"consumer error: {error}")
-            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
-            self._next[partition] = offset + 1
-            headers = headers_dict(msg.headers() or [])
-            value = msg.value()
+        records = poll_records(
+            consumer,
+            idle_timeout=timeout,
+            done=lambda: all(self._next.get(p, 0) >= end for p, end in ends.items()),
+            idle_error=f"tap topic {self.topic!r}: no records for {timeout:.0f} s before its end",
+        )
+        for record in records:
+            self._next[record.partition] = record.offset + 1
             if save is not None:
-                save.write(record_to_json(headers, value, partition, offset) + "\n")
-            yield frame_from_record(headers, value, partition, offset)
+                save.write(
+                    record_to_json(record.headers, record.value, record.partition, record.offset) + "\n"
+                )
+            yield frame_from_record(record.headers, record.value, record.partition, record.offset)
 
     def close(self) -> None:
-        self._consumer.close()
+        if self._consumer is not None:
+            self._consumer.close()
 
 
 def write_report(

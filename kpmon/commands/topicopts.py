@@ -1,4 +1,5 @@
-"""The tap-topic cluster options that ``kpmon report --topic`` and ``kpmon decode --topic`` share.
+"""Reading the tap topic: the cluster options of ``kpmon report --topic`` and ``kpmon decode --topic``,
+the consumer every reader opens, and the one poll loop they share (the live report's reader too).
 
 The cluster is the config's tap-topic cluster (``tap.cluster``, else ``kafka``): its bootstrap servers
 unless ``--bootstrap-servers`` is given, and always its librdkafka ``properties`` (SASL, TLS), so a
@@ -9,6 +10,9 @@ overrides one librdkafka property for this run (like kcat's ``-X``).
 from __future__ import annotations
 
 import argparse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kpmon.config import KpmonConfig
@@ -73,45 +77,115 @@ def resolve_cluster(args: argparse.Namespace, config: KpmonConfig) -> None:
     args.properties = properties
 
 
-class TopicReadError(ValueError):
+class InputError(ValueError):
+    """A source of frames that cannot be read: a capture file, a pcap, bad hex, the tap topic."""
+
+
+class TopicReadError(InputError):
     """The tap topic cannot be read: bad client properties, the cluster refused us, no such topic."""
 
 
-def consumer_config(args: argparse.Namespace, group_prefix: str) -> dict[str, Any]:
+def reader_config(bootstrap_servers: str, properties: dict[str, Any], group_prefix: str) -> dict[str, Any]:
     """A reader's consumer config: the cluster's properties, then what a throwaway reader needs."""
     return {
-        **getattr(args, "properties", {}),
-        "bootstrap.servers": args.bootstrap_servers,
+        **properties,
+        "bootstrap.servers": bootstrap_servers,
         # A throwaway group: readers never commit, and must not disturb the streaming job.
-        "group.id": f"{group_prefix}-{id(args)}",
+        "group.id": f"{group_prefix}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
     }
 
 
-def open_tap_topic(args: argparse.Namespace, group_prefix: str) -> Any:
-    """A consumer assigned to every partition of ``args.topic`` from the beginning.
+def consumer_config(args: argparse.Namespace, group_prefix: str) -> dict[str, Any]:
+    """``reader_config`` for a command's resolved cluster options."""
+    return reader_config(args.bootstrap_servers, getattr(args, "properties", {}), group_prefix)
+
+
+def open_topic(
+    bootstrap_servers: str, properties: dict[str, Any], topic: str, group_prefix: str
+) -> tuple[Any, list[int]]:
+    """A consumer assigned to every partition of ``topic`` from the beginning, and those partitions.
 
     Raises TopicReadError with librdkafka's reason (a missing ``sasl.password``, an authentication or
     TLS failure, an unknown topic) instead of a traceback.
     """
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    where = f"tap topic {args.topic!r} on {args.bootstrap_servers}"
+    where = f"tap topic {topic!r} on {bootstrap_servers}"
     try:
-        consumer = Consumer(consumer_config(args, group_prefix))
+        consumer = Consumer(reader_config(bootstrap_servers, properties, group_prefix))
     except KafkaException as exc:
         raise TopicReadError(f"cannot read {where}: {exc.args[0].str()}") from None
     try:
-        metadata = consumer.list_topics(args.topic, timeout=10)
+        metadata = consumer.list_topics(topic, timeout=10)
     except KafkaException as exc:
         consumer.close()
         raise TopicReadError(
             f"cannot read {where}: {exc.args[0].str()} (check tap.cluster.properties: security.protocol, sasl.*, ssl.*)"
         ) from None
-    topic = metadata.topics.get(args.topic)
-    if topic is None or topic.error is not None:
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
         consumer.close()
         raise TopicReadError(f"{where} not found")
-    consumer.assign([TopicPartition(args.topic, p, -2) for p in topic.partitions])
-    return consumer
+    partitions = sorted(found.partitions)
+    consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+    return consumer, partitions
+
+
+def open_tap_topic(args: argparse.Namespace, group_prefix: str) -> Any:
+    """``open_topic`` for a command's resolved cluster options and ``--topic``: the consumer."""
+    return open_topic(args.bootstrap_servers, getattr(args, "properties", {}), args.topic, group_prefix)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """One record of the tap topic as a reader gets it: headers decoded, its place in the topic."""
+
+    headers: dict[str, str]
+    value: bytes | None
+    topic: str
+    partition: int
+    offset: int
+
+
+def poll_records(
+    consumer: Any,
+    *,
+    idle_timeout: float,
+    max_records: int | None = None,
+    done: Callable[[], bool] | None = None,
+    idle_error: str | None = None,
+) -> Iterator[TopicRecord]:
+    """Records from ``consumer`` until ``max_records`` were read, ``done()`` holds, or ``idle_timeout``
+    seconds pass without a record: then the reading ends, or raises TopicReadError(``idle_error``) when
+    one is given (a reader that knows more records must come). A consumer error raises TopicReadError."""
+    from confluent_kafka import KafkaError
+
+    from codec.taprecord import headers_dict
+
+    seen = 0
+    idle = 0.0
+    while (max_records is None or seen < max_records) and not (done is not None and done()):
+        msg = consumer.poll(0.5)
+        if msg is None:
+            idle += 0.5
+            if idle >= idle_timeout:
+                if idle_error is not None:
+                    raise TopicReadError(idle_error)
+                return
+            continue
+        idle = 0.0
+        error = msg.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                continue
+            raise TopicReadError(f"consumer error: {error}")
+        seen += 1
+        yield TopicRecord(
+            headers_dict(msg.headers() or []),
+            msg.value(),
+            str(msg.topic()),
+            int(msg.partition() or 0),
+            int(msg.offset() or 0),
+        )

@@ -16,7 +16,8 @@ from pathlib import Path
 from checks.engine import Monitor
 from checks.model import Finding
 from checks.report import alert_timeline, build_report
-from kpmon.commands.report import InputError, TapTopicReader, write_report
+from kpmon.commands.report import TapTopicReader, write_report
+from kpmon.commands.topicopts import InputError
 from kpmon.config import KpmonConfig
 
 
