@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import msgpack
@@ -83,16 +84,58 @@ def _stage_config(config: ChecksSettings) -> ChecksSettings:
     return replace(config, watermark_seconds=0.0)
 
 
+@dataclass(frozen=True)
+class _Catalogue:
+    """The keyed rules as stage one routes for them (rules keep no state of their own: one set serves
+    every connection shard)."""
+
+    keyed_rules: tuple[Rule, ...]
+    #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
+    kind_rules: dict[str, tuple[str, ...]]
+
+
+@cache
+def _catalogue() -> _Catalogue:
+    keyed_rules = tuple(r for r in all_rules() if not is_connection_scoped(r))
+    kind_rules: dict[str, tuple[str, ...]] = {}
+    for rule in keyed_rules:
+        kind_rules[rule.key_kind] = (*kind_rules.get(rule.key_kind, ()), rule.name)
+    return _Catalogue(keyed_rules, kind_rules)
+
+
+#: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), whether its routes are
+#: first-use-only (the request goes, its response does not).
+_PlanStep = tuple[Rule, str, bool]
+
+
+@cache
+def _route_plan(
+    api_key: int | None, header_only: bool, first_use: bool, outer: int | None = None
+) -> tuple[_PlanStep, ...]:
+    """The keyed rules that route an exchange of ``api_key`` (None: of any API), in catalogue order,
+    worked out once per API instead of filtering every rule for every frame. ``outer``: the API of
+    the Envelope the exchange came in (what the first-use-only kinds go by); ``header_only``: only the
+    rules that judge a request by its header; ``first_use``: the connection's first use of this (api,
+    version), which the first-use-only kinds need (ApiVersions always goes to them)."""
+    outer = api_key if outer is None else outer
+    out: list[_PlanStep] = []
+    for rule in _catalogue().keyed_rules:
+        if header_only and not rule.judges_headers:
+            continue
+        if api_key is not None and rule.api_keys is not None and api_key not in rule.api_keys:
+            continue
+        first_use_only = rule.key_kind in FIRST_USE_ONLY and outer != ApiKey.API_VERSIONS
+        if first_use_only and not first_use:
+            continue
+        out.append((rule, route_key(rule, ""), first_use_only))
+    return tuple(out)
+
+
 class ConnectionShard:
     """Stage one for one connection: its own rules, and the routes of its exchanges."""
 
     def __init__(self, config: ChecksSettings, saved: bytes | None = None) -> None:
         rules = all_rules()
-        self.keyed_rules = [r for r in rules if not is_connection_scoped(r)]
-        #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
-        self.kind_rules: dict[str, tuple[str, ...]] = {}
-        for rule in self.keyed_rules:
-            self.kind_rules[rule.key_kind] = (*self.kind_rules.get(rule.key_kind, ()), rule.name)
         self.ctx = Context(_stage_config(config))
         own_rules = [r for r in rules if is_connection_scoped(r)]
         self.routes: list[Route] = []
@@ -124,25 +167,29 @@ class ConnectionShard:
         """This shard's state as bytes (the monitor's binary state plus the routing memory)."""
         return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
-    def _keys(self, ex: Exchange, first_use: bool, header_only: bool = False) -> list[str]:
-        """Route keys of ``ex``; ``header_only``: of the rules that judge a request by its header alone."""
-        inner = (
-            unwrap_envelope(ex) if ex.request.request is not None and ex.api_key == ApiKey.ENVELOPE else None
-        )
-        out: dict[str, None] = {}
-        for rule in self.keyed_rules:
-            if header_only and not rule.judges_headers:
-                continue
-            if rule.key_kind in FIRST_USE_ONLY and ex.api_key != ApiKey.API_VERSIONS and not first_use:
-                continue
-            for exchange in (ex, inner):
-                if exchange is None:
-                    continue
-                if rule.api_keys is not None and exchange.api_key not in rule.api_keys:
-                    continue
-                for key in rule.keys(exchange):
-                    out[route_key(rule, key)] = None
-        return list(out)
+    def _keys(self, ex: Exchange, first_use: bool, header_only: bool = False) -> dict[str, bool]:
+        """Route keys of ``ex``, each with whether it is a first-use-only route (the request goes there
+        but its response will not); ``header_only``: of the rules that judge a request by its header."""
+        api_key = ex.api_key
+        plan = _route_plan(api_key, header_only, first_use)
+        out: dict[str, bool] = {}
+        if api_key != ApiKey.ENVELOPE or ex.request.request is None:
+            for rule, prefix, first_use_only in plan:
+                for key in rule.keys(ex):
+                    out[prefix + key] = first_use_only
+            return out
+        # An Envelope routes its own exchange and the one it forwards, rule by rule.
+        inner = unwrap_envelope(ex)
+        exchanges = [(ex, {id(entry[0]) for entry in plan})]
+        if inner is not None:
+            inner_plan = _route_plan(inner.api_key, header_only, first_use, outer=api_key)
+            exchanges.append((inner, {id(entry[0]) for entry in inner_plan}))
+        for rule, prefix, first_use_only in _route_plan(None, header_only, first_use, outer=api_key):
+            for exchange, wanted in exchanges:
+                if id(rule) in wanted:
+                    for key in rule.keys(exchange):
+                        out[prefix + key] = first_use_only
+        return out
 
     def _route(
         self, key: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
@@ -151,7 +198,7 @@ class ConnectionShard:
         kind = split_route_key(key)[0]
         projected = self._projected.get((id(frame), kind))
         if projected is None:
-            projected = project_frame(frame, self.kind_rules.get(kind, ()))
+            projected = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
             self._projected[(id(frame), kind)] = projected
         self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
 
@@ -175,13 +222,9 @@ class ConnectionShard:
             return
         if hook == "on_request":
             keys = self._keys(ex, first_use)
-            paired = [
-                k
-                for k in keys
-                if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == ApiKey.API_VERSIONS
-            ]
-            for key in keys:
-                self._route(key, ex.request, ex.ts_ns, incomplete, request_only=key not in paired)
+            for key, first_use_only in keys.items():
+                self._route(key, ex.request, ex.ts_ns, incomplete, request_only=first_use_only)
+            paired = [key for key, first_use_only in keys.items() if not first_use_only]
             if paired:
                 self.sent[sent_key] = paired
                 self.ctx.trim(self.sent)
@@ -190,13 +233,10 @@ class ConnectionShard:
         if ex.response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
             return
-        keys = [
-            k
-            for k in self._keys(ex, first_use=False)
-            if split_route_key(k)[0] not in FIRST_USE_ONLY or ex.api_key == ApiKey.API_VERSIONS
-        ]
+        # Not a first use: no first-use-only routes (those go with the request alone).
+        keys = list(self._keys(ex, first_use=False))
         at = ex.response.ts_ns
-        for key in dict.fromkeys(before + keys):
+        for key in dict.fromkeys(before + keys) if before else keys:
             if key not in before:
                 self._route(key, ex.request, at, incomplete)
             self._route(key, ex.response, at, incomplete)

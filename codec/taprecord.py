@@ -14,7 +14,7 @@ change the tap topic format). In Python a frame's fields are ``TapFrame``'s attr
 Two layouts spell some fields after their headers and are read as aliases by ``frame_from_dict``:
 the JSON checker state of kpmon state format 1 (``STATE_KEYS``; no longer written: the engine's
 format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-record rows
-(``ROW_KEYS``).
+(``ROW_KEYS``; ``frame_from_row`` reads those rows, and only those, on the job's hot path).
 """
 
 from __future__ import annotations
@@ -319,6 +319,49 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
     if not decode or not isinstance(raw, str):
         return frame
     return decode_frame(frame, base64.b64decode(raw))
+
+
+# --- the streaming job's tap-record rows ------------------------------------------------------------------
+
+
+def _row_value(value: Any) -> Any:
+    # pandas hands Spark's null ints over as NaN floats (NaN is the one value unequal to itself).
+    return None if value is None or value != value else value
+
+
+def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
+    """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``: header names, ``ROW_KEYS``) to a frame,
+    decoded: the one decode of the streaming job (stage one).
+
+    Reads exactly the row's columns, once each, as ``frame_from_dict`` would read them (the same
+    defaults and conversions) but without trying every saved-state layout for every field: this runs
+    for every frame of the stream."""
+    get = row.get
+    seq, ts_ns = _row_value(get(Header.SEQ)), _row_value(get(Header.TS_NS))
+    api_key, api_version = _row_value(get(Header.API_KEY)), _row_value(get(Header.API_VERSION))
+    correlation_id, broker_id = _row_value(get(Header.CORR_ID)), _row_value(get(Header.BROKER_ID))
+    partition, offset = _row_value(get(ROW_KEYS["partition"])), _row_value(get(ROW_KEYS["offset"]))
+    conn, direction = _row_value(get(Header.CONN)), _row_value(get(Header.DIR))
+    client, broker = _row_value(get(Header.CLIENT)), _row_value(get(Header.BROKER))
+    listener, capture = _row_value(get(Header.LISTENER)), _row_value(get(Header.CAPTURE))
+    frame = TapFrame(
+        conn="" if conn is None else str(conn),
+        seq=0 if seq is None else int(seq),
+        ts_ns=0 if ts_ns is None else int(ts_ns),
+        direction="" if direction is None else str(direction),
+        api_key=None if api_key is None else int(api_key),
+        api_version=None if api_version is None else int(api_version),
+        correlation_id=None if correlation_id is None else int(correlation_id),
+        client="" if client is None else str(client),
+        broker="" if broker is None else str(broker),
+        broker_id=None if broker_id is None else int(broker_id),
+        listener=None if listener is None else str(listener),
+        partition=-1 if partition is None else int(partition),
+        offset=-1 if offset is None else int(offset),
+        capture="full" if capture is None else str(capture),
+    )
+    value = get("value")
+    return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))
 
 
 # --- frames as packed lists (binary state) ---------------------------------------------------------------

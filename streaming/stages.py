@@ -33,7 +33,7 @@ from checks.sharding import ConnectionShard, KeyedShard, Route
 from codec import taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
-from codec.taprecord import REQ, RESP, TapFrame, decode_frame
+from codec.taprecord import REQ, RESP, TapFrame, frame_from_row
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
@@ -92,23 +92,6 @@ def _event_ms(row: dict[str, Any]) -> int:
 
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return str(value)
-
-
-def frame_from_row(row: dict[str, Any]) -> TapFrame:
-    """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``) to a checks frame: the one decode.
-
-    ``codec.taprecord`` reads the row's column names (``ROW_KEYS``) and Spark's NaN nulls."""
-    frame = taprecord.frame_from_dict(row, decode=False)
-    value = row.get("value")
-    return decode_frame(
-        frame, bytes(value) if value is not None else None, truncated=bool(row.get("truncated"))
-    )
 
 
 def pack_frame(frame: TapFrame) -> bytes:

@@ -25,6 +25,7 @@ from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
+from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed
 from streaming.stages import pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
@@ -243,6 +244,36 @@ def test_requests_known_by_their_header_reach_the_cluster_shard_once() -> None:
     keyed = KeyedShard(CONFIG, "cluster|cluster")
     assert [f.rule for f in keyed.feed(routed)] == ["apiversions.removed_in_4_0"]
     assert keyed.ctx.stats.decode_errors == 0
+
+
+def test_an_envelope_routes_the_request_it_forwards() -> None:
+    """KIP-590: the keyed rules see a forwarded request (here a transactional InitProducerId) as well
+    as the Envelope, so stage one routes both, rule by rule: the cluster key on first use only, the
+    transactional id with the request, and the producer id the forwarded answer assigns."""
+    inner_body = {
+        "TransactionalId": "fwd-tx",
+        "TransactionTimeoutMs": 60000,
+        "ProducerId": -1,
+        "ProducerEpoch": -1,
+    }
+    inner = codec.encode_request(ApiKey.INIT_PRODUCER_ID, 4, 99, "fwd", inner_body)
+    answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "ProducerId": 4242, "ProducerEpoch": 0}
+    inner_resp = codec.encode_response(ApiKey.INIT_PRODUCER_ID, 4, 99, answer)
+    req = {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": bytes([10, 0, 0, 5])}
+    conv = Conversation(conn="tap1-fwd", listener="CONTROLLER")
+    frames = conv.exchange(ApiKey.ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, SECOND)
+    frames += conv.exchange(ApiKey.ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, 2 * SECOND)
+    shard = ConnectionShard(CONFIG)
+    shard.feed(frames)
+    routes = [(r.key, r.frame.direction, r.request_only) for r in shard.take_routes()]
+    exchange = [
+        ("txn|fwd-tx", "req", False),
+        ("txn|fwd-tx", "resp", False),
+        ("producer|4242", "req", False),
+        ("producer|4242", "resp", False),
+    ]
+    assert routes == [("cluster|cluster", "req", True), *exchange, *exchange]
+    assert summary(sharded_run(frames, [])) == summary(single_run(frames))
 
 
 def test_one_batch_matches_the_single_monitor() -> None:

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import codec
 from codec import taprecord
@@ -18,8 +20,10 @@ from codec.taprecord import (
     STATE_KEYS,
     Header,
     TapFrame,
+    decode_frame,
     frame_from_dict,
     frame_from_record,
+    frame_from_row,
     frame_to_dict,
     header_only,
     headers_dict,
@@ -189,6 +193,68 @@ def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:
     assert (frame.seq, frame.api_key, frame.correlation_id, frame.broker_id) == (3, 18, None, None)
     assert (frame.partition, frame.offset, frame.listener, frame.capture) == (4, 99, None, "full")
     assert frame.message is None and frame.raw is None
+
+
+#: A tap-record row's cells as Spark hands them over: the value, null, NaN for a null int, or a float int.
+_INT_CELLS = st.one_of(
+    st.integers(-(2**40), 2**40), st.none(), st.just(math.nan), st.integers(0, 99).map(float)
+)
+_TEXT_CELLS = st.one_of(st.text(max_size=6), st.none(), st.just(math.nan))
+_ROW_INT_COLUMNS = (
+    Header.SEQ,
+    Header.TS_NS,
+    Header.API_KEY,
+    Header.API_VERSION,
+    Header.CORR_ID,
+    Header.BROKER_ID,
+    ROW_KEYS["partition"],
+    ROW_KEYS["offset"],
+)
+_ROW_TEXT_COLUMNS = (Header.CONN, Header.CLIENT, Header.BROKER, Header.LISTENER, Header.CAPTURE)
+
+
+@given(
+    ints=st.fixed_dictionaries({name: _INT_CELLS for name in _ROW_INT_COLUMNS}),
+    texts=st.fixed_dictionaries({name: _TEXT_CELLS for name in _ROW_TEXT_COLUMNS}),
+    direction=st.sampled_from(["req", "resp", "open", "close", "bogus", None]),
+    value=st.sampled_from([None, b"", b"\x00\x12", _request_bytes()]),
+    truncated=st.sampled_from([None, False, True]),
+)
+def test_the_row_reader_reads_a_row_as_the_dict_reader_does(
+    ints: dict[str, object],
+    texts: dict[str, object],
+    direction: str | None,
+    value: bytes | None,
+    truncated: bool | None,
+) -> None:
+    """``frame_from_row`` (the job's hot path) reads only the row layout, and reads it exactly as
+    ``frame_from_dict`` reads any layout, then decodes the row's value."""
+    row = {**ints, **texts, Header.DIR: direction, Header.TRUNCATED: truncated, "value": value}
+    expected = decode_frame(frame_from_dict(row, decode=False), value, truncated=bool(truncated))
+    frame = frame_from_row(row)
+    assert _meta(frame) == _meta(expected)
+    assert frame.message == expected.message and frame.raw == expected.raw
+    assert str(frame.error) == str(expected.error)
+
+
+def test_the_row_reader_decodes_a_request_from_its_own_header() -> None:
+    row = {
+        Header.CONN: "tap1-4",
+        Header.SEQ: 3,
+        Header.TS_NS: 10,
+        Header.DIR: "req",
+        Header.API_KEY: math.nan,
+        Header.API_VERSION: math.nan,
+        Header.CORR_ID: math.nan,
+        ROW_KEYS["partition"]: 4.0,
+        ROW_KEYS["offset"]: 99,
+        "value": bytearray(_request_bytes(corr=9)),
+    }
+    frame = frame_from_row(row)
+    assert frame.request is not None and frame.raw == _request_bytes(corr=9)
+    assert (frame.api_key, frame.api_version, frame.correlation_id) == (ApiKey.API_VERSIONS, 3, 9)
+    assert (frame.partition, frame.offset, frame.capture, frame.client) == (4, 99, "full", "")
+    assert frame_from_row({**row, Header.TRUNCATED: True}).message is None
 
 
 def test_the_field_name_wins_over_an_old_key() -> None:
