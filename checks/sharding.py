@@ -234,9 +234,9 @@ class ConnectionShard:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
             return
         # Not a first use: no first-use-only routes (those go with the request alone).
-        keys = list(self._keys(ex, first_use=False))
+        answered = list(self._keys(ex, first_use=False))
         at = ex.response.ts_ns
-        for key in dict.fromkeys(before + keys) if before else keys:
+        for key in dict.fromkeys(before + answered) if before else answered:
             if key not in before:
                 self._route(key, ex.request, at, incomplete)
             self._route(key, ex.response, at, incomplete)

@@ -174,21 +174,25 @@ def test_packed_undecodable_frames_keep_their_error_and_bytes() -> None:
     assert str(again.error) == str(frame.error) and again.raw == frame.raw and again.message is None
 
 
-def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:
-    row = {
+def _spark_row(direction: str, value: object, **cells: object) -> dict[str, object]:
+    """A tap-record row as pandas hands it over: nullable ints as floats, NaN for null."""
+    return {
         Header.CONN: "tap1-4",
         Header.SEQ: 3.0,
         Header.TS_NS: 10,
-        Header.DIR: "resp",
-        Header.API_KEY: 18.0,
-        Header.API_VERSION: 3,
+        Header.DIR: direction,
         Header.CORR_ID: math.nan,
         Header.BROKER_ID: math.nan,
         Header.LISTENER: None,
-        ROW_KEYS["partition"]: 4,
+        ROW_KEYS["partition"]: 4.0,
         ROW_KEYS["offset"]: 99,
-        "value": b"\x00",
+        "value": value,
+        **cells,
     }
+
+
+def test_a_decoded_frame_row_reads_with_spark_nulls() -> None:
+    row = _spark_row("resp", b"\x00", **{Header.API_KEY: 18.0, Header.API_VERSION: 3})
     frame = frame_from_dict(row, decode=False)
     assert (frame.seq, frame.api_key, frame.correlation_id, frame.broker_id) == (3, 18, None, None)
     assert (frame.partition, frame.offset, frame.listener, frame.capture) == (4, 99, None, "full")
@@ -238,18 +242,7 @@ def test_the_row_reader_reads_a_row_as_the_dict_reader_does(
 
 
 def test_the_row_reader_decodes_a_request_from_its_own_header() -> None:
-    row = {
-        Header.CONN: "tap1-4",
-        Header.SEQ: 3,
-        Header.TS_NS: 10,
-        Header.DIR: "req",
-        Header.API_KEY: math.nan,
-        Header.API_VERSION: math.nan,
-        Header.CORR_ID: math.nan,
-        ROW_KEYS["partition"]: 4.0,
-        ROW_KEYS["offset"]: 99,
-        "value": bytearray(_request_bytes(corr=9)),
-    }
+    row = _spark_row("req", bytearray(_request_bytes(corr=9)), **{Header.API_KEY: math.nan})
     frame = frame_from_row(row)
     assert frame.request is not None and frame.raw == _request_bytes(corr=9)
     assert (frame.api_key, frame.api_version, frame.correlation_id) == (ApiKey.API_VERSIONS, 3, 9)
