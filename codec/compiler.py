@@ -43,9 +43,6 @@ Encoder = Callable[[Mapping[str, Any], bytearray], None]
 _ids = count()
 
 
-_from_bytes: Callable[[bytes], Any] | None = None
-
-
 #: Array element counts whose Struct is kept; longer arrays (rare, and a hostile frame could make
 #: every count distinct) build theirs per call.
 _ARRAY_STRUCT_CACHE_LIMIT = 256
@@ -58,15 +55,18 @@ def _array_struct(cache: dict[int, struct.Struct], fmt: str, count: int) -> stru
     return compiled
 
 
-def _records_factory(raw: bytes) -> Any:
-    # Imported on first use (records.py pulls in compression), then kept: an import statement run per
-    # records field cost ~2 us, more than parsing the batch headers (benchmarks/codec_bench.py).
-    global _from_bytes
-    if _from_bytes is None:
-        from codec.records import RecordBatches
+def _records_on_first_use(ns: dict[str, Any]) -> Callable[[bytes, int, int], Any]:
+    """``_records(b, p, e)`` for generated code: ``codec.records.section``, imported on first use
+    (records.py pulls in compression) and then bound in ``ns`` itself, so later calls go straight to it.
+    ``section`` keeps a reference into the frame instead of copying the field's bytes."""
 
-        _from_bytes = RecordBatches.from_bytes
-    return _from_bytes(raw)
+    def first(b: bytes, p: int, e: int) -> Any:
+        from codec.records import section
+
+        ns["_records"] = section
+        return section(b, p, e)
+
+    return first
 
 
 class _Namespace(dict[str, Any]):
@@ -111,9 +111,9 @@ def _base_namespace() -> _Namespace:
         _uuidb=uuid_bytes,
         _unpack=struct.unpack_from,
         _pack=struct.pack,
-        _records=_records_factory,
         _arrst=_array_struct,
     )
+    ns["_records"] = _records_on_first_use(ns)
     return ns
 
 
@@ -153,8 +153,13 @@ def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: b
     if field.is_array:
         return "[]"
     if field.is_struct:
-        fn = compile_default(ns, field.fields or (), version, flexible, f"v{version} {field.name}")
-        return f"{fn}()"
+        # A dict literal, not a call: it is evaluated on every decode where the field is absent.
+        items = ", ".join(
+            f"{f.name!r}: {_default_literal(ns, f, version, flexible)}"
+            for f in field.fields or ()
+            if f.present(version)
+        )
+        return f"{{{items}}}"
     t = field.type
     if field.has_default:
         if t == "uuid":
@@ -401,7 +406,7 @@ class _DecodeWriter:
                 elif t == "bytes":
                     c.emit(f"{target} = b[p:e]")
                 else:
-                    c.emit(f"{target} = _records(b[p:e])")
+                    c.emit(f"{target} = _records(b, p, e)")
             c.emit("p = e")
             c.dedent()
             return
@@ -516,36 +521,28 @@ def compile_decoder(
         w.field(f, local[f.name] if selected else None, sub)
     flush_fixed()
     tagged = [f for f in wanted if f.tagged_at(version)]
-    if flexible:
-        for f in tagged:
-            code.emit(f"{local[f.name]} = {_default_literal(ns, f, version, flexible)}")
-        code.emit("if b[p] == 0:")
-        code.indent()
-        code.emit("p += 1; U = None")
-        code.dedent()
-        code.emit("else:")
-        code.indent()
-        if proj is None:
-            known = {
-                f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, None)])
-                for f in present
-                if f.tagged_at(version)
-            }
-            code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)})")
-            for f in tagged:
-                code.emit(f"if {f.name!r} in T: {local[f.name]} = T[{f.name!r}]")
-        else:
-            known = {
-                f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, proj.get(f.name))]) for f in tagged
-            }
-            code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)}, False)")
-            for f in tagged:
-                code.emit(f"if {f.name!r} in T: {local[f.name]} = T[{f.name!r}]")
-        code.dedent()
     items = ", ".join(f"{f.name!r}: {local[f.name]}" for f in wanted)
-    code.emit(f"r = {{{items}}}")
     if flexible:
+        defaults = {f.name: _default_literal(ns, f, version, flexible) for f in tagged}
+        # The common case, an empty tag section, returns at once with the tagged fields' defaults
+        # written into the dict literal: no default is built only to be replaced.
+        fast = ", ".join(f"{f.name!r}: {defaults.get(f.name, local[f.name])}" for f in wanted)
+        code.emit(f"if b[p] == 0: return {{{fast}}}, p + 1")
+        known_fields = [f for f in present if f.tagged_at(version)] if proj is None else tagged
+        known = {
+            f.tag: (
+                f.name,
+                ns[_tag_fn(ns, f, version, flexible, what, None if proj is None else proj.get(f.name))],
+            )
+            for f in known_fields
+        }
+        code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)}{'' if proj is None else ', False'})")
+        for f in tagged:
+            code.emit(f"{local[f.name]} = T[{f.name!r}] if {f.name!r} in T else {defaults[f.name]}")
+        code.emit(f"r = {{{items}}}")
         code.emit("if U: r.update(U)")
+    else:
+        code.emit(f"r = {{{items}}}")
     code.emit("return r, p")
     code.dedent()
     code.emit("except (_SE, IndexError, UnicodeDecodeError) as exc:")
@@ -595,23 +592,6 @@ def compile_skipper(
     code.dedent()
     src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
     _define(ns, name, src, "skip", what)
-    return name
-
-
-def compile_default(
-    ns: _Namespace, fields: tuple[FieldSpec, ...], version: int, flexible: bool, what: str = "struct"
-) -> str:
-    """Name of a function returning a fresh struct dict holding every field's default."""
-    key = ("z", id(fields), version, flexible)
-    cached = ns.cache.get(key)
-    if cached:
-        return cached
-    name = f"_z{next(_ids)}"
-    ns.cache[key] = name
-    items = ", ".join(
-        f"{f.name!r}: {_default_literal(ns, f, version, flexible)}" for f in fields if f.present(version)
-    )
-    _define(ns, name, f"def {name}():\n    return {{{items}}}\n", "default", what)
     return name
 
 

@@ -91,40 +91,42 @@ class Record:
 
 
 class RecordBatch:
-    """A magic-2 batch header; records are decoded on demand."""
+    """A magic-2 batch header; records are decoded on demand.
+
+    The header is one struct unpack; the flags and the codec name derive from ``attributes`` when read.
+    ``raw`` (the batch's bytes) is sliced from the buffer it was read from only when first asked for.
+    """
 
     __slots__ = (
+        "_buf",
+        "_end",
+        "_raw",
+        "_start",
         "attributes",
         "base_offset",
         "base_sequence",
         "base_timestamp",
         "batch_length",
-        "compression",
-        "compression_name",
         "crc",
-        "has_delete_horizon",
-        "is_control",
-        "is_transactional",
         "last_offset_delta",
         "magic",
         "max_timestamp",
         "partition_leader_epoch",
-        "payload_stripped",
         "producer_epoch",
         "producer_id",
-        "raw",
         "record_count",
-        "timestamp_type",
     )
+    _raw: bytes | None
 
-    def __init__(self, raw: bytes, fields: tuple[int, ...]) -> None:
+    def __init__(self, raw: bytes, fields: tuple[int, ...], start: int = 0, end: int | None = None) -> None:
+        """``fields`` is ``HEADER.unpack_from(raw, start)``; the batch is ``raw[start:end]``."""
         (
             self.base_offset,
             self.batch_length,
             self.partition_leader_epoch,
             self.magic,
             self.crc,
-            attributes,
+            self.attributes,
             self.last_offset_delta,
             self.base_timestamp,
             self.max_timestamp,
@@ -133,20 +135,54 @@ class RecordBatch:
             self.base_sequence,
             self.record_count,
         ) = fields
-        self.raw = raw
-        self.attributes = attributes
-        self.compression = attributes & 0x07
-        self.compression_name = _CODEC_NAMES[attributes & 0x07]
-        self.timestamp_type = (attributes & TIMESTAMP_TYPE_BIT) >> 3
-        self.is_transactional = attributes & TRANSACTIONAL_BIT != 0
-        self.is_control = attributes & CONTROL_BIT != 0
-        self.has_delete_horizon = attributes & DELETE_HORIZON_BIT != 0
-        self.payload_stripped = self.batch_length == STRIPPED_LENGTH and self.record_count > 0
+        self._buf = raw
+        self._start = start
+        self._end = len(raw) if end is None else end
+        self._raw = raw if start == 0 and end is None else None
+
+    @property
+    def raw(self) -> bytes:
+        raw = self._raw
+        if raw is None:
+            buf = self._buf
+            raw = buf if self._start == 0 and self._end == len(buf) else buf[self._start : self._end]
+            # Keep only the batch's own bytes from now on, not the frame it was read from.
+            self._raw = self._buf = raw
+            self._start, self._end = 0, len(raw)
+        return raw
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & 0x07
+
+    @property
+    def compression_name(self) -> str:
+        return _CODEC_NAMES[self.attributes & 0x07]
+
+    @property
+    def timestamp_type(self) -> int:
+        return (self.attributes & TIMESTAMP_TYPE_BIT) >> 3
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.attributes & TRANSACTIONAL_BIT != 0
+
+    @property
+    def is_control(self) -> bool:
+        return self.attributes & CONTROL_BIT != 0
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return self.attributes & DELETE_HORIZON_BIT != 0
+
+    @property
+    def payload_stripped(self) -> bool:
+        return self.batch_length == STRIPPED_LENGTH and self.record_count > 0
 
     @property
     def delete_horizon(self) -> int | None:
         """When the delete-horizon bit is set, baseTimestamp carries the delete horizon instead."""
-        return self.base_timestamp if self.has_delete_horizon else None
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_BIT else None
 
     @property
     def last_offset(self) -> int:
@@ -161,8 +197,9 @@ class RecordBatch:
         if self.payload_stripped:
             raise DecodeError("record payload stripped by capture policy", HEADER_SIZE, what="record batch")
         section = self.raw[HEADER_SIZE:]
-        if self.compression:
-            section = decompress(self.compression, section, max_size, what="record batch")
+        compression = self.attributes & 0x07
+        if compression:
+            section = decompress(compression, section, max_size, what="record batch")
         return _parse_records(section, self.record_count, self.base_offset, self.base_timestamp)
 
     def control_records(self) -> list[ControlRecord]:
@@ -170,6 +207,10 @@ class RecordBatch:
         if not self.is_control:
             return []
         return [decode_control(r.key, r.value, r.offset) for r in self.records()]
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        # Pickle the batch's bytes, not the whole frame it may still point into.
+        return _batch_of, (self.raw,)
 
     def __repr__(self) -> str:
         return (
@@ -179,52 +220,67 @@ class RecordBatch:
         )
 
 
-class RecordBatches:
-    """The decoded value of a ``records`` field; compares and serialises as its raw bytes."""
+def _batch_of(raw: bytes) -> RecordBatch:
+    return RecordBatch(raw, HEADER.unpack_from(raw, 0))
 
-    __slots__ = ("batches", "partial_tail", "raw")
+
+class RecordBatches:
+    """The decoded value of a ``records`` field; compares and serialises as its raw bytes.
+
+    Built by :func:`section` (the codec, for every Produce and Fetch partition) or
+    :meth:`from_bytes`. A section of magic-2 batches is checked when it is built (every batch length
+    and magic byte, so malformed input still fails the decode), but its batch headers are parsed on
+    the first access to ``batches`` (or iteration, ``len``), and ``raw`` is sliced from the frame only
+    when asked for: until then the value points into the frame's bytes.
+    """
+
+    __slots__ = ("_batches", "_buf", "_end", "_raw", "_start", "_tail_at")
+    _raw: bytes | None
+    _batches: list[RecordBatch | LegacyMessage] | None
 
     def __init__(self, raw: bytes, batches: list[RecordBatch | LegacyMessage], partial_tail: bytes) -> None:
-        self.raw = raw
-        self.batches = batches
-        self.partial_tail = partial_tail
+        self._raw = self._buf = raw
+        self._start, self._end = 0, len(raw)
+        self._batches = batches
+        self._tail_at = len(raw) - len(partial_tail)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> RecordBatches:
         raw = bytes(raw)
-        batches: list[RecordBatch | LegacyMessage] = []
-        p, n = 0, len(raw)
-        unpack, length_at = HEADER.unpack_from, _LENGTH.unpack_from
-        while p < n:
-            if n - p < LOG_OVERHEAD:
-                break  # Fetch responses may cut the last batch anywhere
-            (length,) = length_at(raw, p + 8)
-            end = p + LOG_OVERHEAD + length
-            if length < 0:
-                raise DecodeError(f"negative batch length {length}", p + 8, what="record batch")
-            if end > n:
-                break
-            if length < 5:
-                raise DecodeError(
-                    f"batch length {length} is too short to hold a magic byte", p + 8, what="records"
-                )
-            magic = raw[p + 16]
-            if magic == 2:
-                if length < STRIPPED_LENGTH:
-                    raise DecodeError(
-                        f"batch length {length} is shorter than a v2 header", p + 8, what="record batch"
-                    )
-                batches.append(RecordBatch(raw[p:end], unpack(raw, p)))
-            elif magic in (0, 1):
-                if length < LEGACY_MIN_HEADER[magic]:
-                    raise DecodeError(
-                        f"message size {length} too short for magic {magic}", p + 8, what="message set"
-                    )
-                batches.append(parse_legacy(raw[p:end], p))
-            else:
-                raise DecodeError(f"unknown magic byte {magic}", p + 16, what="records")
-            p = end
-        return cls(raw, batches, raw[p:])
+        return section(raw, 0, len(raw))
+
+    @property
+    def raw(self) -> bytes:
+        raw = self._raw
+        if raw is None:
+            buf, start = self._buf, self._start
+            raw = buf if start == 0 and self._end == len(buf) else buf[start : self._end]
+            if self._batches is None:
+                # Not parsed yet: from now on point into the section's own bytes, not the frame's.
+                self._buf, self._tail_at = raw, self._tail_at - start
+                self._start, self._end = 0, len(raw)
+            self._raw = raw
+        return raw
+
+    @property
+    def batches(self) -> list[RecordBatch | LegacyMessage]:
+        batches = self._batches
+        if batches is None:
+            # section() checked every length and magic byte: each batch is a whole magic-2 batch.
+            buf, p, stop = self._buf, self._start, self._tail_at
+            batches = []
+            unpack, length_at = HEADER.unpack_from, _LENGTH.unpack_from
+            while p < stop:
+                end = p + LOG_OVERHEAD + length_at(buf, p + 8)[0]
+                batches.append(RecordBatch(buf, unpack(buf, p), p, end))
+                p = end
+            self._batches = batches
+        return batches
+
+    @property
+    def partial_tail(self) -> bytes:
+        """Bytes after the last whole batch (Fetch responses may cut a batch anywhere)."""
+        return self._buf[self._tail_at : self._end]
 
     @staticmethod
     def build(records: Sequence[Any], **kwargs: Any) -> RecordBatches:
@@ -249,9 +305,76 @@ class RecordBatches:
     def __iter__(self) -> Iterator[RecordBatch | LegacyMessage]:
         return iter(self.batches)
 
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        # Pickle the section's bytes, not the whole frame it may still point into.
+        return RecordBatches.from_bytes, (self.raw,)
+
     def __repr__(self) -> str:
-        tail = f", partial_tail={len(self.partial_tail)}B" if self.partial_tail else ""
-        return f"RecordBatches({len(self.raw)}B, {len(self.batches)} batches{tail})"
+        tail = self._end - self._tail_at
+        tail_text = f", partial_tail={tail}B" if tail else ""
+        return f"RecordBatches({self._end - self._start}B, {len(self.batches)} batches{tail_text})"
+
+
+_new = object.__new__
+
+
+def section(buf: bytes, start: int, end: int) -> RecordBatches:
+    """The records field ``buf[start:end]``, without copying it (the codec calls this per partition).
+
+    A section of whole magic-2 batches (plus a cut-off tail) is only checked here; its headers are
+    parsed when first read. Anything else (legacy message sets, a malformed length or magic byte) is
+    parsed now by :func:`_parse_section`, which raises the ``DecodeError``.
+    """
+    p = start
+    length_at = _LENGTH.unpack_from
+    while end - p >= LOG_OVERHEAD:
+        (length,) = length_at(buf, p + 8)
+        q = p + LOG_OVERHEAD + length
+        if q > end:
+            break  # a partial tail (or a negative length, which _parse_section reports)
+        if length < STRIPPED_LENGTH or buf[p + 16] != 2:
+            return _parse_section(buf[start:end])
+        p = q
+    rb: RecordBatches = _new(RecordBatches)
+    rb._buf, rb._start, rb._end, rb._tail_at, rb._raw, rb._batches = buf, start, end, p, None, None
+    return rb
+
+
+def _parse_section(raw: bytes) -> RecordBatches:
+    """Parse every batch header of ``raw`` now: legacy message sets and malformed sections."""
+    batches: list[RecordBatch | LegacyMessage] = []
+    p, n = 0, len(raw)
+    unpack, length_at = HEADER.unpack_from, _LENGTH.unpack_from
+    while p < n:
+        if n - p < LOG_OVERHEAD:
+            break  # Fetch responses may cut the last batch anywhere
+        (length,) = length_at(raw, p + 8)
+        end = p + LOG_OVERHEAD + length
+        if length < 0:
+            raise DecodeError(f"negative batch length {length}", p + 8, what="record batch")
+        if end > n:
+            break
+        if length < 5:
+            raise DecodeError(
+                f"batch length {length} is too short to hold a magic byte", p + 8, what="records"
+            )
+        magic = raw[p + 16]
+        if magic == 2:
+            if length < STRIPPED_LENGTH:
+                raise DecodeError(
+                    f"batch length {length} is shorter than a v2 header", p + 8, what="record batch"
+                )
+            batches.append(RecordBatch(raw, unpack(raw, p), p, end))
+        elif magic in (0, 1):
+            if length < LEGACY_MIN_HEADER[magic]:
+                raise DecodeError(
+                    f"message size {length} too short for magic {magic}", p + 8, what="message set"
+                )
+            batches.append(parse_legacy(raw[p:end], p))
+        else:
+            raise DecodeError(f"unknown magic byte {magic}", p + 16, what="records")
+        p = end
+    return RecordBatches(raw, batches, raw[p:])
 
 
 def strip_payloads(raw: bytes) -> bytes:

@@ -3,6 +3,7 @@ property tests, and a differential check against kafka-python's record code."""
 
 from __future__ import annotations
 
+import pickle
 import struct
 from typing import Any
 
@@ -20,6 +21,7 @@ from codec.records import (
     RecordBatch,
     RecordBatches,
     build_record_batch,
+    section,
     strip_payloads,
 )
 
@@ -148,6 +150,67 @@ def test_structural_errors() -> None:
     short = bytes(raw[:8]) + struct.pack(">i", 20) + bytes(raw[12:32])
     with pytest.raises(DecodeError, match="shorter than a v2 header"):
         RecordBatches.from_bytes(short)
+
+
+def _header_fields(batches: RecordBatches) -> list[tuple[Any, ...]]:
+    return [
+        (b.base_offset, b.producer_id, b.producer_epoch, b.base_sequence, b.record_count, b.attributes, b.raw)
+        for b in batches
+        if isinstance(b, RecordBatch)
+    ]
+
+
+@pytest.mark.parametrize("cut", [0, 30, 70])
+def test_section_points_into_the_frame_and_parses_on_first_read(cut: int) -> None:
+    first = build_record_batch(RECORDS, producer_id=7, producer_epoch=1, base_sequence=3, transactional=True)
+    second = build_record_batch([(None, b"b" * 50)], base_offset=4)
+    field = first + second + second[:cut]
+    frame = b"head" + field + b"tail"
+    lazy = section(frame, 4, 4 + len(field))
+    eager = RecordBatches(field, [one(first), one(second)], second[:cut])
+    assert lazy._batches is None and lazy._raw is None  # nothing parsed or copied yet
+    assert _header_fields(lazy) == _header_fields(eager)
+    assert lazy.partial_tail == second[:cut] and lazy == eager and bytes(lazy) == field
+    assert [b.raw for b in lazy] == [first, second]
+    assert repr(lazy) == repr(eager)
+
+
+def test_section_raw_before_batches_rebases_on_its_own_bytes() -> None:
+    batch = build_record_batch(RECORDS, producer_id=9)
+    frame = b"xx" + batch + batch[:20] + b"yy"
+    lazy = section(frame, 2, 2 + len(batch) + 20)
+    assert lazy.raw == batch + batch[:20]
+    assert lazy.partial_tail == batch[:20]
+    assert [b.producer_id for b in lazy] == [9]
+    assert lazy.batches[0].raw == batch
+
+
+def test_a_whole_frame_section_is_not_copied() -> None:
+    batch = build_record_batch(RECORDS)
+    lazy = section(batch, 0, len(batch))
+    assert lazy.raw is batch and lazy.batches[0].raw is batch
+
+
+def test_section_errors_are_raised_when_built() -> None:
+    """Malformed lengths and magic bytes fail the decode of the field, as the eager parse did."""
+    raw = bytearray(build_record_batch([(None, b"v")]))
+    raw[16] = 3
+    with pytest.raises(DecodeError, match="magic"):
+        section(b"ab" + bytes(raw), 2, 2 + len(raw))
+    legacy = build_message_set([(None, b"v")], magic=1)
+    parsed = section(b"ab" + legacy, 2, 2 + len(legacy))
+    assert parsed._batches is not None and len(parsed) == 1 and parsed.raw == legacy
+
+
+def test_pickle_keeps_the_section_not_the_frame() -> None:
+    batch = build_record_batch(RECORDS, producer_id=5)
+    frame = b"z" * 10_000 + batch
+    lazy = section(frame, 10_000, len(frame))
+    assert len(pickle.dumps(lazy)) < len(batch) + 200
+    again = pickle.loads(pickle.dumps(lazy))
+    assert again == lazy and again.batches[0].producer_id == 5
+    single = pickle.loads(pickle.dumps(section(frame, 10_000, len(frame)).batches[0]))
+    assert single.raw == batch and single.producer_id == 5
 
 
 def test_record_count_lies() -> None:
