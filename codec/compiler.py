@@ -18,7 +18,7 @@ import linecache
 import re
 import struct
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, ValuesView
 from itertools import count
 from typing import Any
 
@@ -55,7 +55,7 @@ def _array_struct(cache: dict[int, struct.Struct], fmt: str, count: int) -> stru
     return compiled
 
 
-def _records_on_first_use(ns: dict[str, Any]) -> Callable[[bytes, int, int], Any]:
+def _records_on_first_use(ns: _Namespace) -> Callable[[bytes, int, int], Any]:
     """``_records(b, p, e)`` for generated code: ``codec.records.section``, imported on first use
     (records.py pulls in compression) and then bound in ``ns`` itself, so later calls go straight to it.
     ``section`` keeps a reference into the frame instead of copying the field's bytes."""
@@ -69,15 +69,36 @@ def _records_on_first_use(ns: dict[str, Any]) -> Callable[[bytes, int, int], Any
     return first
 
 
-class _Namespace(dict[str, Any]):
-    """Globals shared by all generated functions: helpers and compiled struct formats."""
+class _Namespace:
+    """Globals shared by all generated functions: helpers and compiled struct formats.
+
+    The globals are a plain ``dict`` (``self.globals``) behind a small mapping interface, not a dict
+    subclass: CPython specialises global lookups only in exact dicts, and with a subclass every
+    builtin a generated function names (``list``, ``range``) raised and caught a KeyError first.
+    That made a Metadata partition's decode about a third slower.
+    """
 
     def __init__(self, **helpers: Any) -> None:
-        super().__init__(**helpers)
+        self.globals: dict[str, Any] = dict(helpers)
         #: (kind, id(fields), version, flexible[, projection]) → generated function name.
         self.cache: dict[tuple[Any, ...], str] = {}
         #: Generated function name → its source, for ``kpmon codec dump`` and :func:`generated_source`.
         self.sources: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.globals[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.globals[name] = value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.globals
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.globals.get(name, default)
+
+    def values(self) -> ValuesView[Any]:
+        return self.globals.values()
 
     def struct(self, fmt: str) -> str:
         name = "_S_" + fmt.replace("?", "o")
@@ -143,7 +164,7 @@ def _define(ns: _Namespace, name: str, src: str, kind: str, what: str) -> None:
     # mtime None marks a non-file entry: linecache.checkcache() keeps it instead of dropping it.
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     ns.sources[name] = src
-    exec(compile(src, filename, "exec"), ns)
+    exec(compile(src, filename, "exec"), ns.globals)
 
 
 def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: bool) -> str:
@@ -785,7 +806,7 @@ class CompiledSchema:
 
     def source(self, fn: Callable[..., Any]) -> str:
         """The generated source of ``fn`` and of every generated function it uses, root first."""
-        names = generated_functions(self.ns, self.ns.sources, fn.__name__)
+        names = generated_functions(self.ns.globals, self.ns.sources, fn.__name__)
         return "\n\n".join(self.ns.sources[name].rstrip("\n") for name in names) + "\n"
 
     def encoder(self, segment: Segment, version: int, what: str) -> Encoder:
