@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -40,10 +40,12 @@ class StateFormatError(ValueError):
     """Saved monitor state this build cannot read (a newer format, an older one, or corrupt bytes)."""
 
 
-@dataclass
 class _ConnState:
-    last_seq: int = -1
-    pending: dict[int, TapFrame] = field(default_factory=dict)
+    __slots__ = ("last_seq", "pending")
+
+    def __init__(self, last_seq: int = -1) -> None:
+        self.last_seq = last_seq
+        self.pending: dict[int, TapFrame] = {}
 
 
 #: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules,
@@ -88,8 +90,11 @@ class Monitor:
         self._next_sweep = 0
         self._ttl_ns = {kind: int(getattr(ctx.config, attr) * 1e9) for kind, attr in KEY_TTL_FIELDS.items()}
         self._rules_by_name = {r.name: r for r in self.rules}
-        #: api key -> the rules that look at it (``Rule.api_keys``), filled as APIs are seen.
-        self._rules_by_api: dict[int | None, list[Rule]] = {}
+        #: (api key, hook) -> (rule, whether it overrides the hook) for the rules that look at that API
+        #: (``Rule.api_keys``), filled as APIs are seen. A rule that does not override a hook still
+        #: gets its keys' state and last-seen time (as if it had been called), but no call.
+        self._rules_by_api: dict[tuple[int, str], list[tuple[Rule, bool]]] = {}
+        self._lateness_ns = int(ctx.config.watermark_seconds * 1e9)
 
     @property
     def stats(self) -> Stats:
@@ -97,18 +102,26 @@ class Monitor:
 
     @property
     def watermark_ns(self) -> int:
-        return self.max_ts - int(self.ctx.config.watermark_seconds * 1e9)
+        return self.max_ts - self._lateness_ns
 
     def feed(self, frame: TapFrame) -> list[Finding]:
         """Accept one frame; return the findings that became final because of it."""
-        self.stats.frames += 1
-        if frame.ts_ns < self.released_ts:
-            self.stats.late_frames += 1
+        ctx = self.ctx
+        ctx.stats.frames += 1
+        ts = frame.ts_ns
+        if ts < self.released_ts:
+            ctx.stats.late_frames += 1
             self._release(frame)
         else:
-            self.push(frame)
-            self._drain(self.watermark_ns)
-        return self.take_findings()
+            self._tiebreak += 1
+            heapq.heappush(self._heap, (ts, frame.conn, frame.seq, self._tiebreak, frame))
+            if ts > self.max_ts:
+                self.max_ts = ts
+            self._drain(self.max_ts - self._lateness_ns)
+        if not ctx.findings:
+            return []
+        out, ctx.findings = ctx.findings, []
+        return out
 
     def push(self, frame: TapFrame) -> None:
         """Buffer a frame until the watermark passes it (no draining: restoring saved state uses this)."""
@@ -138,26 +151,35 @@ class Monitor:
         return out
 
     def _drain(self, upto: int | None) -> None:
-        while self._heap and (upto is None or self._heap[0][0] <= upto):
-            frame = heapq.heappop(self._heap)[-1]
-            self._release(frame)
-        if upto is not None:
-            self._fire_timers(upto)
+        heap, pop, release = self._heap, heapq.heappop, self._release
+        if upto is None:
+            while heap:
+                release(pop(heap)[-1])
+            return
+        while heap and heap[0][0] <= upto:
+            release(pop(heap)[-1])
+        self._fire_timers(upto)
 
     def _release(self, frame: TapFrame) -> None:
-        if frame.ts_ns > self.released_ts:
-            self.released_ts = frame.ts_ns
-            self._fire_timers(frame.ts_ns)
-            if frame.ts_ns >= self._next_sweep:
-                self._sweep(frame.ts_ns)
-        conn = self.conns.setdefault(frame.conn, _ConnState())
-        if self.track_gaps and conn.last_seq >= 0 and frame.seq > conn.last_seq + 1:
-            self._gap(frame, conn.last_seq)
-        conn.last_seq = max(conn.last_seq, frame.seq)
-        if frame.direction == "close":
+        ts = frame.ts_ns
+        if ts > self.released_ts:
+            self.released_ts = ts
+            self._fire_timers(ts)
+            if ts >= self._next_sweep:
+                self._sweep(ts)
+        conn = self.conns.get(frame.conn)
+        if conn is None:
+            conn = self.conns[frame.conn] = _ConnState()
+        seq, last_seq = frame.seq, conn.last_seq
+        if seq > last_seq:
+            if self.track_gaps and last_seq >= 0 and seq > last_seq + 1:
+                self._gap(frame, last_seq)
+            conn.last_seq = seq
+        direction = frame.direction
+        if direction == "close":
             self._close(frame, conn)
             return
-        if frame.direction == "open":
+        if direction == "open":
             return
         if frame.error is not None:
             if self.report_frames:
@@ -170,9 +192,9 @@ class Monitor:
                 self.stats.header_only += 1
             self._header_only_request(frame)
             return
-        if frame.direction == "req":
+        if direction == "req":
             self._on_request(frame, conn)
-        elif frame.direction == "resp":
+        elif direction == "resp":
             self._on_response(frame, conn)
 
     def _on_request(self, frame: TapFrame, conn: _ConnState) -> None:
@@ -229,33 +251,46 @@ class Monitor:
         """Call every rule's ``hook`` for every key of ``exchange``; ``envelope``: the Envelope the
         exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for.
 
-        The hot loop of the whole monitor (once per rule per frame): the rules that look at an API
-        are found once per API, not filtered again for every frame."""
+        The hot loop of the whole monitor (once per rule per frame): the rules that look at an API,
+        and whether each overrides ``hook``, are found once per API and hook, not for every frame."""
         api_key = exchange.api_key
         if self.observer is not None and envelope is None:
             self.observer(hook, exchange)
-        rules = self._rules_by_api.get(api_key)
+        rules = self._rules_by_api.get((api_key, hook))
         if rules is None:
-            rules = self._rules_by_api[api_key] = [
-                r for r in self.rules if r.api_keys is None or api_key in r.api_keys
+            rules = self._rules_by_api[(api_key, hook)] = [
+                (r, getattr(type(r), hook) is not getattr(Rule, hook))
+                for r in self.rules
+                if r.api_keys is None or api_key in r.api_keys
             ]
         only_key = self.only_key
-        for rule in rules:
+        call = self._call
+        for rule, overrides in rules:
             for key in rule.keys(exchange):
                 if only_key is None or key == only_key:
-                    self._call(rule, key, hook, exchange, envelope)
+                    if overrides:
+                        call(rule, key, hook, exchange, envelope)
+                    else:
+                        self._touch(rule.name, key, exchange)
         if api_key == ApiKey.ENVELOPE:
             inner = unwrap_envelope(exchange)
             if inner is not None:
                 self._dispatch(hook, inner, exchange)
 
-    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
-        skey = (rule.name, key)
+    def _touch(self, rule: str, key: str, exchange: Exchange) -> tuple[tuple[str, str], State]:
+        """The state of (rule, key), made if new, and its last-seen time set to ``exchange``'s."""
+        skey = (rule, key)
         state = self.states.get(skey)
         if state is None:
             state = self.states[skey] = {}
-        self.last_seen[skey] = exchange.response.ts_ns if exchange.response else exchange.ts_ns
-        getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, rule.name, key, envelope))
+        response = exchange.response
+        self.last_seen[skey] = exchange.ts_ns if response is None else response.ts_ns
+        return skey, state
+
+    def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
+        name = rule.name
+        state = self._touch(name, key, exchange)[1]
+        getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, name, key, envelope))
 
     def _fire_timers(self, now_ns: int) -> None:
         """Fire timers due by ``now_ns``, in (deadline, rule, key) order.

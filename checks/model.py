@@ -33,54 +33,81 @@ _SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 SEVERITY_RANK: dict[str, int] = {s.value: s.rank for s in Severity}
 
 
-@dataclass
 class Exchange:
-    """A request with its response (None when none came: acks=0 produce, or the connection closed)."""
+    """A request with its response (None when none came: acks=0 produce, or the connection closed).
+
+    Built once per dispatch and handed to every rule that looks at it, so what every rule reads of it
+    is computed once, here: the request and response messages and the header facts are attributes, not
+    properties, and ``memo`` holds what the rules derive from the bodies (``checks.rules.producers``
+    walks a Produce's batches once per exchange, not once per rule). Treat it, and what ``memo``
+    holds, as read-only.
+    """
+
+    __slots__ = (
+        "api_key",
+        "api_version",
+        "conn",
+        "envelope",
+        "memo",
+        "req",
+        "request",
+        "resp",
+        "response",
+        "ts_ns",
+    )
 
     request: TapFrame
     response: TapFrame | None
     #: Set when this exchange was unwrapped from an Envelope (KIP-590): rules prefix their ids.
-    envelope: TapFrame | None = None
+    envelope: TapFrame | None
+    #: The decoded request and response (``req`` is always there: exchanges are built from decoded
+    #: requests; ``resp`` is None when no response came).
+    req: Request
+    resp: Response | None
+    conn: str
+    ts_ns: int
+    api_key: int
+    api_version: int
+    #: Per-exchange results derived from the bodies, shared by the rules (keyed by the deriving helper).
+    memo: dict[str, Any]
 
-    @property
-    def conn(self) -> str:
-        return self.request.conn
+    def __init__(
+        self, request: TapFrame, response: TapFrame | None, envelope: TapFrame | None = None
+    ) -> None:
+        message = request.message
+        if not isinstance(message, Request):
+            raise TypeError("exchanges are only built from decoded requests")
+        self.request = request
+        self.response = response
+        self.envelope = envelope
+        self.req = message
+        answer = response.message if response is not None else None
+        self.resp = answer if isinstance(answer, Response) else None
+        self.conn = request.conn
+        self.ts_ns = request.ts_ns
+        self.api_key = message.api_key if request.api_key is None else request.api_key
+        self.api_version = message.api_version if request.api_version is None else request.api_version
+        self.memo = {}
 
-    @property
-    def ts_ns(self) -> int:
-        return self.request.ts_ns
-
-    @property
-    def api_key(self) -> int:
-        assert self.request.api_key is not None
-        return self.request.api_key
-
-    @property
-    def api_version(self) -> int:
-        assert self.request.api_version is not None
-        return self.request.api_version
-
-    @property
-    def req(self) -> Request:
-        message = self.request.request
-        assert message is not None, "exchanges are only built from decoded requests"
-        return message
-
-    @property
-    def resp(self) -> Response | None:
-        return self.response.response if self.response is not None else None
+    def __repr__(self) -> str:
+        return f"Exchange(request={self.request!r}, response={self.response!r}, envelope={self.envelope!r})"
 
     def evidence(self) -> dict[str, Any]:
+        request = self.request
         out: dict[str, Any] = {
-            "conn": self.request.conn,
-            "client": self.request.client,
-            "broker": self.request.broker,
-            "api_key": self.request.api_key,
-            "api_version": self.request.api_version,
-            "correlation_id": self.request.correlation_id,
+            "conn": request.conn,
+            "client": request.client,
+            "broker": request.broker,
+            "api_key": request.api_key,
+            "api_version": request.api_version,
+            "correlation_id": request.correlation_id,
         }
-        frames = [self.request] + ([self.response] if self.response is not None else [])
-        out["offsets"] = [[f.partition, f.offset] for f in frames]
+        response = self.response
+        out["offsets"] = (
+            [[request.partition, request.offset]]
+            if response is None
+            else [[request.partition, request.offset], [response.partition, response.offset]]
+        )
         if self.envelope is not None:
             out["envelope"] = [self.envelope.partition, self.envelope.offset]
         return out

@@ -56,7 +56,6 @@ was sent, keyed "conn|correlation id|topic|partition|batch index" for Produce an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from checks.model import Exchange, Severity
@@ -93,26 +92,58 @@ def record_batches(records: Any) -> list[Any]:
     return list(batches) if batches is not None else []
 
 
-def produce_batches(ex: Exchange) -> Iterator[tuple[str, int, int, Any]]:
-    """(topic, partition, index of the batch in the partition's records, batch) for every batch sent."""
-    for topic in ex.req.body.get("TopicData") or []:
-        tkey = topic_key(topic)
-        for part in topic.get("PartitionData") or []:
-            for i, batch in enumerate(record_batches(part.get("Records"))):
-                yield tkey, int(part.get("Index", -1)), i, batch
+#: A batch a Produce request carries from an idempotent or transactional producer (``is_producing``):
+#: (topic, partition, index of the batch in the partition's records, batch, producer id, epoch, base
+#: sequence, record count).
+ProducedBatch = tuple[str, int, int, Any, int, int, int, int]
 
 
-def produce_answers(ex: Exchange) -> dict[str, dict[str, Any]]:
-    """ "topic|partition" -> that partition's Produce answer (ErrorCode, BaseOffset, ...)."""
-    out: dict[str, dict[str, Any]] = {}
-    resp = ex.resp
-    if resp is None:
-        return out
-    for topic in resp.body.get("Responses") or []:
-        tkey = topic_key(topic)
-        for part in topic.get("PartitionResponses") or []:
-            out[f"{tkey}|{part.get('Index')}"] = part
-    return out
+def produce_batches(ex: Exchange) -> tuple[ProducedBatch, ...]:
+    """Every batch of a Produce request that a producer id wrote (``is_producing``), in request order.
+
+    Walked once per exchange: the producer and transaction rules each read them several times (keys,
+    request, answer), so the walk is kept in ``ex.memo`` and shared. Read-only."""
+    found: tuple[ProducedBatch, ...] | None = ex.memo.get("produce_batches")
+    if found is None:
+        out: list[ProducedBatch] = []
+        for topic in ex.req.body.get("TopicData") or []:
+            tkey = topic_key(topic)
+            for part in topic.get("PartitionData") or []:
+                batches = record_batches(part.get("Records"))
+                if not batches:
+                    continue
+                partition = int(part.get("Index", -1))
+                for i, batch in enumerate(batches):
+                    if is_producing(batch):
+                        out.append(
+                            (
+                                tkey,
+                                partition,
+                                i,
+                                batch,
+                                int(batch.producer_id),
+                                int(batch.producer_epoch),
+                                int(batch.base_sequence),
+                                int(batch.record_count),
+                            )
+                        )
+        found = ex.memo["produce_batches"] = tuple(out)
+    return found
+
+
+def produce_answers(ex: Exchange) -> dict[tuple[str, int], dict[str, Any]]:
+    """(topic, partition) -> that partition's Produce answer (ErrorCode, BaseOffset, ...); kept in
+    ``ex.memo`` like ``produce_batches``. Read-only."""
+    found: dict[tuple[str, int], dict[str, Any]] | None = ex.memo.get("produce_answers")
+    if found is None:
+        found = ex.memo["produce_answers"] = {}
+        resp = ex.resp
+        if resp is not None:
+            for topic in resp.body.get("Responses") or []:
+                tkey = topic_key(topic)
+                for part in topic.get("PartitionResponses") or []:
+                    found[(tkey, part.get("Index"))] = part
+    return found
 
 
 #: The RPCs besides Produce that carry a producer id and epoch, and that a broker fences (KIP-98, KIP-890).
@@ -128,37 +159,44 @@ def txn_id_of(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def txn_claims(ex: Exchange) -> list[tuple[int, int, str | None]]:
+def txn_claims(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
     """(producer id, epoch, transactional id) of every transaction a non-Produce transactional request
     names, in request order: one for AddOffsetsToTxn, TxnOffsetCommit, EndTxn and AddPartitionsToTxn
-    v0-v3, one per transaction for the batched AddPartitionsToTxn v4+."""
+    v0-v3, one per transaction for the batched AddPartitionsToTxn v4+. Kept in ``ex.memo``."""
+    found: tuple[tuple[int, int, str | None], ...] | None = ex.memo.get("txn_claims")
+    if found is None:
+        found = ex.memo["txn_claims"] = _txn_claims(ex)
+    return found
+
+
+def _txn_claims(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
     body, api = ex.req.body, ex.api_key
     if api == ApiKey.ADD_PARTITIONS_TO_TXN:
         if ex.api_version >= ADD_PARTITIONS_BATCHED:
-            return [
+            return tuple(
                 (
                     int(t.get("ProducerId", -1)),
                     int(t.get("ProducerEpoch", -1)),
                     txn_id_of(t.get("TransactionalId")),
                 )
                 for t in body.get("Transactions") or []
-            ]
-        return [
+            )
+        return (
             (
                 int(body.get("V3AndBelowProducerId", -1)),
                 int(body.get("V3AndBelowProducerEpoch", -1)),
                 txn_id_of(body.get("V3AndBelowTransactionalId")),
-            )
-        ]
+            ),
+        )
     if api in FENCED_TXN_RPCS:
-        return [
+        return (
             (
                 int(body.get("ProducerId", -1)),
                 int(body.get("ProducerEpoch", -1)),
                 txn_id_of(body.get("TransactionalId")),
-            )
-        ]
-    return []
+            ),
+        )
+    return ()
 
 
 def txn_claim_error(ex: Exchange, index: int) -> int | None:
@@ -233,7 +271,7 @@ class ProducerRule(Rule):
         api = ex.api_key
         pids: list[int] = []
         if api == ApiKey.PRODUCE:
-            pids = [int(b.producer_id) for _, _, _, b in produce_batches(ex) if is_producing(b)]
+            pids = [b[4] for b in produce_batches(ex)]
         elif api in FENCED_TXN_RPCS:
             pids = [pid for pid, _, _ in txn_claims(ex)]
         if api in (ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN):
@@ -264,15 +302,14 @@ class ProducerRule(Rule):
         if ex.api_key != ApiKey.PRODUCE:
             return
         streams: dict[str, Any] = state.setdefault("streams", {})
-        for topic, partition, index, batch in produce_batches(ex):
-            if not is_producing(batch) or int(batch.producer_id) != pid:
+        for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
+            if batch_pid != pid:
                 continue
-            epoch = int(batch.producer_epoch)
             decision: dict[str, Any] = {}
             if 0 <= epoch < known:
                 decision["stale"] = _known(state)
             else:
-                expected = self._sent(streams, epoch, topic, partition, batch, ctx)
+                expected = self._sent(streams, epoch, topic, partition, base, count, ctx)
                 if expected is not None:
                     decision["gap"] = expected
             if decision:
@@ -347,10 +384,16 @@ class ProducerRule(Rule):
 
     @staticmethod
     def _sent(
-        streams: dict[str, Any], epoch: int, topic: str, partition: int, batch: Any, ctx: RuleContext
+        streams: dict[str, Any],
+        epoch: int,
+        topic: str,
+        partition: int,
+        base: int,
+        count: int,
+        ctx: RuleContext,
     ) -> int | None:
         """Record a batch as sent; return the expected base sequence when it skips ahead of it."""
-        base, count = int(batch.base_sequence), max(int(batch.record_count), 1)
+        count = max(count, 1)
         if base < 0:
             return None
         skey = f"{epoch}|{topic}|{partition}"
@@ -370,36 +413,58 @@ class ProducerRule(Rule):
         answers = produce_answers(ex)
         pending: dict[str, Any] = state.get("pending", {})
         streams: dict[str, Any] = state.setdefault("streams", {})
-        for topic, partition, index, batch in produce_batches(ex):
-            if not is_producing(batch) or int(batch.producer_id) != pid:
+        for topic, partition, index, batch, batch_pid, epoch, base, count in produce_batches(ex):
+            if batch_pid != pid:
                 continue
-            epoch, base, count = int(batch.producer_epoch), int(batch.base_sequence), int(batch.record_count)
-            answer = answers.get(f"{topic}|{partition}")
+            answer = answers.get((topic, partition))
             error = None if answer is None else int(answer.get("ErrorCode", 0))
             # Only a partition's first batch has its base offset in the answer.
             offset = int(answer.get("BaseOffset", -1)) if answer is not None and index == 0 else -1
-            decision = pending.pop(f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}", {})
-            evidence = {
-                **_stale_evidence(ex, pid, epoch, _request_txn_id(ex) or state.get("txn")),
-                "topic": topic,
-                "partition": partition,
-                "base_sequence": base,
-                "record_count": count,
-                "transactional": bool(getattr(batch, "is_transactional", False)),
-                "broker_error": error,
-                "base_offset": offset,
-            }
-            if "stale" in decision:
-                _report_stale(decision["stale"], error, evidence, ex, ctx)
+            decision = (
+                pending.pop(f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}", None)
+                if pending
+                else None
+            )
+            # The evidence is built only when a finding fires: most answered batches raise none.
+            batch_facts = (ex, state, pid, topic, partition, batch, epoch, base, count, error, offset)
+            if decision is not None and "stale" in decision:
+                _report_stale(decision["stale"], error, _batch_evidence(*batch_facts), ex, ctx)
                 continue
             if error == 0 and epoch >= 0:
                 # The broker appended a batch with this epoch: it is current (or newer) from now on.
                 self._learn(state, epoch, "Produce", ex)
-            if "gap" in decision:
-                _report_gap(int(decision["gap"]), error, evidence, ex, ctx)
-            stream = streams.get(f"{epoch}|{topic}|{partition}")
-            if stream is not None and base >= 0:
-                _check_duplicate(stream, error, evidence, ex, ctx)
+            if decision is not None and "gap" in decision:
+                _report_gap(int(decision["gap"]), error, _batch_evidence(*batch_facts), ex, ctx)
+            if base >= 0:
+                stream = streams.get(f"{epoch}|{topic}|{partition}")
+                if stream is not None:
+                    _check_duplicate(stream, error, base, count, offset, batch_facts, ex, ctx)
+
+
+def _batch_evidence(
+    ex: Exchange,
+    state: State,
+    pid: int,
+    topic: str,
+    partition: int,
+    batch: Any,
+    epoch: int,
+    base: int,
+    count: int,
+    error: int | None,
+    offset: int,
+) -> dict[str, Any]:
+    """The evidence of a finding about one answered Produce batch."""
+    return {
+        **_stale_evidence(ex, pid, epoch, _request_txn_id(ex) or state.get("txn")),
+        "topic": topic,
+        "partition": partition,
+        "base_sequence": base,
+        "record_count": count,
+        "transactional": bool(getattr(batch, "is_transactional", False)),
+        "broker_error": error,
+        "base_offset": offset,
+    }
 
 
 def _end_txn_retry(ex: Exchange, epoch: int, known: list[Any]) -> bool:
@@ -522,38 +587,50 @@ def _report_gap(
 
 
 def _check_duplicate(
-    stream: dict[str, Any], error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
+    stream: dict[str, Any],
+    error: int | None,
+    base: int,
+    count: int,
+    offset: int,
+    batch_facts: tuple[Any, ...],
+    ex: Exchange,
+    ctx: RuleContext,
 ) -> None:
-    """Compare an answered batch with the acknowledged ones of its stream, then remember it."""
-    base, count, offset = (
-        int(evidence["base_sequence"]),
-        max(int(evidence["record_count"]), 1),
-        evidence["base_offset"],
-    )
+    """Compare an answered batch with the acknowledged ones of its stream, then remember it.
+    ``batch_facts``: the arguments of ``_batch_evidence``, called only when a finding fires."""
+    count = max(count, 1)
     acked: list[list[int]] = stream["acked"]
-    exact = next((a for a in acked if a[0] == base and a[1] == count), None)
-    overlapping = exact or next((a for a in acked if seq_overlap(base, count, a[0], a[1])), None)
-    where = (
-        f"producer {evidence['producer_id']} epoch {evidence['producer_epoch']} on "
-        f"{evidence['topic']}-{evidence['partition']}"
-    )
-    subject = f"producer:{evidence['producer_id']}"
+    exact = overlapping = None
+    for a in acked:
+        if a[0] == base and a[1] == count:
+            exact = overlapping = a
+            break
+    else:
+        for a in acked:
+            # ``seq_overlap`` inlined: every answered batch is compared with up to ACKED_WINDOW.
+            if (base - a[0]) % SEQ_MOD < a[1] or (a[0] - base) % SEQ_MOD < count:
+                overlapping = a
+                break
     if overlapping is None:
-        if error in (0, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+        if error == 0 or error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
             acked.append([base, count, offset if error == 0 else -1])
             del acked[:-ACKED_WINDOW]
         if error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
             # The original write was not seen (before the monitor started, or on an untapped path).
+            evidence = _batch_evidence(*batch_facts)
             ctx.emit(
                 "producer.sequence_duplicate",
                 Severity.INFO,
-                subject,
-                f"{where}: the broker answered DUPLICATE_SEQUENCE for base sequence {base} (a retry it deduplicated)",
+                f"producer:{evidence['producer_id']}",
+                f"{_where(evidence)}: the broker answered DUPLICATE_SEQUENCE for base sequence {base} (a retry it deduplicated)",
                 ex.ts_ns,
                 evidence,
                 conns=(ex.conn,),
             )
         return
+    evidence = _batch_evidence(*batch_facts)
+    where = _where(evidence)
+    subject = f"producer:{evidence['producer_id']}"
     original = {
         "base_sequence": overlapping[0],
         "record_count": overlapping[1],
@@ -584,6 +661,13 @@ def _check_duplicate(
             f"{outcome}"
         )
     ctx.emit("producer.sequence_duplicate", severity, subject, summary, ex.ts_ns, evidence, conns=(ex.conn,))
+
+
+def _where(evidence: dict[str, Any]) -> str:
+    return (
+        f"producer {evidence['producer_id']} epoch {evidence['producer_epoch']} on "
+        f"{evidence['topic']}-{evidence['partition']}"
+    )
 
 
 RULES: list[type[Rule]] = [ProducerRule]

@@ -53,7 +53,6 @@ from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from checks.rules.producers import (
     ADD_PARTITIONS_BATCHED,
-    is_producing,
     produce_answers,
     produce_batches,
     record_batches,
@@ -256,12 +255,12 @@ class TxnRule(Rule):
         explicit = ex.api_version < PRODUCE_TXN_V2 or bool(state.get("explicit"))
         added: dict[str, int] = state.get("added", {})
         outside: list[tuple[str, int, Any, int | None]] = []
-        for topic, partition, _index, batch in produce_batches(ex):
-            if not is_producing(batch) or not getattr(batch, "is_transactional", False):
+        for topic, partition, _index, batch, _pid, epoch, _base, _count in produce_batches(ex):
+            if not getattr(batch, "is_transactional", False):
                 continue
-            if int(batch.producer_epoch) < current_epoch:
+            if epoch < current_epoch:
                 continue  # a zombie's write: producer.stale_epoch_* reports it; it is not this transaction
-            answer = answers.get(f"{topic}|{partition}")
+            answer = answers.get((topic, partition))
             error = None if answer is None else int(answer.get("ErrorCode", 0))
             tp = f"{topic}|{partition}"
             # Topic ids (Produce v13) cannot be matched with the names AddPartitionsToTxn carries.
@@ -306,18 +305,20 @@ class TxnRule(Rule):
 # ---------------------------------------------------------------------------------------------------
 
 
-def _client_pids(ex: Exchange) -> list[tuple[int, int, str | None]]:
-    """(producer id, epoch, transactional id) that a *client* request claims."""
+def _client_pids(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
+    """(producer id, epoch, transactional id) that a *client* request claims (kept in ``ex.memo``)."""
+    found: tuple[tuple[int, int, str | None], ...] | None = ex.memo.get("client_pids")
+    if found is not None:
+        return found
     if ex.api_key == ApiKey.PRODUCE:
         txn = txn_id_of(ex.req.body.get("TransactionalId"))
-        return [
-            (int(b.producer_id), int(b.producer_epoch), txn)
-            for _, _, _, b in produce_batches(ex)
-            if is_producing(b)
-        ]
-    if ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
-        return []  # v4+ is sent by brokers
-    return txn_claims(ex)
+        found = tuple((b[4], b[5], txn) for b in produce_batches(ex))
+    elif ex.api_key == ApiKey.ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
+        found = ()  # v4+ is sent by brokers
+    else:
+        found = txn_claims(ex)
+    ex.memo["client_pids"] = found
+    return found
 
 
 class PidOwnershipRule(Rule):
