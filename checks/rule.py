@@ -153,7 +153,9 @@ class RuleContext:
 
     def trim(self, container: dict[Any, Any] | list[Any]) -> None:
         """Keep a state container within ``max_entries_per_key``, dropping the oldest entries."""
-        self.engine.trim(container)
+        engine = self.engine
+        if len(container) > engine.config.max_entries_per_key:
+            engine.trim(container)
 
 
 class Rule:

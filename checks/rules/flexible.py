@@ -131,6 +131,24 @@ def redecode(frame: TapFrame, request_api: tuple[int, int] | None = None) -> tup
     return None
 
 
+#: (api key, version) -> whether that version is flexible (False for one the codec does not know):
+#: asked for every exchange, and the codec's answer walks its schema table.
+_FLEXIBLE: dict[tuple[int, int], bool] = {}
+
+
+def _flexible(api_key: int, api_version: int) -> bool:
+    found = _FLEXIBLE.get((api_key, api_version))
+    if found is None:
+        try:
+            found = codec.is_flexible(api_key, api_version)
+        except codec.DecodeError:
+            found = False
+        if len(_FLEXIBLE) >= 4096:
+            _FLEXIBLE.clear()
+        _FLEXIBLE[(api_key, api_version)] = found
+    return found
+
+
 class FlexibleRule(Rule):
     name = "flex"
     key_kind = "conn"
@@ -210,15 +228,12 @@ class FlexibleRule(Rule):
     def _tags(
         self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: RuleContext
     ) -> None:
+        if not _flexible(ex.api_key, ex.api_version):
+            return  # no tagged sections anywhere: skip walking big non-flexible bodies
+        if not has_tag_evidence([header, body]):
+            return
         frame = ex.request if direction == "req" else ex.response
         assert frame is not None
-        try:
-            if not codec.is_flexible(ex.api_key, ex.api_version):
-                return  # no tagged sections anywhere: skip walking big non-flexible bodies
-        except codec.DecodeError:
-            return
-        if not (has_tag_evidence(header) or has_tag_evidence(body)):
-            return
         for kind, path, detail in [
             *((k, "header" + ("." + p if p else ""), d) for k, p, d in walk_tags(header)),
             *((k, p, d) for k, p, d in walk_tags(body)),
