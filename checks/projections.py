@@ -17,7 +17,7 @@ the test that made it. The staged-pipeline proofs then show the routed facts are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from typing import Any, Final, TypeVar
 
@@ -171,6 +171,16 @@ READS: Final[Mapping[str, Mapping[int, Reads]]] = {
     },
 }
 
+#: Rule name -> the APIs whose answer can add to the rule's state keys (``Rule.keys``): the producer id
+#: an InitProducerId answer assigns, or an EndTxn answer (KIP-890) replaces. Stage one works those
+#: keys out again when the response comes; every other rule's keys are its request's, so the response
+#: goes where the request went. Checked like the reads: in every test in tests/checks, a keyed rule
+#: whose keys differ with and without the response, for an API not named here, fails the test.
+ANSWER_KEYED: Final[Mapping[str, frozenset[int]]] = {
+    "producer": frozenset({ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN}),
+    "txn_pid": frozenset({ApiKey.INIT_PRODUCER_ID}),
+}
+
 #: What the engine reads of a body whatever the rules: a Produce's acks (acks=0 completes the
 #: exchange at once) and an Envelope's inner request and response (it unwraps them for the rules).
 ENGINE_READS: Final[Mapping[int, Reads]] = {
@@ -225,18 +235,34 @@ def kind_tree(rules: tuple[str, ...], api_key: int, response: bool) -> Tree:
     return tree_of(paths)
 
 
+def pruner(tree: Tree) -> Callable[[Any], Any]:
+    """A function that keeps only the fields ``tree`` names (lists pruned element by element), made
+    once per tree: walking the tree for every routed frame cost about as much again as the copy."""
+    steps = tuple((name, None if below is None else pruner(below)) for name, below in tree.items())
+
+    def keep(value: Any) -> Any:
+        if type(value) is dict:
+            return {
+                name: value[name] if below is None else below(value[name])
+                for name, below in steps
+                if name in value
+            }
+        if type(value) is list:
+            return [keep(item) for item in value]
+        return value
+
+    return keep
+
+
 def prune(value: Any, tree: Tree) -> Any:
     """``value`` with only the fields ``tree`` names (lists pruned element by element)."""
-    if type(value) is dict:
-        out: dict[str, Any] = {}
-        for name, below in tree.items():
-            if name in value:
-                field = value[name]
-                out[name] = field if below is None else prune(field, below)
-        return out
-    if type(value) is list:
-        return [prune(item, tree) for item in value]
-    return value
+    return pruner(tree)(value)
+
+
+@cache
+def kind_pruner(rules: tuple[str, ...], api_key: int, response: bool) -> Callable[[Any], Any]:
+    """``pruner`` of ``kind_tree``: what a frame routed to the rules of one key kind keeps."""
+    return pruner(kind_tree(rules, api_key, response))
 
 
 def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
@@ -244,9 +270,9 @@ def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
     message = frame.message
     if message is None or frame.api_key is None:
         return frame
-    tree = kind_tree(rules, frame.api_key, frame.direction != "req")
+    keep = kind_pruner(rules, frame.api_key, frame.direction != "req")
     pruned = _shallow_copy(message)
-    pruned.body = prune(message.body, tree)
+    pruned.body = keep(message.body)
     projected = _shallow_copy(frame)
     projected.message = pruned
     return projected

@@ -32,7 +32,7 @@ import msgpack
 
 from checks.engine import Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
-from checks.projections import project_frame
+from checks.projections import ANSWER_KEYED, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.settings import ChecksSettings
@@ -89,6 +89,8 @@ class _Catalogue:
     """The keyed rules as stage one routes for them (rules keep no state of their own: one set serves
     every connection shard)."""
 
+    #: The connection-scoped rules (stage one's own).
+    own_rules: tuple[Rule, ...]
     keyed_rules: tuple[Rule, ...]
     #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
     kind_rules: dict[str, tuple[str, ...]]
@@ -96,11 +98,12 @@ class _Catalogue:
 
 @cache
 def _catalogue() -> _Catalogue:
-    keyed_rules = tuple(r for r in all_rules() if not is_connection_scoped(r))
+    rules = all_rules()
+    keyed_rules = tuple(r for r in rules if not is_connection_scoped(r))
     kind_rules: dict[str, tuple[str, ...]] = {}
     for rule in keyed_rules:
         kind_rules[rule.key_kind] = (*kind_rules.get(rule.key_kind, ()), rule.name)
-    return _Catalogue(keyed_rules, kind_rules)
+    return _Catalogue(tuple(r for r in rules if is_connection_scoped(r)), keyed_rules, kind_rules)
 
 
 #: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), whether its routes are
@@ -110,19 +113,26 @@ _PlanStep = tuple[Rule, str, bool]
 
 @cache
 def _route_plan(
-    api_key: int | None, header_only: bool, first_use: bool, outer: int | None = None
+    api_key: int | None,
+    header_only: bool,
+    first_use: bool,
+    outer: int | None = None,
+    answered: bool = False,
 ) -> tuple[_PlanStep, ...]:
     """The keyed rules that route an exchange of ``api_key`` (None: of any API), in catalogue order,
     worked out once per API instead of filtering every rule for every frame. ``outer``: the API of
     the Envelope the exchange came in (what the first-use-only kinds go by); ``header_only``: only the
     rules that judge a request by its header; ``first_use``: the connection's first use of this (api,
-    version), which the first-use-only kinds need (ApiVersions always goes to them)."""
+    version), which the first-use-only kinds need (ApiVersions always goes to them); ``answered``:
+    only the rules whose keys an answer of this API can add to (``checks.projections.ANSWER_KEYED``)."""
     outer = api_key if outer is None else outer
     out: list[_PlanStep] = []
     for rule in _catalogue().keyed_rules:
         if header_only and not rule.judges_headers:
             continue
         if api_key is not None and rule.api_keys is not None and api_key not in rule.api_keys:
+            continue
+        if answered and api_key not in ANSWER_KEYED.get(rule.name, ()):
             continue
         first_use_only = rule.key_kind in FIRST_USE_ONLY and outer != ApiKey.API_VERSIONS
         if first_use_only and not first_use:
@@ -135,9 +145,8 @@ class ConnectionShard:
     """Stage one for one connection: its own rules, and the routes of its exchanges."""
 
     def __init__(self, config: ChecksSettings, saved: bytes | None = None) -> None:
-        rules = all_rules()
         self.ctx = Context(_stage_config(config))
-        own_rules = [r for r in rules if is_connection_scoped(r)]
+        own_rules = _catalogue().own_rules
         self.routes: list[Route] = []
         self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> route keys its request went to, until the response comes.
@@ -167,11 +176,14 @@ class ConnectionShard:
         """This shard's state as bytes (the monitor's binary state plus the routing memory)."""
         return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
-    def _keys(self, ex: Exchange, first_use: bool, header_only: bool = False) -> dict[str, bool]:
+    def _keys(
+        self, ex: Exchange, first_use: bool, header_only: bool = False, answered: bool = False
+    ) -> dict[str, bool]:
         """Route keys of ``ex``, each with whether it is a first-use-only route (the request goes there
-        but its response will not); ``header_only``: of the rules that judge a request by its header."""
+        but its response will not); ``header_only``: of the rules that judge a request by its header;
+        ``answered``: of the rules whose keys the answer can add to (the rest keep the request's)."""
         api_key = ex.api_key
-        plan = _route_plan(api_key, header_only, first_use)
+        plan = _route_plan(api_key, header_only, first_use, answered=answered)
         out: dict[str, bool] = {}
         if api_key != ApiKey.ENVELOPE or ex.request.request is None:
             for rule, prefix, first_use_only in plan:
@@ -182,7 +194,7 @@ class ConnectionShard:
         inner = unwrap_envelope(ex)
         exchanges = [(ex, {id(entry[0]) for entry in plan})]
         if inner is not None:
-            inner_plan = _route_plan(inner.api_key, header_only, first_use, outer=api_key)
+            inner_plan = _route_plan(inner.api_key, header_only, first_use, api_key, answered)
             exchanges.append((inner, {id(entry[0]) for entry in inner_plan}))
         for rule, prefix, first_use_only in _route_plan(None, header_only, first_use, outer=api_key):
             for exchange, wanted in exchanges:
@@ -229,12 +241,15 @@ class ConnectionShard:
                 self.sent[sent_key] = paired
                 self.ctx.trim(self.sent)
             return
-        before = self.sent.pop(sent_key, [])
+        kept = self.sent.pop(sent_key, None)
         if ex.response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
             return
-        # Not a first use: no first-use-only routes (those go with the request alone).
-        answered = list(self._keys(ex, first_use=False))
+        # The request's route keys stand; only the rules whose keys an answer can add to look again
+        # (a request whose keys were not kept: every rule). Not a first use: no first-use-only routes
+        # (those go with the request alone).
+        answered = list(self._keys(ex, first_use=False, answered=kept is not None))
+        before = kept or []
         at = ex.response.ts_ns
         for key in dict.fromkeys(before + answered) if before else answered:
             if key not in before:
