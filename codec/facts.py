@@ -16,6 +16,7 @@ older build stay readable (``FACTS_FORMAT`` names the layout).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any, Final
 
@@ -58,7 +59,25 @@ class FactsError(ValueError):
 
 def pack_message(message: Request | Response) -> bytes:
     """The decoded ``message`` as bytes ``unpack_message`` restores without decoding."""
-    return msgpack.packb(_message_list(message), use_bin_type=True, default=_default)
+    return packb(_message_list(message))
+
+
+_packers = threading.local()
+
+
+def packb(values: Any) -> bytes:
+    """``values`` (plain values and the facts' extension types) as msgpack, exactly as
+    ``msgpack.packb(values, use_bin_type=True, default=...)`` packs them, with this thread's packer.
+
+    Every decoded frame is packed this way at least twice on its way to stage two, and
+    ``msgpack.packb`` builds a new ``Packer`` (and its buffer) per call, which cost about as much as
+    packing a small frame. A packer is not thread-safe, hence one per thread; it cannot re-enter
+    itself either, so nested payloads (``_default``) are packed with ``msgpack.packb``. On an error the
+    packer drops what it had packed, so a failed call leaves it clean."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, default=_default)
+    return packer.pack(values)
 
 
 def unpack_message(data: bytes) -> Request | Response:

@@ -30,7 +30,7 @@ from checks.model import Finding
 from checks.rule import Stats
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route
-from codec import taprecord
+from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import REQ, RESP, TapFrame, frame_from_row
@@ -97,7 +97,7 @@ def _or(value: int | None, default: int) -> int:
 def pack_frame(frame: TapFrame) -> bytes:
     """A routed frame between the stages: its tap metadata and decoded facts (``codec.facts``), no
     frame bytes."""
-    return msgpack.packb(taprecord.frame_to_packed(frame), use_bin_type=True)
+    return facts.packb(taprecord.frame_to_packed(frame))
 
 
 def unpack_frame(data: bytes) -> TapFrame:
@@ -475,7 +475,7 @@ def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(row)
     for key, route in routes.items():
-        route["frame"] = msgpack.packb(packed[key], use_bin_type=True)
+        route["frame"] = facts.packb(packed[key])
         out.append(route)
     for row, agg in aggs.values():
         row["payload"] = json.dumps(agg)

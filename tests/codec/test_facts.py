@@ -151,3 +151,34 @@ def test_uuids_and_unknown_tags_round_trip() -> None:
 def test_garbage_is_a_facts_error(data: bytes) -> None:
     with pytest.raises(FactsError):
         unpack_message(data)
+
+
+def test_the_reused_packer_packs_as_packb_does_in_every_thread() -> None:
+    """``facts.packb`` keeps one packer per thread: byte for byte what ``msgpack.packb`` makes, and a
+    call that fails (a value facts cannot pack) leaves nothing behind for the next one."""
+    import threading
+
+    import msgpack
+
+    from codec import facts
+
+    messages = [
+        decode_frame(kind, build_frame(kind, key, version, 7), key, version)
+        for kind, key, version in ALL_MESSAGES[::7]
+    ]
+    expected = [
+        msgpack.packb(facts._message_list(m), use_bin_type=True, default=facts._default) for m in messages
+    ]
+    assert [pack_message(m) for m in messages] == expected
+    with pytest.raises(TypeError):
+        facts.packb([1, object()])
+    assert facts.packb([1, "a", b"b", None]) == msgpack.packb([1, "a", b"b", None], use_bin_type=True)
+    results: list[list[bytes]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append([pack_message(m) for m in messages])) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected] * 4
