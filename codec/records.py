@@ -325,19 +325,39 @@ def section(buf: bytes, start: int, end: int) -> RecordBatches:
     parsed when first read. Anything else (legacy message sets, a malformed length or magic byte) is
     parsed now by :func:`_parse_section`, which raises the ``DecodeError``.
     """
-    p = start
-    length_at = _LENGTH.unpack_from
+    size = end - start
+    # The commonest section by far (every Produce partition): exactly one whole magic-2 batch.
+    if size >= HEADER_SIZE and buf[start + 16] == 2 and _length_at(buf, start + 8)[0] == size - LOG_OVERHEAD:
+        tail = end
+    else:
+        tail = _scan(buf, start, end)
+        if tail < 0:
+            return _parse_section(buf[start:end])
+    rb: RecordBatches = _new(RecordBatches)
+    rb._buf = buf
+    rb._start = start
+    rb._end = end
+    rb._tail_at = tail
+    rb._raw = None
+    rb._batches = None
+    return rb
+
+
+_length_at = _LENGTH.unpack_from
+
+
+def _scan(buf: bytes, p: int, end: int) -> int:
+    """Where the whole magic-2 batches from ``p`` end (a cut-off tail may follow), or -1 when an entry
+    is not a well-formed magic-2 batch."""
     while end - p >= LOG_OVERHEAD:
-        (length,) = length_at(buf, p + 8)
+        (length,) = _length_at(buf, p + 8)
         q = p + LOG_OVERHEAD + length
         if q > end:
-            break  # a partial tail (or a negative length, which _parse_section reports)
+            break  # a partial tail (a negative length never gets here: q < end)
         if length < STRIPPED_LENGTH or buf[p + 16] != 2:
-            return _parse_section(buf[start:end])
+            return -1
         p = q
-    rb: RecordBatches = _new(RecordBatches)
-    rb._buf, rb._start, rb._end, rb._tail_at, rb._raw, rb._batches = buf, start, end, p, None, None
-    return rb
+    return p
 
 
 def _parse_section(raw: bytes) -> RecordBatches:
