@@ -43,6 +43,9 @@ Encoder = Callable[[Mapping[str, Any], bytearray], None]
 _ids = count()
 
 
+#: Element counts a one-byte compact array length gives (uvarint 1-127 is n + 1).
+_SHORT_ARRAY = 127
+
 #: Array element counts whose Struct is kept; longer arrays (rare, and a hostile frame could make
 #: every count distinct) build theirs per call.
 _ARRAY_STRUCT_CACHE_LIMIT = 256
@@ -111,6 +114,14 @@ class _Namespace:
         name = "_A_" + fmt.replace("?", "o")
         if name not in self:
             self[name] = {}
+        return name
+
+    def short_array_structs(self, fmt: str) -> str:
+        """Name of the list holding ``Struct('>{n}{fmt}')`` for every ``n`` a one-byte compact length
+        can give (0-126), built once: short arrays index it instead of looking up a cache."""
+        name = "_AL_" + fmt.replace("?", "o")
+        if name not in self:
+            self[name] = [struct.Struct(f">{n}{fmt}") for n in range(_SHORT_ARRAY)]
         return name
 
     def const(self, value: Any) -> str:
@@ -298,6 +309,23 @@ class _DecodeWriter:
         nullable = f.nullable_at(v)
         label = f"{f.type} {f.name}"
         if f.is_array:
+            fmt = FIXED_FORMATS.get(f.element)
+            short = bool(fmt and target and fflex)
+            if short:
+                # The common case of a fixed-width array (replica lists, partition ids...): a one-byte
+                # compact length, then one unpack with a prebuilt Struct. A short buffer makes the
+                # unpack raise struct.error, which becomes the DecodeError. Longer, null or
+                # non-compact arrays take the general path below.
+                c.emit("n = b[p] - 1")
+                c.emit(f"if 0 <= n < {_SHORT_ARRAY}:")
+                c.indent()
+                c.emit(
+                    f"p += 1; {target} = list({self.ns.short_array_structs(str(fmt))}[n].unpack_from(b, p))"
+                )
+                c.emit(f"p += n * {FIXED_SIZES[str(fmt)]}")
+                c.dedent()
+                c.emit("else:")
+                c.indent()
             self.length(fflex, "i")
             self.null_check(target, nullable, label)
             c.emit("else:")
@@ -331,6 +359,8 @@ class _DecodeWriter:
                 self.scalar_or_struct(elem, None, proj, fflex)
                 c.dedent()
             c.dedent()
+            if short:
+                c.dedent()
             return
         if f.is_struct:
             if nullable:

@@ -166,8 +166,29 @@ def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_str
     frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
     decoded = codec.decode_response(frame, METADATA, 12).body["Topics"][0]["Partitions"][0]
     assert decoded["ReplicaNodes"] == replicas and decoded["IsrNodes"] == [0, 1, 2]
+    assert decoded["OfflineReplicas"] == []
+    # Arrays of up to 126 elements (one-byte compact length) use the prebuilt Structs; longer ones
+    # the per-count cache, which keeps counts below the limit only.
+    assert len(api._compiled.ns["_AL_i"]) == 127
+    long_replicas = list(range(200))
+    partition["ReplicaNodes"] = long_replicas
+    frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
+    decoded = codec.decode_response(frame, METADATA, 12).body["Topics"][0]["Partitions"][0]
+    assert decoded["ReplicaNodes"] == long_replicas
     cached_counts = api._compiled.ns["_A_i"]
-    assert 3 in cached_counts and 300 not in cached_counts
+    assert 200 in cached_counts and 300 not in cached_counts
+
+
+def test_short_fixed_width_array_past_the_frame_is_a_decode_error() -> None:
+    partition = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
+    partition |= {"ReplicaNodes": [1, 2, 3], "IsrNodes": [1], "OfflineReplicas": []}
+    topic = {"ErrorCode": 0, "Name": "t", "IsInternal": False, "Partitions": [partition]}
+    frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
+    at = frame.index(bytes([4, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]))  # ReplicaNodes: length 3 + 1
+    bad = frame[:at] + bytes([100]) + frame[at + 1 :]  # claims 99 replicas
+    with pytest.raises(codec.DecodeError) as info:
+        codec.decode_response(bad, METADATA, 12)
+    assert info.value.offset == at + 1
 
 
 def test_one_shot_iterator_of_fields_projects_like_the_same_set() -> None:
