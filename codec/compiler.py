@@ -310,8 +310,18 @@ class _DecodeWriter:
         label = f"{f.type} {f.name}"
         if f.is_array:
             fmt = FIXED_FORMATS.get(f.element)
-            short = bool(fmt and target and fflex)
-            if short:
+            short = bool(fmt and fflex)
+            if short and not target:
+                # Skipped: one bounds check instead of the general length read.
+                c.emit("n = b[p] - 1")
+                c.emit(f"if 0 <= n < {_SHORT_ARRAY}:")
+                c.indent()
+                c.emit(f"p += 1 + n * {FIXED_SIZES[str(fmt)]}")
+                c.emit(f"if p > L: raise _E(f'array {f.name} length {{n}} exceeds the bytes left', p)")
+                c.dedent()
+                c.emit("else:")
+                c.indent()
+            elif short:
                 # The common case of a fixed-width array (replica lists, partition ids...): a one-byte
                 # compact length, then one unpack with a prebuilt Struct. A short buffer makes the
                 # unpack raise struct.error, which becomes the DecodeError. Longer, null or
@@ -551,10 +561,17 @@ def compile_decoder(
     def flush_fixed() -> None:
         if not run:
             return
-        fmt = "".join(FIXED_FORMATS[f.type] for f in run)
-        size = sum(FIXED_SIZES[ch] for ch in fmt)
-        if any(proj is None or f.name in proj for f in run):
-            targets = ", ".join(local[f.name] for f in run)
+        size = sum(FIXED_SIZES[FIXED_FORMATS[f.type]] for f in run)
+        wanted_run = [f for f in run if proj is None or f.name in proj]
+        if wanted_run:
+            # Fields the projection leaves out become pad bytes: the unpack builds no value for them,
+            # and it stops after the last wanted field.
+            last = run.index(wanted_run[-1])
+            fmt = "".join(
+                FIXED_FORMATS[f.type] if f in wanted_run else f"{FIXED_SIZES[FIXED_FORMATS[f.type]]}x"
+                for f in run[: last + 1]
+            )
+            targets = ", ".join(local[f.name] for f in wanted_run)
             code.emit(f"{targets}, = {ns.struct(fmt)}.unpack_from(b, p); p += {size}")
         else:
             code.emit(f"p += {size}")
