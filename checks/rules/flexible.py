@@ -29,6 +29,7 @@ import codec
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
+from codec.records import RecordBatches
 from codec.taprecord import TapFrame
 
 RULE_HEADER = "flex.header_version"
@@ -90,8 +91,8 @@ def has_tag_evidence(value: Any) -> bool:
 
 
 #: Value types that never hold tagged fields (everything the codec decodes to except dicts, lists and
-#: nested payloads).
-_LEAVES = frozenset({int, str, bytes, bool, float, type(None), uuid.UUID})
+#: nested payloads; record sets have no tagged sections).
+_LEAVES = frozenset({int, str, bytes, bool, float, type(None), uuid.UUID, RecordBatches})
 
 
 def redecode(frame: TapFrame, request_api: tuple[int, int] | None = None) -> tuple[int, int] | None:
