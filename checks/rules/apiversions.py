@@ -290,20 +290,27 @@ class ApiVersionsClusterRule(Rule):
             # A forwarded request: the client's own request to the broker was already counted.
             return
         conns: dict[str, str] = state.setdefault("conn_software", {})
-        label = software_label(ex)
+        conn = ex.conn
+        label = software_label(ex) if ex.api_key == _API_VERSIONS else None
         if label is None:
-            label = conns.pop(ex.conn, None)
+            label = conns.pop(conn, None)
         else:
-            conns.pop(ex.conn, None)
+            conns.pop(conn, None)
         if label is not None:
             # (Re-)inserted at the end on every request, so trimming drops the connections idle longest.
-            conns[ex.conn] = label
+            conns[conn] = label
             ctx.trim(conns)
         software = label or f"client.id={ex.req.client_id or ''}"
         api, version = ex.api_key, ex.api_version
         used: dict[str, Any] = state.setdefault("used", {})
-        per_api = used.setdefault(software, {}).setdefault(str(api), {})
-        per_api[str(version)] = int(per_api.get(str(version), 0)) + 1
+        per_software: dict[str, dict[str, int]] | None = used.get(software)
+        if per_software is None:
+            per_software = used[software] = {}
+        api_s, version_s = str(api), str(version)
+        per_api: dict[str, int] | None = per_software.get(api_s)
+        if per_api is None:
+            per_api = per_software[api_s] = {}
+        per_api[version_s] = int(per_api.get(version_s, 0)) + 1
         if not removed_in_4_0(api, version):
             return
         sig = f"{software}|{api}|{version}"

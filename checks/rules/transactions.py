@@ -479,23 +479,15 @@ class ReadCommittedRule(Rule):
 
     def _partition(self, topic: str, part: dict[str, Any], ex: Exchange, ctx: RuleContext) -> None:
         index = int(part.get("PartitionIndex", -1))
-        subject = f"partition:{topic}-{index}"
         hw, lso = int(part.get("HighWatermark", -1)), int(part.get("LastStableOffset", -1))
-        base_evidence = {
-            **ex.evidence(),
-            "topic": topic,
-            "partition": index,
-            "high_watermark": hw,
-            "last_stable_offset": lso,
-        }
         if hw >= 0 and lso >= 0 and lso > hw:
             ctx.emit(
                 "txn.read_committed_inconsistent",
                 Severity.WARNING,
-                subject,
+                f"partition:{topic}-{index}",
                 f"{topic}-{index}: LastStableOffset {lso} is above HighWatermark {hw}",
                 ex.ts_ns,
-                base_evidence,
+                _partition_evidence(ex, topic, index, hw, lso),
                 conns=(ex.conn,),
             )
         if part.get("ErrorCode", 0) != 0:
@@ -541,11 +533,11 @@ class ReadCommittedRule(Rule):
                 ctx.emit(
                     "txn.read_committed_inconsistent",
                     Severity.CRITICAL,
-                    subject,
+                    f"partition:{topic}-{index}",
                     f"{topic}-{index}: {problem}",
                     ex.ts_ns,
                     {
-                        **base_evidence,
+                        **_partition_evidence(ex, topic, index, hw, lso),
                         "producer_id": pid,
                         "marker": "ABORT" if kind == ABORT else "COMMIT",
                         "marker_offset": offset,
@@ -554,6 +546,17 @@ class ReadCommittedRule(Rule):
                     },
                     conns=(ex.conn,),
                 )
+
+
+def _partition_evidence(ex: Exchange, topic: str, index: int, hw: int, lso: int) -> dict[str, Any]:
+    """What every finding about one partition of a Fetch answer names (built only when one fires)."""
+    return {
+        **ex.evidence(),
+        "topic": topic,
+        "partition": index,
+        "high_watermark": hw,
+        "last_stable_offset": lso,
+    }
 
 
 RULES: list[type[Rule]] = [TxnRule, PidOwnershipRule, ReadCommittedRule]
