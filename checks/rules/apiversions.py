@@ -108,6 +108,15 @@ def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
     return ranges
 
 
+def _answer_ranges(ex: Exchange) -> dict[str, list[int]]:
+    """``_ranges`` of an ApiVersions answer, once per exchange (both rules read it)."""
+    found: dict[str, list[int]] | None = ex.memo.get("api_ranges")
+    if found is None:
+        assert ex.resp is not None
+        found = ex.memo["api_ranges"] = _ranges(ex.resp.body)
+    return found
+
+
 def _in_range(ranges: dict[str, list[int]], api_key: int, version: int) -> bool:
     rng = ranges.get(str(api_key))
     return rng is not None and rng[0] <= version <= rng[1]
@@ -193,12 +202,12 @@ class ApiVersionsRule(Rule):
             return
         error = resp.body.get("ErrorCode")
         if error == 0:
-            state["ranges"] = _ranges(resp.body)
+            state["ranges"] = _answer_ranges(ex)
             state["complete"] = True
         elif error == _UNSUPPORTED_VERSION:
             # The v0 fallback: the broker names the ApiVersions versions it does support (KIP-511),
             # or nothing at all (older brokers), in which case v0 is the one version always accepted.
-            ranges = _ranges(resp.body)
+            ranges = _answer_ranges(ex)
             state["ranges"] = {str(ApiKey.API_VERSIONS): ranges.get(str(ApiKey.API_VERSIONS), [0, 0])}
             state["complete"] = False
         else:
@@ -335,7 +344,7 @@ class ApiVersionsClusterRule(Rule):
             return
         frame = ex.response
         assert frame is not None
-        ranges = _ranges(resp.body)
+        ranges = _answer_ranges(ex)
         listener = (frame.listener or "").upper()
         # A KRaft controller serves BrokerRegistration; a broker does not, whatever its listener is named.
         role = (
