@@ -250,7 +250,7 @@ def pruner(tree: Tree) -> Callable[[Any], Any]:
                     out[name] = value[name] if below is None else below(value[name])
             return out
         if type(value) is list:
-            return [keep(item) for item in value]
+            return list(map(keep, value))
         return value
 
     return keep

@@ -325,41 +325,36 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
 # --- the streaming job's tap-record rows ------------------------------------------------------------------
 
 
-def _row_value(value: Any) -> Any:
-    # pandas hands Spark's null ints over as NaN floats (NaN is the one value unequal to itself).
-    return None if value is None or value != value else value
-
-
 def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``: header names, ``ROW_KEYS``) to a frame,
     decoded: the one decode of the streaming job (stage one).
 
     Reads exactly the row's columns, once each, as ``frame_from_dict`` would read them (the same
     defaults and conversions) but without trying every saved-state layout for every field: this runs
-    for every frame of the stream."""
+    for every frame of the stream. pandas hands Spark's null ints over as NaN floats, and NaN is the
+    one value unequal to itself (``v != v``); written out per column, as a helper call per column
+    cost more than the rest of the reading."""
     get = row.get
-    seq, ts_ns = _row_value(get(Header.SEQ)), _row_value(get(Header.TS_NS))
-    api_key, api_version = _row_value(get(Header.API_KEY)), _row_value(get(Header.API_VERSION))
-    correlation_id, broker_id = _row_value(get(Header.CORR_ID)), _row_value(get(Header.BROKER_ID))
-    partition, offset = _row_value(get(ROW_KEYS["partition"])), _row_value(get(ROW_KEYS["offset"]))
-    conn, direction = _row_value(get(Header.CONN)), _row_value(get(Header.DIR))
-    client, broker = _row_value(get(Header.CLIENT)), _row_value(get(Header.BROKER))
-    listener, capture = _row_value(get(Header.LISTENER)), _row_value(get(Header.CAPTURE))
+    conn, seq, ts_ns, direction = get(Header.CONN), get(Header.SEQ), get(Header.TS_NS), get(Header.DIR)
+    api_key, api_version, corr = get(Header.API_KEY), get(Header.API_VERSION), get(Header.CORR_ID)
+    client, broker, broker_id = get(Header.CLIENT), get(Header.BROKER), get(Header.BROKER_ID)
+    listener, capture = get(Header.LISTENER), get(Header.CAPTURE)
+    partition, offset = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"])
     frame = TapFrame(
-        conn="" if conn is None else str(conn),
-        seq=0 if seq is None else int(seq),
-        ts_ns=0 if ts_ns is None else int(ts_ns),
-        direction="" if direction is None else str(direction),
-        api_key=None if api_key is None else int(api_key),
-        api_version=None if api_version is None else int(api_version),
-        correlation_id=None if correlation_id is None else int(correlation_id),
-        client="" if client is None else str(client),
-        broker="" if broker is None else str(broker),
-        broker_id=None if broker_id is None else int(broker_id),
-        listener=None if listener is None else str(listener),
-        partition=-1 if partition is None else int(partition),
-        offset=-1 if offset is None else int(offset),
-        capture="full" if capture is None else str(capture),
+        conn="" if conn is None or conn != conn else str(conn),
+        seq=0 if seq is None or seq != seq else int(seq),
+        ts_ns=0 if ts_ns is None or ts_ns != ts_ns else int(ts_ns),
+        direction="" if direction is None or direction != direction else str(direction),
+        api_key=None if api_key is None or api_key != api_key else int(api_key),
+        api_version=None if api_version is None or api_version != api_version else int(api_version),
+        correlation_id=None if corr is None or corr != corr else int(corr),
+        client="" if client is None or client != client else str(client),
+        broker="" if broker is None or broker != broker else str(broker),
+        broker_id=None if broker_id is None or broker_id != broker_id else int(broker_id),
+        listener=None if listener is None or listener != listener else str(listener),
+        partition=-1 if partition is None or partition != partition else int(partition),
+        offset=-1 if offset is None or offset != offset else int(offset),
+        capture="full" if capture is None or capture != capture else str(capture),
     )
     value = get("value")
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))

@@ -241,18 +241,21 @@ def connection_step(
             data = packed[id(route.frame)] = pack_frame(route.frame)
         flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
         at_ms = max(-(-route.at_ns // NS_PER_MS), floor_ms)
+        frame = route.frame
+        # ``_row``'s columns, in ``STAGE_ROW_FIELDS`` order, written out: one route row per frame.
         out.append(
-            _row(
-                "route",
-                at_ms,
-                route.frame.ts_ns,
-                route_key=route.key,
-                at_ms=at_ms,
-                conn=route.frame.conn,
-                seq=route.frame.seq,
-                frame=data,
-                flags=flags,
-            )
+            {
+                "kind": "route",
+                "route_key": route.key,
+                "event_ms": at_ms,
+                "ts_ns": frame.ts_ns,
+                "at_ms": at_ms,
+                "conn": frame.conn,
+                "seq": frame.seq,
+                "frame": data,
+                "flags": flags,
+                "payload": None,
+            }
         )
     out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
     out.extend(

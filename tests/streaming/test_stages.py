@@ -12,6 +12,7 @@ from codec.taprecord import TapFrame
 from streaming.frames import frame_row
 from streaming.stages import (
     PASS_KEY,
+    STAGE_ROW_FIELDS,
     Buffered,
     DictBucketStore,
     LocalStages,
@@ -260,6 +261,9 @@ def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
         for c in {r["conn"] for r in rows}
     ]
     separate = [r for conn_rows in per_conn for r in conn_rows]
+    assert all(tuple(r) == STAGE_ROW_FIELDS for r in separate + result.rows), (
+        "rows have the stage-row columns"
+    )
     routes = [r for r in result.rows if r["kind"] == "route"]
     aggs = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "agg"]
     stats = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "stat"]
