@@ -191,11 +191,13 @@ def _aggregates(frames: list[TapFrame]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _stat_row(stats: Stats, event_ms: int) -> dict[str, Any] | None:
+def _stat_row(stats: Stats, event_ms: int, encode: bool = True) -> dict[str, Any] | None:
+    """The counters row; ``encode=False`` leaves its payload a dict (``combine_rows`` encodes it)."""
     counts = {name: getattr(stats, name) for name in STAT_FIELDS if getattr(stats, name)}
     if not counts:
         return None
-    return _row("stat", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps(counts))
+    payload = json.dumps(counts) if encode else counts
+    return _row("stat", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=payload)
 
 
 def _resolve_rows(resolved: list[tuple[str, str, int]], event_ms: int) -> list[dict[str, Any]]:
@@ -224,6 +226,18 @@ def connection_step(
     config: ChecksSettings, saved: bytes | None, rows: Iterable[dict[str, Any]], watermark_ms: int
 ) -> StepResult:
     """Stage one for one connection's rows of a micro-batch."""
+    return _connection_step(config, saved, rows, watermark_ms, encode=True)
+
+
+def _connection_step(
+    config: ChecksSettings,
+    saved: bytes | None,
+    rows: Iterable[dict[str, Any]],
+    watermark_ms: int,
+    encode: bool,
+) -> StepResult:
+    """``connection_step``; ``encode=False`` leaves the aggregate and counters payloads as dicts, for
+    ``combine_rows`` to sum and encode once per bucket call (not encoded here to be decoded there)."""
     batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
     shard = ConnectionShard(config, saved or None)
     frames = [frame_from_row(r) for r in batch]
@@ -259,10 +273,16 @@ def connection_step(
         )
     out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
     out.extend(
-        _row("agg", event_ms, event_ms * NS_PER_MS, route_key=PASS_KEY, payload=json.dumps(agg))
+        _row(
+            "agg",
+            event_ms,
+            event_ms * NS_PER_MS,
+            route_key=PASS_KEY,
+            payload=json.dumps(agg) if encode else agg,
+        )
         for agg in _aggregates(frames)
     )
-    stat = _stat_row(shard.ctx.stats, event_ms)
+    stat = _stat_row(shard.ctx.stats, event_ms, encode)
     if stat is not None:
         out.append(stat)
     closed = bool(frames) and frames[-1].direction == "close"
@@ -425,7 +445,7 @@ def connection_bucket(
     timer = armed_ms
     for conn, conn_rows in _group(rows, "conn").items():
         saved = store.get(conn)
-        result = connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms)
+        result = _connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms, encode=False)
         out.extend(result.rows)
         if result.state is None:
             if saved is not None:
@@ -460,7 +480,7 @@ def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 [row["at_ms"], row["ts_ns"], row["conn"], row["seq"], row["frame"], row["flags"]]
             )
         elif kind == "agg":
-            agg = json.loads(row["payload"])
+            agg = _payload(row)
             group = (agg["dir"], agg["api_key"], agg["api_version"])
             if group not in aggs:
                 aggs[group] = (row, agg)
@@ -473,7 +493,7 @@ def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "stat":
             counters = counters or row
             counters["event_ms"] = max(counters["event_ms"], row["event_ms"])
-            for name, value in json.loads(row["payload"]).items():
+            for name, value in _payload(row).items():
                 counts[name] = counts.get(name, 0) + value
         else:
             out.append(row)
@@ -487,6 +507,12 @@ def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         counters["payload"] = json.dumps(counts)
         out.append(counters)
     return out
+
+
+def _payload(row: dict[str, Any]) -> dict[str, Any]:
+    """An aggregate or counters row's payload: JSON text, or still a dict (``_connection_step``)."""
+    payload = row["payload"]
+    return payload if isinstance(payload, dict) else json.loads(payload)
 
 
 def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketResult:

@@ -17,6 +17,7 @@ from streaming.stages import (
     DictBucketStore,
     LocalStages,
     buffered_of,
+    combine_rows,
     connection_bucket,
     connection_bucket_expired,
     connection_step,
@@ -258,12 +259,13 @@ def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
     result = connection_bucket(CONFIG, DictBucketStore(), rows, 0, None)
     per_conn = [
         connection_step(CONFIG, None, [r for r in rows if r["conn"] == c], 0).rows
-        for c in {r["conn"] for r in rows}
+        for c in dict.fromkeys(r["conn"] for r in rows)
     ]
     separate = [r for conn_rows in per_conn for r in conn_rows]
-    assert all(tuple(r) == STAGE_ROW_FIELDS for r in separate + result.rows), (
-        "rows have the stage-row columns"
-    )
+    assert all(tuple(r) == STAGE_ROW_FIELDS for r in separate + result.rows), "stage-row columns"
+    # The bucket sums aggregates and counters before encoding them: the same rows as combining the
+    # connections' own (encoded) rows.
+    assert result.rows == combine_rows(separate)
     routes = [r for r in result.rows if r["kind"] == "route"]
     aggs = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "agg"]
     stats = [json.loads(r["payload"]) for r in result.rows if r["kind"] == "stat"]
