@@ -421,14 +421,28 @@ def batch_headers(records: RecordBatches) -> bytes:
     out = bytearray()
     for batch in records.batches:
         if isinstance(batch, RecordBatch):
-            out += batch.raw if batch.is_control else _stripped_v2(batch.raw)
+            if batch.attributes & CONTROL_BIT:
+                out += batch.raw
+            else:
+                # Straight from the buffer the batch points into: a data batch's bytes are never
+                # copied just to keep their first 61.
+                _stripped_v2_into(out, batch._buf, batch._start)
         else:
             out += strip_legacy(batch.raw)
     return bytes(out)
 
 
+_STRIPPED_LENGTH_BYTES = _LENGTH.pack(STRIPPED_LENGTH)
+
+
 def _stripped_v2(raw: bytes) -> bytes:
-    return raw[:8] + _LENGTH.pack(STRIPPED_LENGTH) + raw[LOG_OVERHEAD:HEADER_SIZE]
+    return raw[:8] + _STRIPPED_LENGTH_BYTES + raw[LOG_OVERHEAD:HEADER_SIZE]
+
+
+def _stripped_v2_into(out: bytearray, buf: bytes, start: int) -> None:
+    out += buf[start : start + 8]
+    out += _STRIPPED_LENGTH_BYTES
+    out += buf[start + LOG_OVERHEAD : start + HEADER_SIZE]
 
 
 # --- varints ------------------------------------------------------------------------------------

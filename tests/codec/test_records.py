@@ -20,6 +20,7 @@ from codec.records import (
     STRIPPED_LENGTH,
     RecordBatch,
     RecordBatches,
+    batch_headers,
     build_record_batch,
     section,
     strip_payloads,
@@ -200,6 +201,23 @@ def test_section_errors_are_raised_when_built() -> None:
     legacy = build_message_set([(None, b"v")], magic=1)
     parsed = section(b"ab" + legacy, 2, 2 + len(legacy))
     assert parsed._batches is not None and len(parsed) == 1 and parsed.raw == legacy
+
+
+def test_batch_headers_of_a_section_copy_no_data_batch() -> None:
+    data = build_record_batch(RECORDS, producer_id=4, base_sequence=2)
+    marker = build_record_batch(
+        [(b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x05")], control=True, base_offset=4
+    )
+    field = data + marker + data
+    frame = b"pre" + field
+    lazy = section(frame, 3, len(frame))
+    headers = batch_headers(lazy)
+    assert headers == batch_headers(RecordBatches.from_bytes(field))
+    assert lazy.batches[0]._raw is None and lazy.batches[2]._raw is None  # data batches not copied
+    back = RecordBatches.from_bytes(headers)
+    assert [b.payload_stripped for b in back] == [True, False, True]
+    assert [(b.producer_id, b.base_sequence) for b in back] == [(4, 2), (-1, -1), (4, 2)]
+    assert back.batches[1].raw == marker
 
 
 def test_pickle_keeps_the_section_not_the_frame() -> None:
