@@ -403,7 +403,7 @@ def strip_payloads(raw: bytes) -> bytes:
     out = bytearray()
     for batch in parsed.batches:
         if isinstance(batch, RecordBatch):
-            out += _stripped_v2(batch.raw)
+            _stripped_v2_into(out, batch._buf, batch._start)  # no copy of the batch's payload
         else:
             out += strip_legacy(batch.raw)
     tail = parsed.partial_tail
