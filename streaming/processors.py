@@ -66,21 +66,52 @@ STAGE_ROWS_DDL = (
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
 
 
+#: A call that brings at least this many connections or route keys lists the bucket's keys once
+#: (``MapStateStore.begin``) instead of asking the state server about each.
+LIST_KEYS_AT = 8
+#: ...unless the bucket held more than this many entries per key the call brings, last time it was listed.
+LIST_KEYS_RATIO = 16
+
+
 class MapStateStore:
-    """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string."""
+    """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string.
+
+    Every ``getValue`` is a round trip to the JVM's state server, and most of a busy bucket's lookups
+    are for keys it does not hold yet (new connections, new producers). ``begin`` lists the bucket's
+    keys in one round trip when a call brings many keys; ``get`` then asks the server only about keys
+    the bucket holds. What the stages read is the same either way; only the number of calls changes.
+    """
 
     def __init__(self, state: MapState) -> None:
         self.state = state
+        #: The bucket's keys, when listed for this call; None: unknown, ask per key.
+        self.known: set[str] | None = None
+        #: How many entries each bucket held when last listed (a hint: per worker, never persisted).
+        self.sizes: dict[Any, int] = {}
+
+    def begin(self, bucket: Any, keys: int) -> None:
+        """Before a call on ``bucket`` (the grouping key Spark set) that will look up ``keys`` entries."""
+        self.known = None
+        size = self.sizes.get(bucket)
+        if keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
+            self.known = {key[0] for key in self.state.keys()}  # noqa: SIM118 (a MapState, not a dict)
+            self.sizes[bucket] = len(self.known)
 
     def get(self, key: str) -> tuple[Any, ...] | None:
+        if self.known is not None and key not in self.known:
+            return None
         value = self.state.getValue((key,))
         return tuple(value) if value is not None else None
 
     def put(self, key: str, value: tuple[Any, ...]) -> None:
         self.state.updateValue((key,), value)
+        if self.known is not None:
+            self.known.add(key)
 
     def remove(self, key: str) -> None:
         self.state.removeKey((key,))
+        if self.known is not None:
+            self.known.discard(key)
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
         # Read the whole bucket before the caller changes it: the iterator reads the store lazily.
@@ -95,7 +126,7 @@ class BucketTimer:
         self.state = state
 
     def armed(self) -> int | None:
-        value = self.state.get() if self.state.exists() else None
+        value = self.state.get()  # None when unset: no separate exists() round trip
         return int(value[0]) if value and value[0] is not None else None
 
     def move(self, armed: int | None, wanted: int | None) -> None:
@@ -171,9 +202,11 @@ class ConnectionProcessor(_BucketProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
+        records = _records(rows)
+        self.store.begin(key, len({r["conn"] for r in records}))
         armed = self.timer.armed()
         result = connection_bucket(
-            self.config, self.store, _records(rows), timerValues.getCurrentWatermarkInMs(), armed
+            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed
         )
         out = self._apply(armed, result)
         if out:
@@ -183,6 +216,7 @@ class ConnectionProcessor(_BucketProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         # The timer that fired is gone: nothing to delete.
+        self.store.begin(key, 0)
         out = self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
         if out:
             yield _stage_frame(out)
@@ -202,6 +236,7 @@ class KeyedProcessor(_BucketProcessor):
             if records:
                 yield _output_frame(records)
             return
+        self.store.begin(key, len({r["route_key"] for r in records}))
         armed = self.timer.armed()
         result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
         out = self._apply(armed, result)
@@ -212,6 +247,7 @@ class KeyedProcessor(_BucketProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
+        self.store.begin(key, 0)
         out = self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
         if out:
             yield _output_frame(out)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from streaming.processors import BucketTimer, MapStateStore, _records
+from streaming.processors import LIST_KEYS_AT, LIST_KEYS_RATIO, BucketTimer, MapStateStore, _records
 from streaming.stages import _event_ms
 
 
@@ -35,9 +35,16 @@ class FakeMapState:
 
     def __init__(self) -> None:
         self.data: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: Round trips a real MapState would make to the JVM's state server.
+        self.calls: list[str] = []
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self.calls.append("getValue")
         return self.data.get(key)
+
+    def keys(self) -> Any:
+        self.calls.append("keys")
+        return iter(list(self.data))
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
         self.data[key] = value
@@ -59,6 +66,38 @@ def test_map_state_store_can_be_changed_while_iterated() -> None:
     assert list(store.items()) == []
 
 
+def test_a_call_with_many_keys_lists_the_bucket_once_and_reads_only_what_it_holds() -> None:
+    state = FakeMapState()
+    store = MapStateStore(state)  # type: ignore[arg-type]
+    store.put("held", ("s", 1))
+    wanted = ["held", *(f"new-{i}" for i in range(LIST_KEYS_AT))]
+    store.begin((0,), len(wanted))
+    state.calls.clear()
+    assert [store.get(k) for k in wanted] == [("s", 1), *([None] * LIST_KEYS_AT)]
+    assert state.calls == ["getValue"]  # the held key only; the new ones cost nothing
+    store.put("new-0", ("t", 2))
+    store.remove("held")
+    assert store.get("new-0") == ("t", 2) and store.get("held") is None
+    # A call with few keys asks per key, and so does a timer call (begin with 0).
+    for keys in (LIST_KEYS_AT - 1, 0):
+        store.begin((0,), keys)
+        state.calls.clear()
+        assert store.get("absent") is None and state.calls == ["getValue"]
+
+
+def test_a_bucket_much_larger_than_the_call_is_not_listed_again() -> None:
+    state = FakeMapState()
+    store = MapStateStore(state)  # type: ignore[arg-type]
+    for i in range(LIST_KEYS_RATIO * LIST_KEYS_AT + 1):
+        store.put(f"k{i}", ("s", i))
+    store.begin((1,), LIST_KEYS_AT)  # first call on the bucket: its size is unknown, so it is listed
+    assert state.calls.count("keys") == 1
+    store.begin((1,), LIST_KEYS_AT)  # now known to be too large for a call this small
+    assert state.calls.count("keys") == 1 and store.get("k3") == ("s", 3)
+    store.begin((2,), LIST_KEYS_AT)  # another bucket (Spark's grouping key) has its own size
+    assert state.calls.count("keys") == 2
+
+
 class FakeHandle:
     def __init__(self) -> None:
         self.timers: set[int] = set()
@@ -73,9 +112,6 @@ class FakeHandle:
 class FakeValueState:
     def __init__(self) -> None:
         self.value: tuple[Any, ...] | None = None
-
-    def exists(self) -> bool:
-        return self.value is not None
 
     def get(self) -> tuple[Any, ...] | None:
         return self.value
