@@ -274,6 +274,7 @@ def measure_latency(
     stop.set()
     feeder.join(60)
     receiver.wait_for(lambda reqs: False, timeout=15)
+    PROGRESS["live"] = [json.loads(p.json) for p in job.query.recentProgress]
     job.stop_gracefully()
     job.close()
     latencies = [

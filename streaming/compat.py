@@ -78,7 +78,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
     from checks.sharding import ROUTE_SCHEME
-    from streaming.job import BUCKET, STAGE_ONE_COLUMNS
+    from streaming.job import BUCKET, BUCKET_SCHEME, STAGE_ONE_COLUMNS
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
@@ -111,6 +111,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "source": {"format": "kafka", "topic": config.tap.topic},
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_buckets": config.stream.buckets,
+        "bucket_scheme": BUCKET_SCHEME,
         "state_format": STATE_FORMAT,
         "route_scheme": ROUTE_SCHEME,
         "stages": stages,
@@ -166,6 +167,12 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         problems.append(
             f"stream.state_buckets changed {saved.get('state_buckets')} -> {new.get('state_buckets')}: "
             "each connection's and route key's state is stored under its bucket"
+        )
+    # A shape without it was written when a bucket's grouping value was its number (scheme 1).
+    if saved.get("bucket_scheme", 1) != new.get("bucket_scheme", 1):
+        problems.append(
+            f"bucket grouping values changed (scheme {saved.get('bucket_scheme', 1)} -> "
+            f"{new.get('bucket_scheme', 1)}): each bucket's state is stored under its grouping value"
         )
     if saved["state_format"] > new["state_format"]:
         problems.append(

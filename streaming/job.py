@@ -91,14 +91,58 @@ def frame_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
 NON_NULL_LONGS = ("seq", "ts_ns")
 #: The grouping column of both stateful stages.
 BUCKET = "bucket"
+#: How a bucket becomes the grouping value its state is stored under (``streaming.compat`` records it):
+#: 1, the bucket number itself; 2, ``bucket_labels``.
+BUCKET_SCHEME = 2
 
 
-def bucket_of(column: str, buckets: int) -> Column:
-    """A stable bucket of a string column: xxhash64 is seeded and fixed, so a key keeps its bucket
-    across restarts and releases (the checkpoint's state is stored per bucket)."""
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def spark_int_partition(value: int, partitions: int) -> int:
+    """The shuffle partition Spark puts an int grouping value in: ``pmod(murmur3(value, seed 42),
+    partitions)``, as Spark's ``HashPartitioning`` computes it (``Murmur3_x86_32.hashInt``)."""
+    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k1 = _rotl32(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = _rotl32(42 ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    signed = h1 - (1 << 32) if h1 >= 1 << 31 else h1
+    return signed % partitions
+
+
+def bucket_labels(buckets: int, partitions: int) -> list[int]:
+    """The grouping value of each bucket, chosen so that bucket ``b`` lands in shuffle partition
+    ``b % partitions``: every partition (one task, one core) gets the same number of buckets.
+
+    Grouping by the bucket number itself left it to Spark's hash: 8 buckets over 2 partitions fell
+    5 and 3, so one core did 5/8 of each stateful stage while the other waited; 16 over 4 fell 6, 4,
+    3 and 3. Deterministic, so a bucket keeps its label across restarts with the same settings."""
+    labels: list[int] = []
+    value = 0
+    for bucket in range(buckets):
+        while spark_int_partition(value, partitions) != bucket % partitions:
+            value += 1
+        labels.append(value)
+        value += 1
+    return labels
+
+
+def bucket_of(column: str, buckets: int, partitions: int) -> Column:
+    """A stable bucket of a string column, as its grouping value (``bucket_labels``): xxhash64 is
+    seeded and fixed, so a key keeps its bucket across restarts and releases (the checkpoint's state
+    is stored per bucket)."""
     from pyspark.sql import functions as F
 
-    return F.pmod(F.xxhash64(F.col(column)), F.lit(buckets)).cast("int")
+    index = F.pmod(F.xxhash64(F.col(column)), F.lit(buckets)).cast("int")
+    labels = F.array(*(F.lit(label) for label in bucket_labels(buckets, partitions)))
+    return F.element_at(labels, index + 1)
 
 
 def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
@@ -113,7 +157,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
     )
     from streaming.stages import PASS_KEY
 
-    buckets = config.stream.buckets
+    buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
     # Spark hands a nullable long column to pandas as float64 when a batch has a null in it, and the
     # tap clock (~1.8e18 ns) does not fit a double's 53 bits: a record from outside the tap (no ts_ns
@@ -123,7 +167,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
     stage_one = (
         frames.select(*STAGE_ONE_COLUMNS)
         .withColumns(longs)
-        .withColumn(BUCKET, bucket_of("conn", buckets))
+        .withColumn(BUCKET, bucket_of("conn", buckets, partitions))
         .withWatermark("event_time", lateness)
         .groupBy(BUCKET)
         .transformWithStateInPandas(
@@ -136,7 +180,9 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
     )
     routed = stage_one.withColumn(
         BUCKET,
-        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(bucket_of("route_key", buckets)),
+        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(
+            bucket_of("route_key", buckets, partitions)
+        ),
     )
     return routed.groupBy(BUCKET).transformWithStateInPandas(
         KeyedProcessor(config.checks.settings()), OUTPUT_DDL, "Append", "EventTime"

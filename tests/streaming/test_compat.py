@@ -124,6 +124,12 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
 
     assert check_compatible(shape, {**shape, "shape_version": 99})[0].startswith("query shape format")
 
+    # A checkpoint from before the balanced bucket labels grouped by the bucket number: refused.
+    numbered = {k: v for k, v in shape.items() if k != "bucket_scheme"}
+    assert any(
+        "bucket grouping values changed (scheme 1 -> 2)" in p for p in check_compatible(numbered, shape)
+    )
+
     # A checkpoint from before stage two was keyed by key kind has no route scheme: refused.
     older = {k: v for k, v in shape.items() if k != "route_scheme"}
     assert any("route keys changed" in p for p in check_compatible(older, shape))
