@@ -321,6 +321,16 @@ class _DecodeWriter:
                 c.dedent()
                 c.emit("else:")
                 c.indent()
+            elif fflex and not fmt:
+                # An empty array of structs or strings (a Fetch partition's AbortedTransactions...)
+                # is one byte, 0x01: one comparison instead of the length read, bounds check and loop.
+                short = True
+                c.emit("if b[p] == 1:")
+                c.indent()
+                c.emit(f"p += 1; {target} = []" if target else "p += 1")
+                c.dedent()
+                c.emit("else:")
+                c.indent()
             elif short:
                 # The common case of a fixed-width array (replica lists, partition ids...): a one-byte
                 # compact length, then one unpack with a prebuilt Struct. A short buffer makes the
