@@ -37,18 +37,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from checks.codes import API_VERSIONS, UNSUPPORTED_VERSION
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from codec.api import api_name
-from codec.protocol import ApiKey, ErrorCode
+from codec.protocol import ApiKey
 from codec.schema import load_table
 
 CLUSTER_KEY = "cluster"
-
-#: Hot-path aliases of ``codec.protocol`` members: an enum member lookup (``ApiKey.PRODUCE``) costs
-#: about 150 ns on CPython 3.11, more than most of the checks it guards.
-_API_VERSIONS = ApiKey.API_VERSIONS
-_UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION
 
 #: APIs a KRaft broker forwards to the controller (KIP-590's list): the broker may only advertise
 #: versions the controller handles too, or clients are promised versions that then fail.
@@ -146,7 +142,7 @@ class ApiVersionsRule(Rule):
         api, version = ex.api_key, ex.api_version
         if "first_seq" not in state:
             state["first_seq"] = ex.request.seq
-        if api == _API_VERSIONS:
+        if api == API_VERSIONS:
             state["handshake"] = True
         elif (
             not state.get("handshake")
@@ -169,7 +165,7 @@ class ApiVersionsRule(Rule):
         ranges: dict[str, list[int]] | None = state.get("ranges")
         if ranges is None:
             return
-        if not state.get("complete") and api != _API_VERSIONS:
+        if not state.get("complete") and api != API_VERSIONS:
             return
         if _in_range(ranges, api, version):
             return
@@ -198,13 +194,13 @@ class ApiVersionsRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
-        if ex.api_key != _API_VERSIONS or resp is None:
+        if ex.api_key != API_VERSIONS or resp is None:
             return
         error = resp.body.get("ErrorCode")
         if error == 0:
             state["ranges"] = _answer_ranges(ex)
             state["complete"] = True
-        elif error == _UNSUPPORTED_VERSION:
+        elif error == UNSUPPORTED_VERSION:
             # The v0 fallback: the broker names the ApiVersions versions it does support (KIP-511),
             # or nothing at all (older brokers), in which case v0 is the one version always accepted.
             ranges = _answer_ranges(ex)
@@ -242,7 +238,7 @@ class CoverageCell:
 
 def software_label(ex: Exchange) -> str | None:
     """``name/version`` from an ApiVersions v3+ request, or None."""
-    if ex.api_key != _API_VERSIONS or ex.api_version < 3:
+    if ex.api_key != API_VERSIONS or ex.api_version < 3:
         return None
     name = ex.req.body.get("ClientSoftwareName")
     if not name:
@@ -300,7 +296,7 @@ class ApiVersionsClusterRule(Rule):
             return
         conns: dict[str, str] = state.setdefault("conn_software", {})
         conn = ex.conn
-        label = software_label(ex) if ex.api_key == _API_VERSIONS else None
+        label = software_label(ex) if ex.api_key == API_VERSIONS else None
         if label is None:
             label = conns.pop(conn, None)
         else:
@@ -340,7 +336,7 @@ class ApiVersionsClusterRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
-        if ex.api_key != _API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
+        if ex.api_key != API_VERSIONS or resp is None or resp.body.get("ErrorCode") != 0:
             return
         frame = ex.response
         assert frame is not None

@@ -58,6 +58,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from checks.codes import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    DUPLICATE_SEQUENCE_NUMBER,
+    END_TXN,
+    INIT_PRODUCER_ID,
+    INVALID_PRODUCER_EPOCH,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    PRODUCE,
+    PRODUCER_FENCED,
+    TXN_OFFSET_COMMIT,
+    WRITE_TXN_MARKERS,
+)
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from codec.protocol import ApiKey, ErrorCode
@@ -69,20 +82,6 @@ SEQ_HALF = 2**30
 #: Acknowledged batches remembered per stream. The broker deduplicates against its last 5; a few more
 #: lets the monitor recognise a late retry of an older batch.
 ACKED_WINDOW = 16
-
-#: Hot-path aliases of ``codec.protocol`` members: an enum member lookup (``ApiKey.PRODUCE``) costs
-#: about 150 ns on CPython 3.11, more than most of the checks it guards.
-_ADD_OFFSETS_TO_TXN = ApiKey.ADD_OFFSETS_TO_TXN
-_ADD_PARTITIONS_TO_TXN = ApiKey.ADD_PARTITIONS_TO_TXN
-_END_TXN = ApiKey.END_TXN
-_INIT_PRODUCER_ID = ApiKey.INIT_PRODUCER_ID
-_PRODUCE = ApiKey.PRODUCE
-_TXN_OFFSET_COMMIT = ApiKey.TXN_OFFSET_COMMIT
-_WRITE_TXN_MARKERS = ApiKey.WRITE_TXN_MARKERS
-_DUPLICATE_SEQUENCE_NUMBER = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
-_INVALID_PRODUCER_EPOCH = ErrorCode.INVALID_PRODUCER_EPOCH
-_OUT_OF_ORDER_SEQUENCE_NUMBER = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-_PRODUCER_FENCED = ErrorCode.PRODUCER_FENCED
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,7 +184,7 @@ def txn_claims(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
 
 def _txn_claims(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
     body, api = ex.req.body, ex.api_key
-    if api == _ADD_PARTITIONS_TO_TXN:
+    if api == ADD_PARTITIONS_TO_TXN:
         if ex.api_version >= ADD_PARTITIONS_BATCHED:
             return tuple(
                 (
@@ -220,9 +219,9 @@ def txn_claim_error(ex: Exchange, index: int) -> int | None:
     if resp is None:
         return None
     body, api = resp.body, ex.api_key
-    if api in (_ADD_OFFSETS_TO_TXN, _END_TXN):
+    if api in (ADD_OFFSETS_TO_TXN, END_TXN):
         return int(body.get("ErrorCode", 0))
-    if api == _TXN_OFFSET_COMMIT:
+    if api == TXN_OFFSET_COMMIT:
         codes = [
             int(p.get("ErrorCode", 0)) for t in body.get("Topics") or [] for p in t.get("Partitions") or []
         ]
@@ -247,7 +246,7 @@ def txn_claim_error(ex: Exchange, index: int) -> int | None:
         ]
     if not codes or 0 in codes:
         return 0
-    fencing = [c for c in codes if c in (_PRODUCER_FENCED, _INVALID_PRODUCER_EPOCH)]
+    fencing = [c for c in codes if c in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)]
     return (fencing or codes)[0]
 
 
@@ -284,16 +283,16 @@ class ProducerRule(Rule):
     def keys(self, ex: Exchange) -> list[str]:
         api = ex.api_key
         pids: list[int] = []
-        if api == _PRODUCE:
+        if api == PRODUCE:
             pids = [b[4] for b in produce_batches(ex)]
         elif api in FENCED_TXN_RPCS:
             pids = [pid for pid, _, _ in txn_claims(ex)]
-        if api in (_INIT_PRODUCER_ID, _END_TXN):
+        if api in (INIT_PRODUCER_ID, END_TXN):
             # EndTxn v5+ may answer with a new producer id (epoch exhaustion, KIP-890).
             resp = ex.resp
             if resp is not None and resp.body.get("ProducerId") is not None:
                 pids.append(int(resp.body["ProducerId"]))
-        elif api == _WRITE_TXN_MARKERS:
+        elif api == WRITE_TXN_MARKERS:
             pids = [int(m.get("ProducerId", -1)) for m in ex.req.body.get("Markers") or []]
         # Ordered and unique: findings come out in a stable order.
         return [str(p) for p in dict.fromkeys(pids) if p >= 0]
@@ -313,7 +312,7 @@ class ProducerRule(Rule):
                     pending[f"{ex.conn}|{ex.request.correlation_id}|txn|{index}"] = {"stale": _known(state)}
                     ctx.trim(pending)
             return
-        if ex.api_key != _PRODUCE:
+        if ex.api_key != PRODUCE:
             return
         streams: dict[str, Any] = state.setdefault("streams", {})
         for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
@@ -331,7 +330,7 @@ class ProducerRule(Rule):
                 ctx.trim(pending)
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
-        if ex.api_key == _PRODUCE:
+        if ex.api_key == PRODUCE:
             self._produce_answered(state, key, ex, ctx)
             return
         if ex.api_key in FENCED_TXN_RPCS:
@@ -340,19 +339,19 @@ class ProducerRule(Rule):
         if resp is None:
             return
         pid = int(key)
-        if ex.api_key == _INIT_PRODUCER_ID and resp.body.get("ErrorCode") == 0:
+        if ex.api_key == INIT_PRODUCER_ID and resp.body.get("ErrorCode") == 0:
             txn = _request_txn_id(ex)
             if txn is not None:
                 state["txn"] = txn
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "InitProducerId", ex)
         elif (
-            ex.api_key == _END_TXN
+            ex.api_key == END_TXN
             and resp.body.get("ErrorCode") == 0
             and ex.api_version >= 5
             and int(resp.body.get("ProducerId", -1)) == pid
         ):
             self._learn(state, int(resp.body.get("ProducerEpoch", -1)), "EndTxn", ex)
-        elif ex.api_key == _WRITE_TXN_MARKERS:
+        elif ex.api_key == WRITE_TXN_MARKERS:
             written = {
                 int(m.get("ProducerId", -1))
                 for m in resp.body.get("Markers") or []
@@ -379,7 +378,7 @@ class ProducerRule(Rule):
                 **_stale_evidence(ex, pid, epoch, txn or state.get("txn")),
                 "broker_error": txn_claim_error(ex, index),
             }
-            if ex.api_key == _ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
+            if ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
                 verify = [t.get("VerifyOnly") for t in ex.req.body.get("Transactions") or []]
                 evidence["verify_only"] = bool(verify[index]) if index < len(verify) else None
             _report_stale(decision["stale"], evidence["broker_error"], evidence, ex, ctx)
@@ -487,7 +486,7 @@ def _end_txn_retry(ex: Exchange, epoch: int, known: list[Any]) -> bool:
     coordinator recognised the retry and answered it with the bumped epoch. Not a zombie."""
     resp = ex.resp
     return (
-        ex.api_key == _END_TXN
+        ex.api_key == END_TXN
         and ex.api_version >= 5
         and resp is not None
         and resp.body.get("ErrorCode") == 0
@@ -500,7 +499,7 @@ def _end_txn_retry(ex: Exchange, epoch: int, known: list[Any]) -> bool:
 def _request_txn_id(ex: Exchange) -> str | None:
     """The transactional id a Produce, InitProducerId or transactional RPC names (v4+ AddPartitionsToTxn
     names one per transaction: see ``txn_claims``)."""
-    if ex.api_key == _ADD_PARTITIONS_TO_TXN:
+    if ex.api_key == ADD_PARTITIONS_TO_TXN:
         ids = [txn for _, _, txn in txn_claims(ex) if txn is not None]
         return ids[0] if len(ids) == 1 else None
     return txn_id_of(ex.req.body.get("TransactionalId"))
@@ -542,7 +541,7 @@ def _report_stale(
     who = f"producer {pid}" + (f" (transactional id {txn!r})" if txn else "")
     sender = f"client {evidence.get('client_id')!r} at {ex.request.client}"
     known_by = f"{source} answered to {src_client_id!r} at {src_client}" if src_client else source
-    if ex.api_key == _PRODUCE:
+    if ex.api_key == PRODUCE:
         what = f"{who} wrote to {evidence['topic']}-{evidence['partition']} with epoch {epoch} ({sender})"
         landed = "the broker appended it"
     else:
@@ -581,7 +580,7 @@ def _report_gap(
 ) -> None:
     base = int(evidence["base_sequence"])
     missing = seq_ahead(base, expected)
-    if error == _OUT_OF_ORDER_SEQUENCE_NUMBER:
+    if error == OUT_OF_ORDER_SEQUENCE_NUMBER:
         outcome = "the broker confirmed it (OUT_OF_ORDER_SEQUENCE)"
     elif error == 0:
         outcome = "the broker accepted it"
@@ -626,10 +625,10 @@ def _check_duplicate(
                 overlapping = a
                 break
     if overlapping is None:
-        if error == 0 or error == _DUPLICATE_SEQUENCE_NUMBER:
+        if error == 0 or error == DUPLICATE_SEQUENCE_NUMBER:
             acked.append([base, count, offset if error == 0 else -1])
             del acked[:-ACKED_WINDOW]
-        if error == _DUPLICATE_SEQUENCE_NUMBER:
+        if error == DUPLICATE_SEQUENCE_NUMBER:
             # The original write was not seen (before the monitor started, or on an untapped path).
             evidence = _batch_evidence(*batch_facts)
             ctx.emit(

@@ -49,6 +49,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from checks.codes import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    END_TXN,
+    INIT_PRODUCER_ID,
+    INVALID_PRODUCER_EPOCH,
+    PRODUCE,
+    PRODUCER_FENCED,
+    TXN_OFFSET_COMMIT,
+)
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
 from checks.rules.producers import (
@@ -61,7 +71,7 @@ from checks.rules.producers import (
     txn_id_of,
 )
 from codec.control import ABORT, COMMIT
-from codec.protocol import ApiKey, ErrorCode
+from codec.protocol import ApiKey
 
 #: Kafka's default transaction.timeout.ms, used when the InitProducerId was not seen.
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -69,17 +79,6 @@ READ_COMMITTED = 1
 #: First Produce version with which a transactional producer relies on implicit adds (KIP-890 part 2).
 PRODUCE_TXN_V2 = 12
 NS_PER_MS = 1_000_000
-
-#: Hot-path aliases of ``codec.protocol`` members: an enum member lookup (``ApiKey.PRODUCE``) costs
-#: about 150 ns on CPython 3.11, more than most of the checks it guards.
-_ADD_OFFSETS_TO_TXN = ApiKey.ADD_OFFSETS_TO_TXN
-_ADD_PARTITIONS_TO_TXN = ApiKey.ADD_PARTITIONS_TO_TXN
-_END_TXN = ApiKey.END_TXN
-_INIT_PRODUCER_ID = ApiKey.INIT_PRODUCER_ID
-_PRODUCE = ApiKey.PRODUCE
-_TXN_OFFSET_COMMIT = ApiKey.TXN_OFFSET_COMMIT
-_INVALID_PRODUCER_EPOCH = ErrorCode.INVALID_PRODUCER_EPOCH
-_PRODUCER_FENCED = ErrorCode.PRODUCER_FENCED
 #: Control record types (the key's second int16).
 
 
@@ -106,7 +105,7 @@ class TxnRule(Rule):
 
     def keys(self, ex: Exchange) -> list[str]:
         body = ex.req.body
-        if ex.api_key == _ADD_PARTITIONS_TO_TXN:
+        if ex.api_key == ADD_PARTITIONS_TO_TXN:
             if ex.api_version <= 3:
                 ids = [txn_id_of(body.get("V3AndBelowTransactionalId"))]
             else:
@@ -116,9 +115,9 @@ class TxnRule(Rule):
         return [i for i in dict.fromkeys(ids) if i is not None]
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
-        if ex.api_key == _END_TXN and not self._zombie(state, ex):
+        if ex.api_key == END_TXN and not self._zombie(state, ex):
             state["ending"] = True
-        elif ex.api_key == _ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
+        elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
             state["explicit"] = True
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
@@ -126,7 +125,7 @@ class TxnRule(Rule):
         if resp is None:
             return
         api, body = ex.api_key, resp.body
-        if api == _INIT_PRODUCER_ID:
+        if api == INIT_PRODUCER_ID:
             if body.get("ErrorCode") == 0:
                 # A new InitProducerId aborts whatever transaction this id had open.
                 self._close(state, key, ex, ctx)
@@ -136,7 +135,7 @@ class TxnRule(Rule):
                 )
                 state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
                 state["boundary"] = True
-        elif api == _END_TXN:
+        elif api == END_TXN:
             if self._zombie(state, ex):
                 return  # an older instance's EndTxn says nothing about the current transaction
             state["ending"] = False
@@ -146,28 +145,28 @@ class TxnRule(Rule):
                 state["boundary"] = True
                 if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
                     state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
-            elif error in (_PRODUCER_FENCED, _INVALID_PRODUCER_EPOCH):
+            elif error in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
                 # The coordinator already ended this transaction (it aborted it on timeout and bumped the
                 # epoch, or another instance took over): it is not open any more.
                 self._close(state, key, ex, ctx)
             elif state.get("open"):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
                 ctx.set_timer(int(state["deadline"]))
-        elif api == _ADD_PARTITIONS_TO_TXN:
+        elif api == ADD_PARTITIONS_TO_TXN:
             added = self._added_partitions(key, ex)
             if added:
                 self._open(state, ex, ctx)
                 partitions: dict[str, int] = state.setdefault("added", {})
                 partitions.update(dict.fromkeys(added, 1))
                 ctx.trim(partitions)
-        elif api == _ADD_OFFSETS_TO_TXN:
+        elif api == ADD_OFFSETS_TO_TXN:
             if body.get("ErrorCode") == 0:
                 self._open(state, ex, ctx)
-        elif api == _TXN_OFFSET_COMMIT:
+        elif api == TXN_OFFSET_COMMIT:
             errors = [p.get("ErrorCode") for t in body.get("Topics") or [] for p in t.get("Partitions") or []]
             if 0 in errors:
                 self._open(state, ex, ctx)
-        elif api == _PRODUCE:
+        elif api == PRODUCE:
             self._produced(state, key, ex, ctx)
 
     def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
@@ -321,10 +320,10 @@ def _client_pids(ex: Exchange) -> tuple[tuple[int, int, str | None], ...]:
     found: tuple[tuple[int, int, str | None], ...] | None = ex.memo.get("client_pids")
     if found is not None:
         return found
-    if ex.api_key == _PRODUCE:
+    if ex.api_key == PRODUCE:
         txn = txn_id_of(ex.req.body.get("TransactionalId"))
         found = tuple((b[4], b[5], txn) for b in produce_batches(ex))
-    elif ex.api_key == _ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
+    elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version >= ADD_PARTITIONS_BATCHED:
         found = ()  # v4+ is sent by brokers
     else:
         found = txn_claims(ex)
@@ -338,7 +337,7 @@ class PidOwnershipRule(Rule):
     api_keys = TXN_RPCS
 
     def keys(self, ex: Exchange) -> list[str]:
-        if ex.api_key == _INIT_PRODUCER_ID:
+        if ex.api_key == INIT_PRODUCER_ID:
             resp = ex.resp
             pids = [int(resp.body.get("ProducerId", -1))] if resp is not None else []
         else:
@@ -377,11 +376,11 @@ class PidOwnershipRule(Rule):
         resp = ex.resp
         if resp is None or resp.body.get("ErrorCode") != 0:
             return
-        if ex.api_key == _END_TXN and ex.api_version >= 5 and self._client(ex) == state.get("client"):
+        if ex.api_key == END_TXN and ex.api_version >= 5 and self._client(ex) == state.get("client"):
             # Transactions v2: every EndTxn bumps the owner's epoch.
             state["epoch"] = max(int(state.get("epoch", -1)), int(resp.body.get("ProducerEpoch", -1)))
             return
-        if ex.api_key != _INIT_PRODUCER_ID:
+        if ex.api_key != INIT_PRODUCER_ID:
             return
         pid, epoch = int(key), int(resp.body.get("ProducerEpoch", -1))
         txn = txn_id_of(ex.req.body.get("TransactionalId"))
