@@ -42,7 +42,7 @@ class RecordingDict(dict[str, Any]):
     def _wrap(self, name: str, value: Any) -> Any:
         return wrap(value, self._note, _join(self._prefix, name))
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         self._note(_join(self._prefix, key))
         if dict.__contains__(self, key):
             return self._wrap(key, dict.__getitem__(self, key))
@@ -59,15 +59,15 @@ class RecordingDict(dict[str, Any]):
     def _whole(self) -> None:
         self._note(_join(self._prefix, "*"))
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         self._whole()
         return [(k, self._wrap(k, v)) for k, v in dict.items(self)]
 
-    def values(self) -> Any:  # type: ignore[override]
+    def values(self) -> Any:
         self._whole()
         return [self._wrap(k, v) for k, v in dict.items(self)]
 
-    def keys(self) -> Any:  # type: ignore[override]
+    def keys(self) -> Any:
         self._whole()
         return dict.keys(self)
 

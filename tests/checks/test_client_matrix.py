@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from checks.model import Finding, Severity
-from checks.report import build_report
+from checks.report import ReportData, build_report
 from codec.protocol import ApiKey, ErrorCode
 from kpmon.cli import main
 from kpmon.commands.report import EXIT_FINDINGS, EXIT_OK
@@ -58,7 +58,7 @@ def test_java_clean_transactions_v2_ctp_kip848_and_classic_groups(scenarios: Sce
     assert checked.result["classic_read"] == checked.result["ctp_moved"], checked.result
     assert checked.stats.decode_errors == checked.stats.gaps == 0
     end_txns = [f for f in checked.requests(ApiKey.END_TXN) if f.request is not None]
-    assert end_txns and all(f.api_version >= 5 for f in end_txns)  # transactions v2
+    assert end_txns and all((f.api_version or 0) >= 5 for f in end_txns)  # transactions v2
     assert checked.requests(ApiKey.TXN_OFFSET_COMMIT) and checked.requests(ApiKey.CONSUMER_GROUP_HEARTBEAT)
     assert checked.requests(ApiKey.JOIN_GROUP)
     groups = {g.group: g for g in _report(checked).groups}
@@ -107,7 +107,9 @@ def test_java_kip1071_streams_group(scenarios: ScenarioTap) -> None:
     assert checked.above_info() == [], checked.describe()
     assert checked.result["streams_moved"] == "10", checked.result
     beats = [f for f in checked.requests(ApiKey.STREAMS_GROUP_HEARTBEAT) if f.request is not None]
-    assert beats and {f.request.body["GroupId"] for f in beats} == {app}, checked.describe()
+    assert beats and {f.request.body["GroupId"] for f in beats if f.request is not None} == {app}, (
+        checked.describe()
+    )
     groups = {g.group: g for g in _report(checked).groups}
     assert groups[app].protocol == "streams", groups
 
@@ -116,7 +118,7 @@ def _conns_of(checked: Checked, client_id: str) -> set[str]:
     return {f.conn for f in checked.frames if f.request is not None and f.request.client_id == client_id}
 
 
-def _report(checked: Checked):  # type: ignore[no-untyped-def]
+def _report(checked: Checked) -> ReportData:
     return build_report(checked.states, checked.findings, checked.stats)
 
 

@@ -68,10 +68,10 @@ def test_broker_listener_is_trusted() -> None:
 
 
 def test_broker_client_address_is_trusted() -> None:
-    config = ChecksSettings(broker_client_addresses=["10.0.0.7"])
+    config = ChecksSettings(broker_client_addresses=("10.0.0.7",))
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.7:40000"), SECOND), config)
     assert findings == []
-    config = ChecksSettings(broker_client_addresses=["10.0.0.7:40000"])
+    config = ChecksSettings(broker_client_addresses=("10.0.0.7:40000",))
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.7:40000"), SECOND), config)
     assert findings == []
     findings, _ = run(envelope(Conversation(listener="PLAINTEXT", client="10.0.0.8:40000"), SECOND), config)

@@ -67,8 +67,8 @@ def tap_record(frame: TapFrame) -> tuple[dict[str, str], bytes | None, int, int]
 
 def run_stages(frames: list[TapFrame], batch_size: int) -> list[dict[str, Any]]:
     """Micro-batches through both stages, with the watermark Spark would compute; the final rows."""
-    conn_state: dict[str, str | None] = {}
-    key_state: dict[str, str | None] = {}
+    conn_state: dict[str, bytes | None] = {}
+    key_state: dict[str, bytes | None] = {}
     buffers: dict[str, list[Buffered]] = defaultdict(list)
     out: list[dict[str, Any]] = []
     watermark_ms = 0
@@ -202,8 +202,8 @@ def test_a_closed_connection_leaves_no_state() -> None:
 
 
 def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
-    buffered = [Buffered(1, 1, "c", 1, "{}", 0)]
-    result = keyed_step(CONFIG, "apiversions.cluster|cluster", "{}", buffered, 10)
+    buffered = [Buffered(1, 1, "c", 1, b"{}", 0)]
+    result = keyed_step(CONFIG, "apiversions.cluster|cluster", b"{}", buffered, 10)
     assert result.state is None and result.buffer == [] and result.next_timer_ms is None
     assert [json.loads(r["payload"]) for r in result.rows] == [{"unknown_route_keys": 1, "dropped_routes": 1}]
 
