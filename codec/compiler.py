@@ -264,16 +264,20 @@ def _element_field(field: FieldSpec) -> FieldSpec:
 class _DecodeWriter:
     """Writes decode (``build=True``) or skip (``build=False``) code for one struct version."""
 
-    def __init__(self, ns: _Namespace, code: _Code, version: int, flexible: bool, what: str) -> None:
+    def __init__(
+        self, ns: _Namespace, code: _Code, version: int, flexible: bool, what: str, nested: bool = False
+    ) -> None:
         self.ns = ns
         self.c = code
         self.version = version
         self.flexible = flexible
         self.what = what
         self.tmp = count()
+        #: Writing a struct inlined into its parent's array loop: own names, and no further inlining.
+        self.nested = nested
 
     def var(self) -> str:
-        return f"t{next(self.tmp)}"
+        return f"{'u' if self.nested else 't'}{next(self.tmp)}"
 
     def length(self, fflex: bool, width: str) -> None:
         """Read a length into ``n``: compact (uvarint - 1) or int16/int32."""
@@ -365,6 +369,18 @@ class _DecodeWriter:
                 c.emit(f"p += n * {FIXED_SIZES[fmt]}")
             elif target and self.inline_fixed_elements(elem, target, proj):
                 pass
+            elif target and elem.is_struct and not self.nested and self.leaf(elem):
+                # Each element decoded in the loop itself, not by a call per element (Metadata's
+                # partitions, Produce and Fetch partitions): the call, its result tuple and the
+                # unpacking of it cost about a tenth of a small struct's decode.
+                c.emit(f"{target} = []")
+                c.emit("for _ in range(n):")
+                c.indent()
+                inner = _DecodeWriter(self.ns, c, v, self.flexible, f"{self.what}.{elem.name}", nested=True)
+                _struct_body(
+                    inner, elem.fields or (), proj, "g", f"{target}.append({{}}); p += 1; continue", target
+                )
+                c.dedent()
             elif target:
                 item = self.var()
                 c.emit(f"{target} = []")
@@ -398,6 +414,24 @@ class _DecodeWriter:
             return
         self.scalar_or_struct(f, target, proj, fflex, nullable)
 
+    def fixed_struct(self, elem: FieldSpec) -> bool:
+        """A struct of fixed-width fields only, none tagged (what inline_fixed_elements decodes)."""
+        if not elem.is_struct:
+            return False
+        present = [f for f in elem.fields or () if f.present(self.version)]
+        if not present or any(f.tagged_at(self.version) for f in present):
+            return False
+        return not any(f.is_array or f.type not in FIXED_FORMATS for f in present)
+
+    def leaf(self, elem: FieldSpec) -> bool:
+        """An array element worth decoding in its parent's loop: the innermost level of structs (its
+        own arrays are of scalars or of fixed-width structs), where the calls are the most."""
+        return all(
+            self.fixed_struct(_element_field(f))
+            for f in elem.fields or ()
+            if f.present(self.version) and f.is_array and f.fields is not None
+        )
+
     def inline_fixed_elements(self, elem: FieldSpec, target: str, proj: Projection | None) -> bool:
         """Decode an array of structs made only of fixed-width fields (ApiVersions' ApiKeys, topic
         and partition id pairs...) in the loop itself, without a call per element.
@@ -407,13 +441,9 @@ class _DecodeWriter:
         function, which keeps unknown tags and reports anomalies. Returns False (emitting nothing)
         when the element does not qualify.
         """
-        if not elem.is_struct:
+        if not self.fixed_struct(elem):
             return False
         present = [f for f in elem.fields or () if f.present(self.version)]
-        if not present or any(f.tagged_at(self.version) for f in present):
-            return False
-        if any(f.is_array or f.type not in FIXED_FORMATS for f in present):
-            return False
         c, ns = self.c, self.ns
         fmt = "".join(FIXED_FORMATS[f.type] for f in present)
         size = sum(FIXED_SIZES[ch] for ch in fmt)
@@ -560,12 +590,37 @@ def compile_decoder(
     name = f"_d{next(_ids)}"
     ns.cache[key] = name
     code = _Code()
-    w = _DecodeWriter(ns, code, version, flexible, what)
-    present = [f for f in fields if f.present(version)]
-    wanted = [f for f in present if proj is None or f.name in proj]
-    local = {f.name: f"f{i}" for i, f in enumerate(present)}
     code.emit("try:")
     code.indent()
+    _struct_body(
+        _DecodeWriter(ns, code, version, flexible, what), fields, proj, "f", "return {}, p + 1", None
+    )
+    code.dedent()
+    code.emit("except (_SE, IndexError, UnicodeDecodeError) as exc:")
+    code.indent()
+    code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
+    code.dedent()
+    src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
+    _define(ns, name, src, "decode" if proj is None else "decode-projected", what)
+    return name
+
+
+def _struct_body(
+    w: _DecodeWriter,
+    fields: tuple[FieldSpec, ...],
+    proj: Projection | None,
+    prefix: str,
+    fast_exit: str,
+    into: str | None,
+) -> None:
+    """Emit the code decoding one struct at ``p`` into a dict. The locals holding its fields are named
+    ``{prefix}{i}``. With ``into`` None the code returns ``(dict, p)`` (a function's body); otherwise it
+    appends the dict to the list ``into`` (the body of an array loop). ``fast_exit`` is the statement
+    for an empty tag section, ``{}`` standing for the dict literal."""
+    ns, code, version, flexible, what = w.ns, w.c, w.version, w.flexible, w.what
+    present = [f for f in fields if f.present(version)]
+    wanted = [f for f in present if proj is None or f.name in proj]
+    local = {f.name: f"{prefix}{i}" for i, f in enumerate(present)}
     run: list[FieldSpec] = []
 
     def flush_fixed() -> None:
@@ -605,7 +660,7 @@ def compile_decoder(
         # The common case, an empty tag section, returns at once with the tagged fields' defaults
         # written into the dict literal: no default is built only to be replaced.
         fast = ", ".join(f"{f.name!r}: {defaults.get(f.name, local[f.name])}" for f in wanted)
-        code.emit(f"if b[p] == 0: return {{{fast}}}, p + 1")
+        code.emit("if b[p] == 0: " + fast_exit.format(f"{{{fast}}}"))
         known_fields = [f for f in present if f.tagged_at(version)] if proj is None else tagged
         known = {
             f.tag: (
@@ -621,15 +676,7 @@ def compile_decoder(
         code.emit("if U: r.update(U)")
     else:
         code.emit(f"r = {{{items}}}")
-    code.emit("return r, p")
-    code.dedent()
-    code.emit("except (_SE, IndexError, UnicodeDecodeError) as exc:")
-    code.indent()
-    code.emit(f"raise _E(f'truncated or malformed {what}: {{exc}}', p) from None")
-    code.dedent()
-    src = f"def {name}(b, p, L):\n" + "\n".join(code.lines) + "\n"
-    _define(ns, name, src, "decode" if proj is None else "decode-projected", what)
-    return name
+    code.emit("return r, p" if into is None else f"{into}.append(r)")
 
 
 def compile_skipper(
