@@ -160,7 +160,7 @@ def test_error_in_generated_code_shows_the_generated_line() -> None:
 
 def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_struct() -> None:
     replicas = list(range(300))
-    partition = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
+    partition: dict[str, Any] = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
     partition |= {"ReplicaNodes": replicas, "IsrNodes": replicas[:3], "OfflineReplicas": []}
     topic = {"ErrorCode": 0, "Name": "t", "IsInternal": False, "Partitions": [partition]}
     frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
@@ -180,7 +180,7 @@ def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_str
 
 
 def test_short_fixed_width_array_past_the_frame_is_a_decode_error() -> None:
-    partition = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
+    partition: dict[str, Any] = {"ErrorCode": 0, "PartitionIndex": 0, "LeaderId": 1, "LeaderEpoch": 0}
     partition |= {"ReplicaNodes": [1, 2, 3], "IsrNodes": [1], "OfflineReplicas": []}
     topic = {"ErrorCode": 0, "Name": "t", "IsInternal": False, "Partitions": [partition]}
     frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})

@@ -45,6 +45,7 @@ def test_projection_equals_restricted_full_decode(message: tuple[str, int, int],
     assert seg is not None
     paths = _paths(seg.fields, version, random.Random(seed))
     full = decode_frame(kind, frame, api_key, version)
+    projected: codec.Request | codec.Response
     if kind == "request":
         projected = codec.decode_request(frame, fields=paths)
     else:

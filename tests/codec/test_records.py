@@ -213,7 +213,9 @@ def test_batch_headers_of_a_section_copy_no_data_batch() -> None:
     lazy = section(frame, 3, len(frame))
     headers = batch_headers(lazy)
     assert headers == batch_headers(RecordBatches.from_bytes(field))
-    assert lazy.batches[0]._raw is None and lazy.batches[2]._raw is None  # data batches not copied
+    first, third = lazy.batches[0], lazy.batches[2]
+    assert isinstance(first, RecordBatch) and isinstance(third, RecordBatch)
+    assert first._raw is None and third._raw is None  # data batches not copied
     back = RecordBatches.from_bytes(headers)
     assert [b.payload_stripped for b in back] == [True, False, True]
     assert [(b.producer_id, b.base_sequence) for b in back] == [(4, 2), (-1, -1), (4, 2)]

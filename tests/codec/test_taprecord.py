@@ -315,7 +315,12 @@ def _header_literals(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
             receiver, key = node.func.value, node.args[0] if node.args else None
         name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
-        if "header" in name and isinstance(key, ast.Constant) and key.value in HEADERS:
+        if (
+            "header" in name
+            and isinstance(key, ast.Constant)
+            and isinstance(key.value, str)
+            and key.value in HEADERS
+        ):
             found.add(key.value)
     return found
 
