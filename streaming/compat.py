@@ -252,6 +252,31 @@ def shape_record(config: KpmonConfig) -> dict[str, Any]:
     }
 
 
+class IncompatibleCheckpoint(ConfigError):
+    """The checkpoint the config points at was written by a build this one cannot resume."""
+
+
+def checkpoint_problems(config: KpmonConfig) -> list[str]:
+    """Why this build must not resume the checkpoint ``config`` points at (empty: it may, or there is
+    none, or no recorded shape describes it: a checkpoint on a cluster filesystem is not looked at)."""
+    paths = StreamPaths.of(config)
+    saved = read_shape(shape_path(paths))
+    checkpoint = paths.checkpoint(config)
+    if saved is None or saved.get("checkpoint") != checkpoint or not Path(checkpoint).exists():
+        return []
+    return check_compatible(saved["shape"], query_shape(config))
+
+
+def refuse_incompatible(config: KpmonConfig, remedy: str) -> None:
+    """Raise ``IncompatibleCheckpoint`` naming every problem when ``checkpoint_problems`` finds any."""
+    problems = checkpoint_problems(config)
+    if problems:
+        raise IncompatibleCheckpoint(
+            f"the streaming checkpoint {StreamPaths.of(config).checkpoint(config)} was written by a build "
+            "this one cannot resume:\n  " + "\n  ".join(problems) + f"\n{remedy}"
+        )
+
+
 def write_shape(config: KpmonConfig) -> Path:
     path = shape_path(StreamPaths.of(config))
     path.parent.mkdir(parents=True, exist_ok=True)

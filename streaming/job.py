@@ -223,12 +223,19 @@ def start(
     """Build and start the query; returns at once with the running job."""
     from prometheus_client import CollectorRegistry
 
+    from streaming.compat import refuse_incompatible
     from streaming.hooks import AlertHooks
     from streaming.observe import ProgressListener, StreamMetrics
     from streaming.quality import QualityGate
     from streaming.session import build_session
     from streaming.sink import BatchResult, BatchSink
 
+    # Spark would resume a checkpoint of another shape and find its state under keys this build never
+    # asks for: refuse before starting (the redeploy DAG and `kpmon run` ask the same question earlier).
+    refuse_incompatible(
+        config,
+        "Start from a new checkpoint (stream.checkpoint_dir) or move this one aside, then start again.",
+    )
     paths = StreamPaths.of(config)
     paths.make()
     paths.stop_marker.unlink(missing_ok=True)
@@ -337,5 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kpmon: {exc}", file=sys.stderr)
         return 2
-    job = start(config, terminal=lambda line: print(line, flush=True))
+    try:
+        job = start(config, terminal=lambda line: print(line, flush=True))
+    except ConfigError as exc:
+        print(f"kpmon: {exc}", file=sys.stderr)
+        return 2
     return run_until_stopped(job)

@@ -343,7 +343,7 @@ class Orchestrator:
     def _check_checkpoint(self) -> None:
         """``--fresh`` moves the job's old state aside; otherwise a checkpoint this build cannot resume
         (streaming.compat: source, stages, state schemas, partitions) stops the run before Spark starts."""
-        from streaming.compat import check_compatible, query_shape, read_shape, shape_path
+        from streaming.compat import IncompatibleCheckpoint, refuse_incompatible
         from streaming.paths import StreamPaths
 
         paths = StreamPaths.of(self.config)
@@ -352,16 +352,13 @@ class Orchestrator:
             paths.root.rename(aside)
             self.say(f"--fresh: the streaming job's old state (checkpoint, batch results) moved to {aside}")
             return
-        saved = read_shape(shape_path(paths))
-        if saved is None or not Path(paths.checkpoint(self.config)).exists():
-            return
-        problems = check_compatible(saved["shape"], query_shape(self.config))
-        if problems:
-            raise RunFailed(
-                f"the streaming checkpoint {paths.checkpoint(self.config)} was written by a build this one "
-                "cannot resume:\n  " + "\n  ".join(problems) + "\nRun again with --fresh to start a new "
-                "checkpoint (the old state is moved aside, not deleted)."
+        try:
+            refuse_incompatible(
+                self.config,
+                "Run again with --fresh to start a new checkpoint (the old state is moved aside, not deleted).",
             )
+        except IncompatibleCheckpoint as exc:
+            raise RunFailed(str(exc)) from exc
 
     def _start_stream(self) -> None:
         from streaming.paths import StreamPaths

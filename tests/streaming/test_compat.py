@@ -13,7 +13,9 @@ import pytest
 
 from kpmon.config import KpmonConfig
 from streaming.compat import (
+    IncompatibleCheckpoint,
     check_compatible,
+    checkpoint_problems,
     describe_changes,
     query_shape,
     read_shape,
@@ -190,6 +192,30 @@ def test_write_and_read_the_record(tmp_path: Path) -> None:
     path.write_text("{not json")
     assert read_shape(path) is None
     assert read_shape(tmp_path / "missing.json") is None
+
+
+def test_the_job_refuses_a_checkpoint_of_the_build_before_the_balanced_buckets(tmp_path: Path) -> None:
+    """`kpmon stream` itself asks before Spark starts: resumed, the old checkpoint's bucket state would sit
+    under grouping values this build never asks for, its connections and route keys silently lost."""
+    from streaming.job import start
+
+    cfg = KpmonConfig.model_validate({"state_dir": str(tmp_path), "stream": {"metrics_port": None}})
+    assert checkpoint_problems(cfg) == []  # no checkpoint, no record: a first start
+    path = write_shape(cfg)
+    checkpoint = Path(StreamPaths.of(cfg).checkpoint(cfg))
+    assert checkpoint_problems(cfg) == []  # a record but no checkpoint yet
+    checkpoint.mkdir(parents=True)
+    assert checkpoint_problems(cfg) == []  # the same build resumes its own checkpoint
+    record = json.loads(path.read_text())
+    del record["shape"]["bucket_scheme"]  # what the build before wrote
+    path.write_text(json.dumps(record))
+    assert any("scheme 1 -> 2" in p for p in checkpoint_problems(cfg))
+    with pytest.raises(IncompatibleCheckpoint, match=r"(?s)cannot resume.*scheme 1 -> 2.*new checkpoint"):
+        start(cfg)
+    assert not StreamPaths.of(cfg).pid_file.exists()  # refused before anything started
+    # A record that describes another checkpoint says nothing about this one.
+    path.write_text(json.dumps({**record, "checkpoint": str(tmp_path / "elsewhere")}))
+    assert checkpoint_problems(cfg) == []
 
 
 def test_command_line_prints_the_record(tmp_path: Path) -> None:
