@@ -13,7 +13,7 @@ from codec.compiler import CompiledSchema, Decoder, Projection, normalize_projec
 from codec.errors import DecodeError
 from codec.nested import REQUESTS_WITH_NESTED, RESPONSES_WITH_NESTED, expand_request, expand_response
 from codec.schema import MessageSpec, Segment, load_table
-from codec.wire import EncodeError
+from codec.wire import TAG_EXTRAS, EncodeError
 
 API_VERSIONS = 18
 CONTROLLED_SHUTDOWN = 7
@@ -33,6 +33,10 @@ class Request:
     header: dict[str, Any]
     body: dict[str, Any]
     header_version: int
+    #: Whether some tagged section of the header or body held unknown tags or anomalies (the
+    #: ``_unknown_tags``/``_tag_anomalies`` keys somewhere in the message), as the decode saw it; None
+    #: when not known (nested payloads, which may be decoded later; a message restored from facts).
+    tag_extras: bool | None = field(default=None, compare=False)
 
     @property
     def api_name(self) -> str:
@@ -49,6 +53,8 @@ class Response:
     body: dict[str, Any]
     header_version: int
     requested_version: int = field(default=-1)
+    #: As ``Request.tag_extras``.
+    tag_extras: bool | None = field(default=None, compare=False)
 
     @property
     def api_name(self) -> str:
@@ -386,6 +392,7 @@ def decode_request(
     plan = proj.requests.get(head if header_version is None else (head, header_version))
     if plan is None:
         plan = _new_request_plan(proj, data, header_version)
+    extras_before = TAG_EXTRAS.count
     try:
         header, pos = plan.header(data, 0, len(data))
     except DecodeError as exc:
@@ -401,7 +408,9 @@ def decode_request(
         plan.header_version,
     )
     if plan.expand:
-        expand_request(request)
+        expand_request(request)  # its nested payloads may be decoded later: tag_extras stays unknown
+    else:
+        request.tag_extras = TAG_EXTRAS.count != extras_before
     return request
 
 
@@ -430,6 +439,7 @@ def decode_response(
     )
     if plan is None:
         plan = response_plan(api_key, api_version, proj, header_version)
+    extras_before = TAG_EXTRAS.count
     try:
         header, pos = plan.header(data, 0, len(data))
     except DecodeError as exc:
@@ -444,7 +454,9 @@ def decode_response(
         api_key, version, header["CorrelationId"], header, body, plan.header_version, api_version
     )
     if plan.expand:
-        expand_response(response, request)
+        expand_response(response, request)  # as in decode_request: tag_extras stays unknown
+    else:
+        response.tag_extras = TAG_EXTRAS.count != extras_before
     return response
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +41,19 @@ def write_uvarint(w: bytearray, value: int) -> None:
         w.append((value & 0x7F) | 0x80)
         value >>= 7
     w.append(value)
+
+
+class TagExtras(threading.local):
+    """Per thread: ``count`` of the tagged sections read so far that held ``_unknown_tags`` or
+    ``_tag_anomalies``. A decode reads it before and after (``TAG_EXTRAS.count``) to tell whether its
+    message holds any, so the KIP-482 check need not walk every struct of every flexible frame."""
+
+    # A class attribute, so a thread that never counted reads 0 without a failed lookup (a getattr
+    # default pays for an AttributeError every time: more than the rest of a small frame's decode).
+    count = 0
+
+
+TAG_EXTRAS = TagExtras()
 
 
 def read_tagged_section(
@@ -92,6 +106,8 @@ def read_tagged_section(
         extras["_unknown_tags"] = unknown
     if anomalies:
         extras["_tag_anomalies"] = anomalies
+    if extras:
+        TAG_EXTRAS.count += 1
     return values, extras, p
 
 

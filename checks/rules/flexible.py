@@ -28,6 +28,7 @@ from typing import Any
 import codec
 from checks.model import Exchange, Severity
 from checks.rule import Rule, RuleContext, State
+from codec.api import Request, Response
 from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
 from codec.records import RecordBatches
 from codec.taprecord import TapFrame
@@ -159,7 +160,7 @@ class FlexibleRule(Rule):
 
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         req = ex.req
-        self._tags(state, ex, "req", req.header, req.body, ctx)
+        self._tags(state, ex, "req", req, ctx)
         if "_trailing" in req.body and ex.envelope is None:
             self._header(state, ex.request, ex, None, ctx)
 
@@ -167,7 +168,7 @@ class FlexibleRule(Rule):
         resp = ex.resp
         if resp is None:
             return
-        self._tags(state, ex, "resp", resp.header, resp.body, ctx)
+        self._tags(state, ex, "resp", resp, ctx)
         if "_trailing" in resp.body and ex.response is not None:
             self._header(state, ex.response, ex, (ex.api_key, ex.api_version), ctx)
 
@@ -227,10 +228,13 @@ class FlexibleRule(Rule):
         )
 
     def _tags(
-        self, state: State, ex: Exchange, direction: str, header: Any, body: Any, ctx: RuleContext
+        self, state: State, ex: Exchange, direction: str, message: Request | Response, ctx: RuleContext
     ) -> None:
         if not _flexible(ex.api_key, ex.api_version):
             return  # no tagged sections anywhere: skip walking big non-flexible bodies
+        if message.tag_extras is False:
+            return  # the decode saw no unknown tag and no anomaly: nothing to walk for
+        header, body = message.header, message.body
         if not has_tag_evidence([header, body]):
             return
         frame = ex.request if direction == "req" else ex.response
