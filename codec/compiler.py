@@ -20,6 +20,7 @@ import struct
 import uuid
 from collections.abc import Callable, Mapping, ValuesView
 from itertools import count
+from operator import itemgetter
 from typing import Any
 
 from codec.errors import DecodeError
@@ -56,6 +57,131 @@ def _array_struct(cache: dict[int, struct.Struct], fmt: str, count: int) -> stru
     if count < _ARRAY_STRUCT_CACHE_LIMIT:
         cache[count] = compiled
     return compiled
+
+
+#: Elements per run of ``_DecodeWriter.layout_runs``; an array of fewer than ``_RUN_MIN`` elements
+#: is decoded element by element (the run's set-up costs about as much as a few elements).
+_RUN = 64
+_RUN_MIN = 4
+#: A run's arrays hold at most this many values each (longer ones take the element-by-element path).
+_RUN_ARRAY_LIMIT = 32
+#: Layouts (array lengths and run length) kept per struct, and builders (array lengths) generated per
+#: struct: a hostile frame can make many layouts, so the caches stop growing here.
+_RUN_LAYOUTS = 512
+_RUN_BUILDERS = 64
+
+
+def _run_key(lengths: list[str], size: str) -> str:
+    """The expression packing one-byte array lengths and a run length (< 256 each) into one int."""
+    expr = ""
+    for var in lengths:
+        expr = f"({expr}) << 8 | {var}" if expr else var
+    return f"({expr}) << 8 | {size}" if expr else size
+
+
+class _LayoutRuns(dict[int, Any]):
+    """Run plans of one struct (and projection), by run key: the key packs each array's raw one-byte
+    compact length and the run's element count. A plan is ``(Struct, size, check, expected, build)``:
+    the Struct unpacks the whole run, ``check(t) == expected`` holds when every length byte and tag
+    byte in it is what the layout assumed, and ``build(t)`` makes the run's list of dicts. False for a
+    key that cannot be a run (a null or long array, a frame cut short)."""
+
+    def __init__(self, ns: _Namespace, fields: list[FieldSpec], proj: Projection | None, what: str) -> None:
+        super().__init__()
+        self.ns = ns
+        self.fields = fields
+        self.proj = proj
+        self.what = what
+        self.arrays = sum(1 for f in fields if f.is_array)
+        self.builders: dict[tuple[int, ...], Callable[[tuple[Any, ...]], list[dict[str, Any]]]] = {}
+
+    def __repr__(self) -> str:
+        return f"<layout runs of {self.what}: {len(self)} layouts, {len(self.builders)} builders>"
+
+    def __missing__(self, key: int) -> Any:
+        plan = self.plan(key)
+        if len(self) < _RUN_LAYOUTS:
+            self[key] = plan
+        return plan
+
+    def plan(self, key: int) -> Any:
+        if key < 0:
+            return False
+        size = key & 255
+        raw = [(key >> (8 * (self.arrays - i))) & 255 for i in range(self.arrays)]
+        if key >> (8 * (self.arrays + 1)) or not all(1 <= r <= _RUN_ARRAY_LIMIT + 1 for r in raw):
+            return False
+        lengths = tuple(r - 1 for r in raw)
+        build = self.builders.get(lengths)
+        if build is None:
+            if len(self.builders) >= _RUN_BUILDERS:
+                return False
+            build = self.builders[lengths] = self.builder(lengths)
+        fmt, checked, width = self.element_layout(lengths)
+        run = struct.Struct(">" + fmt * size)
+        positions = [i + width * j for j in range(size) for i, _ in checked]
+        expected = tuple(value for _ in range(size) for _, value in checked)
+        if len(positions) == 1:
+            return (run, run.size, itemgetter(positions[0]), expected[0], build)
+        return (run, run.size, itemgetter(*positions), expected, build)
+
+    def wanted(self, f: FieldSpec) -> bool:
+        return self.proj is None or f.name in self.proj
+
+    def element_layout(self, lengths: tuple[int, ...]) -> tuple[str, list[tuple[int, int]], int]:
+        """One element's Struct format, the (tuple index, expected value) of its length bytes and its
+        tag byte, and how many values it unpacks to."""
+        fmt: list[str] = []
+        checked: list[tuple[int, int]] = []
+        width = 0
+        arrays = iter(lengths)
+        for f in self.fields:
+            if f.is_array:
+                count = next(arrays)
+                checked.append((width, count + 1))
+                efmt = FIXED_FORMATS[str(f.element)]
+                fmt.append("B")
+                width += 1
+                if count and self.wanted(f):
+                    fmt.append(f"{count}{efmt}")
+                    width += count
+                elif count:
+                    fmt.append(f"{count * FIXED_SIZES[efmt]}x")
+            elif self.wanted(f):
+                fmt.append(FIXED_FORMATS[f.type])
+                width += 1
+            else:
+                fmt.append(f"{FIXED_SIZES[FIXED_FORMATS[f.type]]}x")
+        checked.append((width, 0))  # an empty tag section
+        fmt.append("B")
+        return "".join(fmt), checked, width + 1
+
+    def builder(self, lengths: tuple[int, ...]) -> Callable[[tuple[Any, ...]], list[dict[str, Any]]]:
+        """Generate the function building a run's dicts for these array lengths."""
+        names: list[str] = []
+        items: list[str] = []
+        arrays = iter(lengths)
+        for i, f in enumerate(self.fields):
+            if f.is_array:
+                count = next(arrays)
+                names.append("_")
+                if self.wanted(f):
+                    values = [f"v{i}_{j}" for j in range(count)]
+                    names.extend(values)
+                    items.append(f"{f.name!r}: [{', '.join(values)}]")
+            elif self.wanted(f):
+                names.append(f"v{i}")
+                items.append(f"{f.name!r}: v{i}")
+        names.append("_")
+        name = f"_r{next(_ids)}"
+        src = (
+            f"def {name}(t):\n"
+            f"    it = iter(t)\n"
+            f"    return [{{{', '.join(items)}}} for {', '.join(names)}, in zip({', '.join(['it'] * len(names))})]\n"
+        )
+        _define(self.ns, name, src, "decode-run", f"{self.what} {list(lengths)}")
+        fn: Callable[[tuple[Any, ...]], list[dict[str, Any]]] = self.ns[name]
+        return fn
 
 
 def _records_on_first_use(ns: _Namespace) -> Callable[[bytes, int, int], Any]:
@@ -367,20 +493,10 @@ class _DecodeWriter:
                     c.emit(f"if st is None: st = _arrst({cache}, {fmt!r}, n)")
                     c.emit(f"{target} = list(st.unpack_from(b, p))")
                 c.emit(f"p += n * {FIXED_SIZES[fmt]}")
-            elif target and self.inline_fixed_elements(elem, target, proj):
-                pass
-            elif target and elem.is_struct and not self.nested and self.leaf(elem):
-                # Each element decoded in the loop itself, not by a call per element (Metadata's
-                # partitions, Produce and Fetch partitions): the call, its result tuple and the
-                # unpacking of it cost about a tenth of a small struct's decode.
+            elif target and elem.is_struct:
                 c.emit(f"{target} = []")
-                c.emit("for _ in range(n):")
-                c.indent()
-                inner = _DecodeWriter(self.ns, c, v, self.flexible, f"{self.what}.{elem.name}", nested=True)
-                _struct_body(
-                    inner, elem.fields or (), proj, "g", f"{target}.append({{}}); p += 1; continue", target
-                )
-                c.dedent()
+                if not self.layout_runs(elem, target, proj):
+                    self.struct_elements(elem, target, proj, "n")
             elif target:
                 item = self.var()
                 c.emit(f"{target} = []")
@@ -432,17 +548,120 @@ class _DecodeWriter:
             if f.present(self.version) and f.is_array and f.fields is not None
         )
 
-    def inline_fixed_elements(self, elem: FieldSpec, target: str, proj: Projection | None) -> bool:
+    def struct_elements(self, elem: FieldSpec, target: str, proj: Projection | None, count: str) -> None:
+        """Emit a loop decoding ``count`` struct elements at ``p``, appending each to the list ``target``."""
+        c = self.c
+        if self.fixed_struct(elem):
+            self.inline_fixed_elements(elem, target, proj, count)
+        elif not self.nested and self.leaf(elem):
+            # Each element decoded in the loop itself, not by a call per element (Metadata's
+            # partitions, Produce and Fetch partitions): the call, its result tuple and the
+            # unpacking of it cost about a tenth of a small struct's decode.
+            c.emit(f"for _ in range({count}):")
+            c.indent()
+            inner = _DecodeWriter(
+                self.ns, c, self.version, self.flexible, f"{self.what}.{elem.name}", nested=True
+            )
+            _struct_body(
+                inner, elem.fields or (), proj, "g", f"{target}.append({{}}); p += 1; continue", target
+            )
+            c.dedent()
+        else:
+            item = self.var()
+            c.emit(f"for _ in range({count}):")
+            c.indent()
+            self.scalar_or_struct(elem, item, proj, self.flexible)
+            c.emit(f"{target}.append({item})")
+            c.dedent()
+
+    def layout_runs(self, elem: FieldSpec, target: str, proj: Projection | None) -> bool:
+        """Decode runs of up to ``_RUN`` elements that share one layout with one unpack each.
+
+        For a flexible struct made of fixed-width fields and compact arrays of fixed-width values, with
+        no tagged fields (Metadata's partitions, ApiVersions' ApiKeys...), the byte layout of an element
+        depends only on its arrays' lengths. The generated code reads those lengths at the start of a
+        run and asks ``_LayoutRuns`` (a dict per struct and projection, keyed by the lengths and the run
+        length) for a Struct covering the whole run and a function, generated for those lengths, that
+        builds the run's dicts from the unpacked tuple. The tuple keeps every length byte and tag byte,
+        and they are compared with what the layout expects; only when every one matches (and the run
+        fits in the frame) is the run taken, so what it reads is exactly what the element-by-element
+        path reads. Otherwise that run's elements take the element-by-element path, which also raises
+        the same errors as before. Returns False (emitting nothing) when the element does not qualify.
+        """
+        if not self.flexible:
+            return False
+        v = self.version
+        present = [f for f in elem.fields or () if f.present(v)]
+        if not present:
+            return False
+        for f in present:
+            if f.tagged_at(v):
+                return False
+            if f.is_array:
+                if f.fields is not None or f.element not in FIXED_FORMATS or not f.flexible_at(v, True):
+                    return False
+            elif f.type not in FIXED_FORMATS:
+                return False
+        runs = _LayoutRuns(self.ns, present, proj, f"{self.what}.{elem.name}")
+        name = self.ns.const(runs)
+        c = self.c
+        k, size, q, key, plan, t = (self.var() for _ in range(6))
+        c.emit(f"{k} = n")
+        c.emit(f"while {k}:")
+        c.indent()
+        c.emit(f"{size} = {k} if {k} < {_RUN} else {_RUN}")
+        c.emit(f"if {size} >= {_RUN_MIN}:")
+        c.indent()
+        # The run's key: each array's one-byte compact length, then the run length, in one int.
+        c.emit("try:")
+        c.indent()
+        parts: list[str] = []
+        fixed = 0
+        advance = ""  # past the previous array's length byte and values
+        for f in present:
+            if not f.is_array:
+                fixed += FIXED_SIZES[FIXED_FORMATS[f.type]]
+                continue
+            step = f"{advance} + {fixed}" if fixed else advance
+            c.emit(f"{q} = p + {fixed}" if not parts else f"{q} += {step}")
+            var = self.var()
+            c.emit(f"{var} = b[{q}]")
+            parts.append(var)
+            # A length byte of l is followed by l - 1 values: the next field is l * width + 1 - width on.
+            width = FIXED_SIZES[FIXED_FORMATS[str(f.element)]]
+            advance = f"{var} * {width} - {width - 1}"
+            fixed = 0
+        c.emit(f"{key} = {_run_key(parts, size)}")
+        c.dedent()
+        c.emit("except IndexError:")
+        c.indent()
+        c.emit(f"{key} = -1")
+        c.dedent()
+        c.emit(f"{plan} = {name}[{key}]")
+        c.emit(f"if {plan} and p + {plan}[1] <= L:")
+        c.indent()
+        c.emit(f"{t} = {plan}[0].unpack_from(b, p)")
+        c.emit(f"if {plan}[2]({t}) == {plan}[3]:")
+        c.indent()
+        c.emit(f"{target} += {plan}[4]({t}); p += {plan}[1]; {k} -= {size}; continue")
+        c.dedent()
+        c.dedent()
+        c.dedent()
+        c.emit(f"{k} -= {size}")
+        self.struct_elements(elem, target, proj, size)
+        c.dedent()
+        return True
+
+    def inline_fixed_elements(
+        self, elem: FieldSpec, target: str, proj: Projection | None, count: str
+    ) -> None:
         """Decode an array of structs made only of fixed-width fields (ApiVersions' ApiKeys, topic
         and partition id pairs...) in the loop itself, without a call per element.
 
         Only the common case is inline: no tagged fields known at this version and, when flexible, an
         empty tag section. An element with tags is decoded again from its start by the struct's own
-        function, which keeps unknown tags and reports anomalies. Returns False (emitting nothing)
-        when the element does not qualify.
+        function, which keeps unknown tags and reports anomalies.
         """
-        if not self.fixed_struct(elem):
-            return False
         present = [f for f in elem.fields or () if f.present(self.version)]
         c, ns = self.c, self.ns
         fmt = "".join(FIXED_FORMATS[f.type] for f in present)
@@ -455,8 +674,7 @@ class _DecodeWriter:
         items = ", ".join(
             f"{f.name!r}: {v}" for f, v in zip(present, values, strict=True) if proj is None or f.name in proj
         )
-        c.emit(f"{target} = []")
-        c.emit("for _ in range(n):")
+        c.emit(f"for _ in range({count}):")
         c.indent()
         c.emit(f"{start} = p")
         c.emit(f"{', '.join(values)}, = {ns.struct(fmt)}.unpack_from(b, p); p += {size}")
@@ -465,7 +683,6 @@ class _DecodeWriter:
             c.emit(f"else: {values[0]}, p = {fn}(b, {start}, L); {target}.append({values[0]}); continue")
         c.emit(f"{target}.append({{{items}}})")
         c.dedent()
-        return True
 
     def scalar_or_struct(
         self, f: FieldSpec, target: str | None, proj: Projection | None, fflex: bool, nullable: bool = False
