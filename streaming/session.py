@@ -5,13 +5,24 @@ from __future__ import annotations
 import os
 import sys
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from kpmon.config import KpmonConfig
+from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Spark's checkpoint files through Hadoop's FileSystem API, for a checkpoint on a local disk (see spark_conf).
+FILE_SYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
+def is_local_path(path: str) -> bool:
+    """A plain path or a ``file:`` URI (not ``hdfs://``, ``s3a://``, ...)."""
+    return urlparse(path).scheme in ("", "file")
 
 
 def spark_conf(config: KpmonConfig, connector_jars: list[str], submitted: bool = False) -> dict[str, str]:
@@ -27,6 +38,13 @@ def spark_conf(config: KpmonConfig, connector_jars: list[str], submitted: bool =
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
     }
+    if is_local_path(StreamPaths.of(config).checkpoint(config)):
+        # Spark's default writes checkpoint files through Hadoop's FileContext, whose rename asks for the
+        # file's link status, and on a local disk that forks `readlink` from the JVM: for every offsets and
+        # commits entry and every state store's changelog, each batch. Measured here: 0.2-0.8 s of each
+        # stateful operator's commit (2.5 s under load) fell to 15-180 ms, and the offsets log's writes with
+        # it. The FileSystem API renames with rename(2), which is atomic on a local file system.
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINTS
     if not submitted:
         # Python workers must import the project and its dependencies: the job's own interpreter.
         python = os.environ.get("PYSPARK_PYTHON", sys.executable)
