@@ -266,6 +266,10 @@ def _base_namespace() -> _Namespace:
         _tags=read_tagged_section,
         _skiptags=skip_tagged_section,
         _UUID=uuid.UUID,
+        _new=object.__new__,
+        _osa=object.__setattr__,
+        _ifb=int.from_bytes,
+        _USAFE=uuid.SafeUUID.unknown,
         _uuidb=uuid_bytes,
         _unpack=struct.unpack_from,
         _pack=struct.pack,
@@ -707,7 +711,12 @@ class _DecodeWriter:
             return
         if t == "uuid":
             if target:
-                c.emit(f"{target} = _UUID(bytes={ns.struct('16s')}.unpack_from(b, p)[0]); p += 16")
+                # The UUID built as UUID.__init__ leaves it (its int, is_safe unknown) without running
+                # __init__'s checks of its other arguments: a third of the time of UUID(bytes=...).
+                c.emit(
+                    f"{target} = _new(_UUID); _osa({target}, 'int', _ifb({ns.struct('16s')}.unpack_from(b, p)[0], 'big'))"
+                )
+                c.emit(f"_osa({target}, 'is_safe', _USAFE); p += 16")
             else:
                 c.emit("p += 16")
             return
