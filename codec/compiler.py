@@ -69,6 +69,10 @@ _RUN_ARRAY_LIMIT = 32
 #: struct: a hostile frame can make many layouts, so the caches stop growing here.
 _RUN_LAYOUTS = 512
 _RUN_BUILDERS = 64
+#: Values (unpacked or checked) the cached run plans may cover, per struct and per namespace: at about
+#: 24 bytes each, at most ~1.5 MiB of Structs per struct and ~50 MiB in all, whatever a frame holds.
+_RUN_VALUES = 1 << 16
+_RUN_VALUES_TOTAL = 1 << 21
 
 
 def _run_key(lengths: list[str], size: str) -> str:
@@ -94,14 +98,16 @@ class _LayoutRuns(dict[int, Any]):
         self.what = what
         self.arrays = sum(1 for f in fields if f.is_array)
         self.builders: dict[tuple[int, ...], Callable[[tuple[Any, ...]], list[dict[str, Any]]]] = {}
+        #: Values the cached plans unpack and check (see ``plan``).
+        self.cost = 0
 
     def __repr__(self) -> str:
         return f"<layout runs of {self.what}: {len(self)} layouts, {len(self.builders)} builders>"
 
     def __missing__(self, key: int) -> Any:
-        plan = self.plan(key)
-        if len(self) < _RUN_LAYOUTS:
-            self[key] = plan
+        if len(self) >= _RUN_LAYOUTS:
+            return False
+        plan = self[key] = self.plan(key)
         return plan
 
     def plan(self, key: int) -> Any:
@@ -118,6 +124,13 @@ class _LayoutRuns(dict[int, Any]):
                 return False
             build = self.builders[lengths] = self.builder(lengths)
         fmt, checked, width = self.element_layout(lengths)
+        # A Struct holds about 24 bytes per value it unpacks, the check and its expected tuple 16 per
+        # checked byte: what the plans may hold is bounded per struct and for the whole namespace.
+        cost = (width + 2 * len(checked)) * size
+        if self.cost + cost > _RUN_VALUES or self.ns.run_values + cost > _RUN_VALUES_TOTAL:
+            return False
+        self.cost += cost
+        self.ns.run_values += cost
         run = struct.Struct(">" + fmt * size)
         positions = [i + width * j for j in range(size) for i, _ in checked]
         expected = tuple(value for _ in range(size) for _, value in checked)
@@ -211,6 +224,8 @@ class _Namespace:
         self.globals: dict[str, Any] = dict(helpers)
         #: (kind, id(fields), version, flexible[, projection]) → generated function name.
         self.cache: dict[tuple[Any, ...], str] = {}
+        #: Values covered by every ``_LayoutRuns`` plan made in this namespace (bounded by _RUN_VALUES_TOTAL).
+        self.run_values = 0
         #: Generated function name → its source, for ``kpmon codec dump`` and :func:`generated_source`.
         self.sources: dict[str, str] = {}
 

@@ -182,6 +182,24 @@ def test_layout_caches_are_bounded(without_runs: CompiledSchema) -> None:
     (runs,) = (v for v in schema.ns.values() if isinstance(v, compiler._LayoutRuns))
     assert len(runs) <= compiler._RUN_LAYOUTS
     assert len(runs.builders) == compiler._RUN_BUILDERS
+    assert 0 < runs.cost <= compiler._RUN_VALUES
+    assert runs.cost <= schema.ns.run_values <= compiler._RUN_VALUES_TOTAL
+
+
+def test_plans_past_the_values_budget_are_not_made(
+    without_runs: CompiledSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Room for one plan of 64 partitions (3 replicas, 3 ISR, 0 offline: 14 values and 4 checked
+    # bytes each) and not for a second.
+    monkeypatch.setattr(compiler, "_RUN_VALUES", (14 + 2 * 4) * 64 + 10)
+    schema = CompiledSchema()
+    decoder, reference = _decoder(schema, METADATA, 12, None), _decoder(without_runs, METADATA, 12, None)
+    rng = random.Random(4)
+    frames = [_encode([_partition(rng, 3, 3, 0) for _ in range(count)]) for count in (64, 63, 64)]
+    for frame in frames:
+        assert _outcome(decoder, frame) == _outcome(reference, frame)
+    (runs,) = (v for v in schema.ns.values() if isinstance(v, compiler._LayoutRuns))
+    assert [(key & 255, bool(plan)) for key, plan in runs.items()] == [(64, True), (63, False)]
 
 
 def test_api_versions_keys_take_runs(without_runs: CompiledSchema) -> None:
