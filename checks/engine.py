@@ -112,6 +112,13 @@ class Monitor:
         if ts < self.released_ts:
             ctx.stats.late_frames += 1
             self._release(frame)
+        elif not self._lateness_ns and not self._heap:
+            # No lateness (the stages' shards, fed in order): the frame would be pushed and popped
+            # again at once, so it is released as it comes, exactly as ``_drain`` would release it.
+            if ts > self.max_ts:
+                self.max_ts = ts
+            self._release(frame)
+            self._fire_timers(self.max_ts)
         else:
             self._tiebreak += 1
             heapq.heappush(self._heap, (ts, frame.conn, frame.seq, self._tiebreak, frame))

@@ -17,6 +17,8 @@ the test that made it. The staged-pipeline proofs then show the routed facts are
 
 from __future__ import annotations
 
+import itertools
+import linecache
 from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from typing import Any, Final, TypeVar
@@ -237,23 +239,51 @@ def kind_tree(rules: tuple[str, ...], api_key: int, response: bool) -> Tree:
 
 def pruner(tree: Tree) -> Callable[[Any], Any]:
     """A function that keeps only the fields ``tree`` names (lists pruned element by element), made
-    once per tree: walking the tree for every routed frame cost about as much again as the copy."""
-    steps = tuple((name, None if below is None else pruner(below)) for name, below in tree.items())
+    once per tree: it runs for every routed frame.
 
-    def keep(value: Any) -> Any:
-        if type(value) is dict:
-            # A loop, not a dict comprehension: on these few fields the comprehension's own frame
-            # cost more than the copying (measured: 2.1 vs 5.0 µs for a Produce response).
-            out: dict[str, Any] = {}
-            for name, below in steps:
-                if name in value:
-                    out[name] = value[name] if below is None else below(value[name])
-            return out
-        if type(value) is list:
-            return list(map(keep, value))
-        return value
+    The function is generated source, one function per node of the tree with each field's test
+    written out, registered in ``linecache`` under a ``<kpmon:projection ...>`` name so tracebacks and
+    profiles show it. A closure that looped over the tree's fields cost about twice as much: on these
+    few fields the loop and its tuple unpacking were most of the work (stage one prunes every routed
+    frame). Fields come out in the tree's order, as they always did: packed facts are byte-identical."""
+    lines: list[str] = []
+    names = itertools.count()
 
+    def define(node: Tree) -> str:
+        name = f"_keep{next(names)}"
+        below = {field: define(sub) for field, sub in node.items() if sub is not None}
+        lines.extend((f"def {name}(value):", "    if type(value) is dict:", "        out = {}"))
+        for field in node:
+            key = repr(field)
+            child = below.get(field)
+            if child is None:
+                lines.append(f"        if {key} in value: out[{key}] = value[{key}]")
+                continue
+            lines.extend(
+                (
+                    f"        if {key} in value:",
+                    f"            item = value[{key}]",
+                    f"            out[{key}] = list(map({child}, item)) if type(item) is list else {child}(item)",
+                )
+            )
+        lines.extend(
+            ("        return out", "    if type(value) is list:", f"        return list(map({name}, value))")
+        )
+        lines.append("    return value")
+        return name
+
+    root = define(tree)
+    source = "\n".join(lines) + "\n"
+    filename = f"<kpmon:projection {next(_PRUNER_IDS)}>"
+    # mtime None marks a non-file entry: linecache.checkcache() keeps it.
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), namespace)
+    keep: Callable[[Any], Any] = namespace[root]
     return keep
+
+
+_PRUNER_IDS = itertools.count()
 
 
 def prune(value: Any, tree: Tree) -> Any:

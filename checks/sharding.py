@@ -30,6 +30,7 @@ from typing import Any
 
 import msgpack
 
+from checks.codes import ENVELOPE
 from checks.engine import Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
 from checks.projections import ANSWER_KEYED, project_frame
@@ -94,24 +95,34 @@ class _Catalogue:
     keyed_rules: tuple[Rule, ...]
     #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
     kind_rules: dict[str, tuple[str, ...]]
+    #: Key kind -> its rules, in catalogue order: what a keyed shard of that kind runs.
+    kind_rule_objects: dict[str, tuple[Rule, ...]]
 
 
 @cache
 def _catalogue() -> _Catalogue:
     rules = all_rules()
     keyed_rules = tuple(r for r in rules if not is_connection_scoped(r))
-    kind_rules: dict[str, tuple[str, ...]] = {}
+    kind_rules: dict[str, tuple[Rule, ...]] = {}
     for rule in keyed_rules:
-        kind_rules[rule.key_kind] = (*kind_rules.get(rule.key_kind, ()), rule.name)
-    return _Catalogue(tuple(r for r in rules if is_connection_scoped(r)), keyed_rules, kind_rules)
+        kind_rules[rule.key_kind] = (*kind_rules.get(rule.key_kind, ()), rule)
+    return _Catalogue(
+        tuple(r for r in rules if is_connection_scoped(r)),
+        keyed_rules,
+        {kind: tuple(r.name for r in members) for kind, members in kind_rules.items()},
+        kind_rules,
+    )
 
 
-#: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), whether its routes are
-#: first-use-only (the request goes, its response does not).
-_PlanStep = tuple[Rule, str, bool]
+#: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), its key kind,
+#: whether its routes are first-use-only (the request goes, its response does not).
+_PlanStep = tuple[Rule, str, str, bool]
+_PlanKey = tuple[int | None, bool, bool, int | None, bool]
+#: Plans made so far, by ``_PlanKey`` (a plain dict: ``functools.cache`` with keyword arguments builds
+#: its key from them on every call, and this is asked twice per frame).
+_PLANS: dict[_PlanKey, tuple[_PlanStep, ...]] = {}
 
 
-@cache
 def _route_plan(
     api_key: int | None,
     header_only: bool,
@@ -125,6 +136,10 @@ def _route_plan(
     rules that judge a request by its header; ``first_use``: the connection's first use of this (api,
     version), which the first-use-only kinds need (ApiVersions always goes to them); ``answered``:
     only the rules whose keys an answer of this API can add to (``checks.projections.ANSWER_KEYED``)."""
+    plan_key = (api_key, header_only, first_use, outer, answered)
+    plan = _PLANS.get(plan_key)
+    if plan is not None:
+        return plan
     outer = api_key if outer is None else outer
     out: list[_PlanStep] = []
     for rule in _catalogue().keyed_rules:
@@ -137,8 +152,9 @@ def _route_plan(
         first_use_only = rule.key_kind in FIRST_USE_ONLY and outer != ApiKey.API_VERSIONS
         if first_use_only and not first_use:
             continue
-        out.append((rule, route_key(rule, ""), first_use_only))
-    return tuple(out)
+        out.append((rule, route_key(rule, ""), rule.key_kind, first_use_only))
+    plan = _PLANS[plan_key] = tuple(out)
+    return plan
 
 
 class ConnectionShard:
@@ -178,17 +194,19 @@ class ConnectionShard:
 
     def _keys(
         self, ex: Exchange, first_use: bool, header_only: bool = False, answered: bool = False
-    ) -> dict[str, bool]:
-        """Route keys of ``ex``, each with whether it is a first-use-only route (the request goes there
-        but its response will not); ``header_only``: of the rules that judge a request by its header;
-        ``answered``: of the rules whose keys the answer can add to (the rest keep the request's)."""
+    ) -> dict[str, _PlanStep]:
+        """Route keys of ``ex``, each with the plan step that formed it (its kind, and whether it is a
+        first-use-only route: the request goes there but its response will not); ``header_only``: of
+        the rules that judge a request by its header; ``answered``: of the rules whose keys the answer
+        can add to (the rest keep the request's)."""
         api_key = ex.api_key
-        plan = _route_plan(api_key, header_only, first_use, answered=answered)
-        out: dict[str, bool] = {}
-        if api_key != ApiKey.ENVELOPE or ex.request.request is None:
-            for rule, prefix, first_use_only in plan:
-                for key in rule.keys(ex):
-                    out[prefix + key] = first_use_only
+        plan = _route_plan(api_key, header_only, first_use, None, answered)
+        out: dict[str, _PlanStep] = {}
+        if api_key != ENVELOPE or ex.request.request is None:
+            for step in plan:
+                prefix = step[1]
+                for key in step[0].keys(ex):
+                    out[prefix + key] = step
             return out
         # An Envelope routes its own exchange and the one it forwards, rule by rule.
         inner = unwrap_envelope(ex)
@@ -196,65 +214,82 @@ class ConnectionShard:
         if inner is not None:
             inner_plan = _route_plan(inner.api_key, header_only, first_use, api_key, answered)
             exchanges.append((inner, {id(entry[0]) for entry in inner_plan}))
-        for rule, prefix, first_use_only in _route_plan(None, header_only, first_use, outer=api_key):
+        for step in _route_plan(None, header_only, first_use, api_key, False):
+            rule, prefix = step[0], step[1]
             for exchange, wanted in exchanges:
                 if id(rule) in wanted:
                     for key in rule.keys(exchange):
-                        out[prefix + key] = first_use_only
+                        out[prefix + key] = step
         return out
 
     def _route(
-        self, key: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
+        self, key: str, kind: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
     ) -> None:
-        """Send ``frame`` on to ``key``'s shard with the fields that shard's rules read."""
-        kind = split_route_key(key)[0]
-        projected = self._projected.get((id(frame), kind))
+        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read."""
+        cached = (id(frame), kind)
+        projected = self._projected.get(cached)
         if projected is None:
-            projected = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-            self._projected[(id(frame), kind)] = projected
+            projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
         self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
 
     def _observe(self, hook: str, ex: Exchange) -> None:
         # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
         self._projected.clear()
-        incomplete = ex.conn in self.ctx.incomplete_conns
-        sent_key = f"{ex.conn}|{ex.request.correlation_id}"
-        if hook in ("on_request", "on_header"):
-            use = f"{ex.api_key}|{ex.api_version}"
-            first_use = use not in self.used
-            if first_use:
-                self.used.append(use)
+        conn = ex.conn
+        incomplete = conn in self.ctx.incomplete_conns
+        sent_key = f"{conn}|{ex.request.correlation_id}"
+        if hook == "on_response":
+            self._observe_answer(ex, sent_key, incomplete)
+            return
+        use = f"{ex.api_key}|{ex.api_version}"
+        first_use = use not in self.used
+        if first_use:
+            self.used.append(use)
+        route = self._route
         if hook == "on_header":
             # Known by its header only: the frame goes on as it came (its decode error and bytes, or
             # nothing: no body to project; the client id is read from the bytes), the keyed shard
             # judges the header and reports no decode error of its own.
             frame = replace(ex.request, message=None)
-            for key in self._keys(ex, first_use, header_only=True):
-                self._route(key, frame, ex.ts_ns, incomplete, request_only=True)
+            for key, step in self._keys(ex, first_use, header_only=True).items():
+                route(key, step[2], frame, ex.ts_ns, incomplete, request_only=True)
             return
-        if hook == "on_request":
-            keys = self._keys(ex, first_use)
-            for key, first_use_only in keys.items():
-                self._route(key, ex.request, ex.ts_ns, incomplete, request_only=first_use_only)
-            paired = [key for key, first_use_only in keys.items() if not first_use_only]
-            if paired:
-                self.sent[sent_key] = paired
-                self.ctx.trim(self.sent)
-            return
+        paired: list[str] = []
+        request, ts_ns = ex.request, ex.ts_ns
+        for key, step in self._keys(ex, first_use).items():
+            first_use_only = step[3]
+            route(key, step[2], request, ts_ns, incomplete, first_use_only)
+            if not first_use_only:
+                paired.append(key)
+        if paired:
+            self.sent[sent_key] = paired
+            self.ctx.trim(self.sent)
+
+    def _observe_answer(self, ex: Exchange, sent_key: str, incomplete: bool) -> None:
         kept = self.sent.pop(sent_key, None)
-        if ex.response is None:
+        response = ex.response
+        if response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
             return
         # The request's route keys stand; only the rules whose keys an answer can add to look again
         # (a request whose keys were not kept: every rule). Not a first use: no first-use-only routes
         # (those go with the request alone).
-        answered = list(self._keys(ex, first_use=False, answered=kept is not None))
-        before = kept or []
-        at = ex.response.ts_ns
-        for key in dict.fromkeys(before + answered) if before else answered:
-            if key not in before:
-                self._route(key, ex.request, at, incomplete)
-            self._route(key, ex.response, at, incomplete)
+        answered = self._keys(ex, first_use=False, answered=kept is not None)
+        at = response.ts_ns
+        route = self._route
+        request = ex.request
+        if kept:
+            # The kinds of the kept keys: the prefix of each (``route_key``).
+            for key in kept:
+                route(key, split_route_key(key)[0], response, at, incomplete)
+            for key, step in answered.items():
+                if key not in kept:
+                    route(key, step[2], request, at, incomplete)
+                    route(key, step[2], response, at, incomplete)
+            return
+        for key, step in answered.items():
+            route(key, step[2], request, at, incomplete)
+            route(key, step[2], response, at, incomplete)
 
 
 class KeyedShard:
@@ -262,7 +297,7 @@ class KeyedShard:
 
     def __init__(self, config: ChecksSettings, key: str, saved: bytes | None = None) -> None:
         kind, state_key = split_route_key(key)
-        rules = [r for r in all_rules() if r.key_kind == kind and not is_connection_scoped(r)]
+        rules = _catalogue().kind_rule_objects.get(kind)
         if not rules:
             raise KeyError(f"no rule keyed by {kind!r} (route key {key!r})")
         self.ctx = Context(_stage_config(config))

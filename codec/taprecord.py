@@ -340,21 +340,24 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     client, broker, broker_id = get(Header.CLIENT), get(Header.BROKER), get(Header.BROKER_ID)
     listener, capture = get(Header.LISTENER), get(Header.CAPTURE)
     partition, offset = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"])
+    # Positional, in the dataclass's field order (its ``__init__`` binds keywords at twice the cost).
     frame = TapFrame(
-        conn="" if conn is None or conn != conn else str(conn),
-        seq=0 if seq is None or seq != seq else int(seq),
-        ts_ns=0 if ts_ns is None or ts_ns != ts_ns else int(ts_ns),
-        direction="" if direction is None or direction != direction else str(direction),
-        api_key=None if api_key is None or api_key != api_key else int(api_key),
-        api_version=None if api_version is None or api_version != api_version else int(api_version),
-        correlation_id=None if corr is None or corr != corr else int(corr),
-        client="" if client is None or client != client else str(client),
-        broker="" if broker is None or broker != broker else str(broker),
-        broker_id=None if broker_id is None or broker_id != broker_id else int(broker_id),
-        listener=None if listener is None or listener != listener else str(listener),
-        partition=-1 if partition is None or partition != partition else int(partition),
-        offset=-1 if offset is None or offset != offset else int(offset),
-        capture="full" if capture is None or capture != capture else str(capture),
+        "" if conn is None or conn != conn else str(conn),
+        0 if seq is None or seq != seq else int(seq),
+        0 if ts_ns is None or ts_ns != ts_ns else int(ts_ns),
+        "" if direction is None or direction != direction else str(direction),
+        None if api_key is None or api_key != api_key else int(api_key),
+        None if api_version is None or api_version != api_version else int(api_version),
+        None if corr is None or corr != corr else int(corr),
+        "" if client is None or client != client else str(client),
+        "" if broker is None or broker != broker else str(broker),
+        None if broker_id is None or broker_id != broker_id else int(broker_id),
+        None if listener is None or listener != listener else str(listener),
+        -1 if partition is None or partition != partition else int(partition),
+        -1 if offset is None or offset != offset else int(offset),
+        None,
+        None,
+        "full" if capture is None or capture != capture else str(capture),
     )
     value = get("value")
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))
@@ -384,7 +387,12 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     facts). Frames packed before facts (state format 2) hold only their bytes: with ``decode``, those
     are decoded again."""
     count = len(FIELDS)
-    frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
+    if len(values) >= count:
+        # Positional, in the dataclass's field order: ``FIELDS`` is that order with ``capture`` moved
+        # after ``message`` and ``error`` (keywords cost twice as much, and this runs per routed frame).
+        frame = TapFrame(*values[: count - 1], None, None, values[count - 1])
+    else:
+        frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
     raw, packed, error = [*values[count:], None, None, None][:3]
     if packed is not None:
         frame.message = facts.unpack_message(packed)

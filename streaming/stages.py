@@ -226,7 +226,7 @@ def connection_step(
     config: ChecksSettings, saved: bytes | None, rows: Iterable[dict[str, Any]], watermark_ms: int
 ) -> StepResult:
     """Stage one for one connection's rows of a micro-batch."""
-    return _connection_step(config, saved, rows, watermark_ms, encode=True)
+    return _connection_step(config, saved, rows, watermark_ms, None)
 
 
 def _connection_step(
@@ -234,10 +234,12 @@ def _connection_step(
     saved: bytes | None,
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
-    encode: bool,
+    combined: _Combiner | None,
 ) -> StepResult:
-    """``connection_step``; ``encode=False`` leaves the aggregate and counters payloads as dicts, for
-    ``combine_rows`` to sum and encode once per bucket call (not encoded here to be decoded there)."""
+    """``connection_step``; with ``combined`` (a bucket call's), routes go straight to it instead of
+    becoming a row each, and the aggregate and counters payloads stay dicts, for it to sum and encode
+    once per bucket call (not encoded here to be decoded there)."""
+    encode = combined is None
     batch = sorted(rows, key=lambda r: _opt_int(r.get("seq")) or 0)
     shard = ConnectionShard(config, saved or None)
     frames = [frame_from_row(r) for r in batch]
@@ -256,6 +258,11 @@ def _connection_step(
         flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
         at_ms = max(-(-route.at_ns // NS_PER_MS), floor_ms)
         frame = route.frame
+        if combined is not None:
+            combined.add_route(
+                route.key, at_ms, frame.ts_ns, [at_ms, frame.ts_ns, frame.conn, frame.seq, data, flags]
+            )
+            continue
         # ``_row``'s columns, in ``STAGE_ROW_FIELDS`` order, written out: one route row per frame.
         out.append(
             {
@@ -441,19 +448,19 @@ def connection_bucket(
     Entries are ``(shard state, expiry ms)``. ``armed_ms`` is the bucket's timer as armed now; it stays
     when it is earlier than every new expiry (a busy bucket does not move its timer every batch).
     """
-    out: list[dict[str, Any]] = []
+    combined = _Combiner()
     timer = armed_ms
     for conn, conn_rows in _group(rows, "conn").items():
         saved = store.get(conn)
-        result = _connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms, encode=False)
-        out.extend(result.rows)
+        result = _connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms, combined)
+        combined.add_rows(result.rows)
         if result.state is None:
             if saved is not None:
                 store.remove(conn)
             continue
         store.put(conn, (result.state, result.next_timer_ms))
         timer = _earliest(timer, result.next_timer_ms)
-    return BucketResult(combine_rows(out), timer)
+    return BucketResult(combined.rows(), timer)
 
 
 def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -461,52 +468,77 @@ def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     order), one aggregate row per (dir, api, version) and one counters row, per bucket call. Every
     row costs Spark a conversion, a shuffle entry and a pandas row on each side, and a busy producer
     sends many frames to one key per batch. Findings and resolves pass unchanged."""
-    out: list[dict[str, Any]] = []
-    routes: dict[str, dict[str, Any]] = {}
-    packed: dict[str, list[list[Any]]] = {}
-    aggs: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
-    counters: dict[str, Any] | None = None
-    counts: dict[str, int] = {}
-    for row in rows:
-        kind = row["kind"]
-        if kind == "route":
-            key = row["route_key"]
-            if key not in routes:
-                routes[key] = _row("route", row["event_ms"], row["ts_ns"], route_key=key)
-                packed[key] = []
-            entry = routes[key]
-            entry["event_ms"] = min(entry["event_ms"], row["event_ms"])
-            packed[key].append(
-                [row["at_ms"], row["ts_ns"], row["conn"], row["seq"], row["frame"], row["flags"]]
-            )
-        elif kind == "agg":
-            agg = _payload(row)
-            group = (agg["dir"], agg["api_key"], agg["api_version"])
-            if group not in aggs:
-                aggs[group] = (row, agg)
-                continue
-            first, total = aggs[group]
-            first["event_ms"] = max(first["event_ms"], row["event_ms"])
-            total["api_name"] = total["api_name"] or agg["api_name"]
-            for name in AGG_COUNTS:
-                total[name] += agg[name]
-        elif kind == "stat":
-            counters = counters or row
-            counters["event_ms"] = max(counters["event_ms"], row["event_ms"])
-            for name, value in _payload(row).items():
-                counts[name] = counts.get(name, 0) + value
-        else:
+    combined = _Combiner()
+    combined.add_rows(rows)
+    return combined.rows()
+
+
+class _Combiner:
+    """``combine_rows``, row by row; a bucket call hands it its routes directly (``add_route``), so a
+    routed frame is never a row of its own (a ten-column dict per frame, read back at once)."""
+
+    def __init__(self) -> None:
+        self.passed: list[dict[str, Any]] = []
+        self.routes: dict[str, dict[str, Any]] = {}
+        self.packed: dict[str, list[list[Any]]] = {}
+        self.aggs: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
+        self.counters: dict[str, Any] | None = None
+        self.counts: dict[str, int] = {}
+
+    def add_route(self, key: str, event_ms: int, ts_ns: int, entry: list[Any]) -> None:
+        """One routed frame: ``[at_ms, ts_ns, conn, seq, frame, flags]``, its row's ``event_ms`` and ``ts_ns``."""
+        route = self.routes.get(key)
+        if route is None:
+            self.routes[key] = _row("route", event_ms, ts_ns, route_key=key)
+            self.packed[key] = [entry]
+            return
+        if event_ms < route["event_ms"]:
+            route["event_ms"] = event_ms
+        self.packed[key].append(entry)
+
+    def add_rows(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            kind = row["kind"]
+            if kind == "route":
+                self.add_route(
+                    row["route_key"],
+                    row["event_ms"],
+                    row["ts_ns"],
+                    [row["at_ms"], row["ts_ns"], row["conn"], row["seq"], row["frame"], row["flags"]],
+                )
+            elif kind == "agg":
+                agg = _payload(row)
+                group = (agg["dir"], agg["api_key"], agg["api_version"])
+                if group not in self.aggs:
+                    self.aggs[group] = (row, agg)
+                    continue
+                first, total = self.aggs[group]
+                first["event_ms"] = max(first["event_ms"], row["event_ms"])
+                total["api_name"] = total["api_name"] or agg["api_name"]
+                for name in AGG_COUNTS:
+                    total[name] += agg[name]
+            elif kind == "stat":
+                counters = self.counters = self.counters or row
+                counters["event_ms"] = max(counters["event_ms"], row["event_ms"])
+                counts = self.counts
+                for name, value in _payload(row).items():
+                    counts[name] = counts.get(name, 0) + value
+            else:
+                self.passed.append(row)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The combined rows: findings and resolves as they came, then routes, aggregates, counters."""
+        out = self.passed
+        for key, route in self.routes.items():
+            route["frame"] = facts.packb(self.packed[key])
+            out.append(route)
+        for row, agg in self.aggs.values():
+            row["payload"] = json.dumps(agg)
             out.append(row)
-    for key, route in routes.items():
-        route["frame"] = facts.packb(packed[key])
-        out.append(route)
-    for row, agg in aggs.values():
-        row["payload"] = json.dumps(agg)
-        out.append(row)
-    if counters is not None:
-        counters["payload"] = json.dumps(counts)
-        out.append(counters)
-    return out
+        if self.counters is not None:
+            self.counters["payload"] = json.dumps(self.counts)
+            out.append(self.counters)
+        return out
 
 
 def _payload(row: dict[str, Any]) -> dict[str, Any]:

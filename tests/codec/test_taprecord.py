@@ -156,6 +156,24 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
 
 
+def test_packed_frames_keep_every_field_where_it_was() -> None:
+    """``frame_from_packed`` and ``frame_from_row`` build frames positionally, in ``TapFrame``'s field
+    order: a reordered dataclass must fail here, not swap two fields silently."""
+    from dataclasses import fields
+
+    from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
+
+    assert [f.name for f in fields(TapFrame)] == [*FIELDS[:-1], "message", "error", FIELDS[-1], "raw"]
+    frame = TapFrame("c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta")
+    assert frame_from_packed(frame_to_packed(frame)) == frame
+    row = {
+        "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
+        "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
+        "tap_partition": 7, "tap_offset": 8, "capture": "meta",
+    }  # fmt: skip
+    assert frame_from_row(row) == frame
+
+
 def test_packed_frames_from_state_format_2_are_decoded_again() -> None:
     from codec.taprecord import FIELDS, frame_from_packed
 
