@@ -390,7 +390,26 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     if len(values) >= count:
         # Positional, in the dataclass's field order: ``FIELDS`` is that order with ``capture`` moved
         # after ``message`` and ``error`` (keywords cost twice as much, and this runs per routed frame).
-        frame = TapFrame(*values[: count - 1], None, None, values[count - 1])
+        (
+            conn,
+            seq,
+            ts_ns,
+            direction,
+            api,
+            version,
+            corr,
+            client,
+            broker,
+            broker_id,
+            listener,
+            part,
+            offset,
+            capture,
+        ) = values[:count]
+        frame = TapFrame(
+            conn, seq, ts_ns, direction, api, version, corr, client, broker, broker_id, listener, part, offset,
+            None, None, capture,
+        )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
     raw, packed, error = [*values[count:], None, None, None][:3]
