@@ -20,7 +20,6 @@ import struct
 import uuid
 from collections.abc import Callable, Mapping, ValuesView
 from itertools import count
-from operator import itemgetter
 from typing import Any
 
 from codec.errors import DecodeError
@@ -85,10 +84,11 @@ def _run_key(lengths: list[str], size: str) -> str:
 
 class _LayoutRuns(dict[int, Any]):
     """Run plans of one struct (and projection), by run key: the key packs each array's raw one-byte
-    compact length and the run's element count. A plan is ``(Struct, size, check, expected, build)``:
-    the Struct unpacks the whole run, ``check(t) == expected`` holds when every length byte and tag
-    byte in it is what the layout assumed, and ``build(t)`` makes the run's list of dicts. False for a
-    key that cannot be a run (a null or long array, a frame cut short)."""
+    compact length and the run's element count. A plan is ``(Struct, size, run)``: the Struct unpacks
+    the values of the whole run, and ``run(b, p, count, Struct)``, generated for those array lengths,
+    checks every length byte and tag byte of the run in the frame and builds its list of dicts (None
+    when a byte is not what the layout assumed). False for a key that cannot be a run (a null or long
+    array, a frame cut short)."""
 
     def __init__(self, ns: _Namespace, fields: list[FieldSpec], proj: Projection | None, what: str) -> None:
         super().__init__()
@@ -97,7 +97,7 @@ class _LayoutRuns(dict[int, Any]):
         self.proj = proj
         self.what = what
         self.arrays = sum(1 for f in fields if f.is_array)
-        self.builders: dict[tuple[int, ...], Callable[[tuple[Any, ...]], list[dict[str, Any]]]] = {}
+        self.builders: dict[tuple[int, ...], Callable[..., list[dict[str, Any]] | None]] = {}
         #: Values the cached plans unpack and check (see ``plan``).
         self.cost = 0
 
@@ -123,77 +123,85 @@ class _LayoutRuns(dict[int, Any]):
             if len(self.builders) >= _RUN_BUILDERS:
                 return False
             build = self.builders[lengths] = self.builder(lengths)
-        fmt, checked, width = self.element_layout(lengths)
-        # A Struct holds about 24 bytes per value it unpacks, the check and its expected tuple 16 per
-        # checked byte: what the plans may hold is bounded per struct and for the whole namespace.
-        cost = (width + 2 * len(checked)) * size
+        fmt, width = self.element_layout(lengths)
+        # A Struct holds about 24 bytes per value it unpacks: what the plans may hold is bounded per
+        # struct and for the whole namespace.
+        cost = (width + 1) * size
         if self.cost + cost > _RUN_VALUES or self.ns.run_values + cost > _RUN_VALUES_TOTAL:
             return False
         self.cost += cost
         self.ns.run_values += cost
         run = struct.Struct(">" + fmt * size)
-        positions = [i + width * j for j in range(size) for i, _ in checked]
-        expected = tuple(value for _ in range(size) for _, value in checked)
-        if len(positions) == 1:
-            return (run, run.size, itemgetter(positions[0]), expected[0], build)
-        return (run, run.size, itemgetter(*positions), expected, build)
+        return (run, run.size, build)
 
     def wanted(self, f: FieldSpec) -> bool:
         return self.proj is None or f.name in self.proj
 
-    def element_layout(self, lengths: tuple[int, ...]) -> tuple[str, list[tuple[int, int]], int]:
-        """One element's Struct format, the (tuple index, expected value) of its length bytes and its
-        tag byte, and how many values it unpacks to."""
+    def element_layout(self, lengths: tuple[int, ...]) -> tuple[str, int]:
+        """One element's Struct format (its length bytes and tag byte are pad bytes: the run's
+        function checks them in the frame) and how many values it unpacks to."""
         fmt: list[str] = []
-        checked: list[tuple[int, int]] = []
         width = 0
         arrays = iter(lengths)
         for f in self.fields:
             if f.is_array:
                 count = next(arrays)
-                checked.append((width, count + 1))
                 efmt = FIXED_FORMATS[str(f.element)]
-                fmt.append("B")
-                width += 1
                 if count and self.wanted(f):
-                    fmt.append(f"{count}{efmt}")
+                    fmt.append(f"x{count}{efmt}")
                     width += count
-                elif count:
-                    fmt.append(f"{count * FIXED_SIZES[efmt]}x")
+                else:
+                    fmt.append(f"{1 + count * FIXED_SIZES[efmt]}x")
             elif self.wanted(f):
                 fmt.append(FIXED_FORMATS[f.type])
                 width += 1
             else:
                 fmt.append(f"{FIXED_SIZES[FIXED_FORMATS[f.type]]}x")
-        checked.append((width, 0))  # an empty tag section
-        fmt.append("B")
-        return "".join(fmt), checked, width + 1
+        fmt.append("x")  # the tag section
+        return "".join(fmt), width
 
-    def builder(self, lengths: tuple[int, ...]) -> Callable[[tuple[Any, ...]], list[dict[str, Any]]]:
-        """Generate the function building a run's dicts for these array lengths."""
+    def builder(self, lengths: tuple[int, ...]) -> Callable[..., list[dict[str, Any]] | None]:
+        """Generate the function taking a run of these array lengths: ``(b, p, count, Struct)`` → the
+        run's list of dicts, or None when some element's length or tag byte is not what the layout
+        assumes. Each checked byte is one strided slice of the run (``b[at:end:element size]``)
+        compared with that byte repeated ``count`` times."""
         names: list[str] = []
         items: list[str] = []
+        checks: list[tuple[int, int]] = []  # (offset in the element, expected byte)
+        offset = 0
         arrays = iter(lengths)
         for i, f in enumerate(self.fields):
             if f.is_array:
                 count = next(arrays)
-                names.append("_")
+                checks.append((offset, count + 1))
+                offset += 1 + count * FIXED_SIZES[FIXED_FORMATS[str(f.element)]]
                 if self.wanted(f):
                     values = [f"v{i}_{j}" for j in range(count)]
                     names.extend(values)
                     items.append(f"{f.name!r}: [{', '.join(values)}]")
-            elif self.wanted(f):
-                names.append(f"v{i}")
-                items.append(f"{f.name!r}: v{i}")
-        names.append("_")
+            else:
+                offset += FIXED_SIZES[FIXED_FORMATS[f.type]]
+                if self.wanted(f):
+                    names.append(f"v{i}")
+                    items.append(f"{f.name!r}: v{i}")
+        checks.append((offset, 0))  # an empty tag section
+        size = offset + 1
+        test = " or ".join(f"b[p + {at}:e:{size}] != {bytes([value])!r} * m" for at, value in checks)
+        dict_expr = f"{{{', '.join(items)}}}"
+        if not names:
+            build = f"[{dict_expr} for _ in range(m)]"
+        elif len(names) == 1:
+            build = f"[{dict_expr} for {names[0]} in st.unpack_from(b, p)]"
+        else:
+            its = ", ".join(["it"] * len(names))
+            build = f"[{dict_expr} for {', '.join(names)} in zip({its})]"
         name = f"_r{next(_ids)}"
-        src = (
-            f"def {name}(t):\n"
-            f"    it = iter(t)\n"
-            f"    return [{{{', '.join(items)}}} for {', '.join(names)}, in zip({', '.join(['it'] * len(names))})]\n"
-        )
+        src = f"def {name}(b, p, m, st):\n    e = p + m * {size}\n    if {test}: return None\n"
+        if len(names) > 1:
+            src += "    it = iter(st.unpack_from(b, p))\n"
+        src += f"    return {build}\n"
         _define(self.ns, name, src, "decode-run", f"{self.what} {list(lengths)}")
-        fn: Callable[[tuple[Any, ...]], list[dict[str, Any]]] = self.ns[name]
+        fn: Callable[..., list[dict[str, Any]] | None] = self.ns[name]
         return fn
 
 
@@ -659,10 +667,10 @@ class _DecodeWriter:
         c.emit(f"{plan} = {name}[{key}]")
         c.emit(f"if {plan} and p + {plan}[1] <= L:")
         c.indent()
-        c.emit(f"{t} = {plan}[0].unpack_from(b, p)")
-        c.emit(f"if {plan}[2]({t}) == {plan}[3]:")
+        c.emit(f"{t} = {plan}[2](b, p, {size}, {plan}[0])")
+        c.emit(f"if {t} is not None:")
         c.indent()
-        c.emit(f"{target} += {plan}[4]({t}); p += {plan}[1]; {k} -= {size}; continue")
+        c.emit(f"{target} += {t}; p += {plan}[1]; {k} -= {size}; continue")
         c.dedent()
         c.dedent()
         c.dedent()

@@ -153,7 +153,7 @@ def test_runs_are_taken_and_their_builders_are_in_linecache() -> None:
     # 130 partitions of one layout: runs of 64, 64 and 2 (too short for a run: element by element).
     assert sorted(key & 255 for key, plan in runs[0].items() if plan) == [64]
     assert len(runs[0].builders) == 1
-    build = plans[0][4]
+    build = plans[0][2]
     lines = linecache.getlines(build.__code__.co_filename)
     assert build.__code__.co_filename.startswith("<kpmon:codec ")
     assert "decode-run" in build.__code__.co_filename and any("ReplicaNodes" in line for line in lines)
@@ -189,9 +189,9 @@ def test_layout_caches_are_bounded(without_runs: CompiledSchema) -> None:
 def test_plans_past_the_values_budget_are_not_made(
     without_runs: CompiledSchema, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Room for one plan of 64 partitions (3 replicas, 3 ISR, 0 offline: 14 values and 4 checked
-    # bytes each) and not for a second.
-    monkeypatch.setattr(compiler, "_RUN_VALUES", (14 + 2 * 4) * 64 + 10)
+    # Room for one plan of 64 partitions (3 replicas, 3 ISR, 0 offline: 10 values each, counted
+    # as 11) and not for a second.
+    monkeypatch.setattr(compiler, "_RUN_VALUES", 11 * 64 + 10)
     schema = CompiledSchema()
     decoder, reference = _decoder(schema, METADATA, 12, None), _decoder(without_runs, METADATA, 12, None)
     rng = random.Random(4)
