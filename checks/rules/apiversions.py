@@ -38,7 +38,7 @@ from functools import cache
 from typing import Any
 
 from checks.codes import API_VERSIONS, UNSUPPORTED_VERSION
-from checks.model import Exchange, Severity
+from checks.model import Exchange, Severity, SharedValues
 from checks.rule import Rule, RuleContext, State
 from codec.api import api_name
 from codec.protocol import ApiKey
@@ -84,10 +84,11 @@ def removed_in_4_0(api_key: int, version: int) -> bool:
     return not (seg.unstable_latest and version == seg.valid[1])
 
 
-#: Advertised ranges, interned: every connection to a broker gets the same answer, and a copy per
+#: Advertised ranges, shared: every connection to a broker gets the same answer, and a copy per
 #: connection held about 15 KB each (benchmarks/checks_bench.py). Shared values are never mutated.
-_INTERNED: dict[tuple[tuple[int, int, int], ...], dict[str, list[int]]] = {}
-_INTERNED_MAX = 256
+_RANGES: SharedValues[tuple[tuple[int, int, int], ...], dict[str, list[int]]] = SharedValues(256)
+#: Client software labels (``name/version``), one per connection in ``conn_software``: shared.
+_LABELS: SharedValues[str, str] = SharedValues()
 
 
 def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
@@ -95,13 +96,7 @@ def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
         (int(entry["ApiKey"]), int(entry["MinVersion"]), int(entry["MaxVersion"]))
         for entry in body.get("ApiKeys") or []
     )
-    ranges = _INTERNED.get(key)
-    if ranges is None:
-        ranges = {str(api): [lo, hi] for api, lo, hi in key}
-        if len(_INTERNED) >= _INTERNED_MAX:
-            del _INTERNED[next(iter(_INTERNED))]
-        _INTERNED[key] = ranges
-    return ranges
+    return _RANGES.get(key, lambda: {str(api): [lo, hi] for api, lo, hi in key})
 
 
 def _answer_ranges(ex: Exchange) -> dict[str, list[int]]:
@@ -243,7 +238,7 @@ def software_label(ex: Exchange) -> str | None:
     name = ex.req.body.get("ClientSoftwareName")
     if not name:
         return None
-    return f"{name}/{ex.req.body.get('ClientSoftwareVersion') or '?'}"
+    return _LABELS.share(f"{name}/{ex.req.body.get('ClientSoftwareVersion') or '?'}")
 
 
 def fleet_matrix(state: State) -> list[FleetRow]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.model import Exchange, Severity
+from checks.model import Exchange, Severity, SharedValues
 from checks.rule import Rule, RuleContext, State
 from codec.nested import ConsumerAssignment, ConsumerSubscription
 from codec.protocol import ApiKey, ErrorCode
@@ -46,6 +46,10 @@ from codec.protocol import ApiKey, ErrorCode
 CONSUMER = "consumer"
 RULE_MISMATCH = "group.protocol_type_mismatch"
 RULE_OUTSIDE = "group.assignment_outside_subscription"
+
+
+#: A member's subscription as ``subs`` holds it, by (generation, *topics): shared between members.
+_SUBSCRIPTIONS: SharedValues[tuple[int | str, ...], dict[str, Any]] = SharedValues()
 
 
 def first_report(state: State, sig: str, ctx: RuleContext) -> bool:
@@ -207,7 +211,8 @@ class GroupRule(Rule):
         old = subs.pop(member, None)
         if gen < 0 and old is not None:
             gen = int(old["gen"])
-        subs[member] = {"gen": gen, "topics": topics}
+        # Members of a generation mostly subscribe alike: equal entries are one shared (never mutated) dict.
+        subs[member] = _SUBSCRIPTIONS.get((gen, *topics), lambda: {"gen": gen, "topics": topics})
         ctx.trim(subs)
 
     # -- SyncGroup ----------------------------------------------------------------------------------
@@ -360,7 +365,7 @@ class GroupRule(Rule):
                 "group": key,
                 "member": member,
                 "assigned": assigned,
-                "subscribed": sub["topics"],
+                "subscribed": list(sub["topics"]),
             },
             conns=(ex.conn,),
         )

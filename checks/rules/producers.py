@@ -49,8 +49,8 @@ for a zombie write, not two).
 State (JSON-compatible, per producer id): ``epoch``/``epoch_src``/``epoch_ts``/``epoch_client``
 (newest known epoch, and the answer and client it came from), ``txn`` (its transactional id),
 ``streams`` ("epoch|topic|partition" -> ``next`` sequence after everything sent, ``acked`` recent
-acknowledged batches as [base, count, base offset]), and ``pending`` (decisions taken when a request
-was sent, keyed "conn|correlation id|topic|partition|batch index" for Produce and
+acknowledged batches as [base, count, base offset]), and ``pending`` (only while decisions taken when a
+request was sent wait for its answer, keyed "conn|correlation id|topic|partition|batch index" for Produce and
 "conn|correlation id|txn|claim index" for the other RPCs, applied when its answer comes).
 """
 
@@ -71,7 +71,7 @@ from checks.codes import (
     TXN_OFFSET_COMMIT,
     WRITE_TXN_MARKERS,
 )
-from checks.model import Exchange, Severity
+from checks.model import Exchange, Severity, SharedValues
 from checks.rule import Rule, RuleContext, State
 from codec.protocol import ApiKey, ErrorCode
 
@@ -302,15 +302,18 @@ class ProducerRule(Rule):
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)
         known = int(state.get("epoch", -1))
-        pending: dict[str, Any] = state.setdefault("pending", {})
         txn = _request_txn_id(ex)
         if txn is not None:
             state["txn"] = txn
         if ex.api_key in FENCED_TXN_RPCS:
             for index, (claim_pid, epoch, _txn) in enumerate(txn_claims(ex)):
                 if claim_pid == pid and 0 <= epoch < known:
-                    pending[f"{ex.conn}|{ex.request.correlation_id}|txn|{index}"] = {"stale": _known(state)}
-                    ctx.trim(pending)
+                    _pend(
+                        state,
+                        f"{ex.conn}|{ex.request.correlation_id}|txn|{index}",
+                        {"stale": _known(state)},
+                        ctx,
+                    )
             return
         if ex.api_key != PRODUCE:
             return
@@ -326,8 +329,9 @@ class ProducerRule(Rule):
                 if expected is not None:
                     decision["gap"] = expected
             if decision:
-                pending[f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}"] = decision
-                ctx.trim(pending)
+                _pend(
+                    state, f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}", decision, ctx
+                )
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key == PRODUCE:
@@ -369,7 +373,7 @@ class ProducerRule(Rule):
     def _txn_rpc_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         """Judge the stale claims of an AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit or EndTxn."""
         pid = int(key)
-        pending: dict[str, Any] = state.get("pending", {})
+        pending: dict[str, Any] = state.get("pending") or {}
         for index, (claim_pid, epoch, txn) in enumerate(txn_claims(ex)):
             decision = pending.pop(f"{ex.conn}|{ex.request.correlation_id}|txn|{index}", None)
             if claim_pid != pid or decision is None or _end_txn_retry(ex, epoch, decision["stale"]):
@@ -382,6 +386,7 @@ class ProducerRule(Rule):
                 verify = [t.get("VerifyOnly") for t in ex.req.body.get("Transactions") or []]
                 evidence["verify_only"] = bool(verify[index]) if index < len(verify) else None
             _report_stale(decision["stale"], evidence["broker_error"], evidence, ex, ctx)
+        _unpend(state)
 
     @staticmethod
     def _learn(state: State, epoch: int, source: str, ex: Exchange) -> None:
@@ -412,7 +417,7 @@ class ProducerRule(Rule):
         skey = f"{epoch}|{topic}|{partition}"
         stream = streams.get(skey)
         if stream is None:
-            streams[skey] = {"next": seq_add(base, count), "acked": []}
+            streams[_STREAM_KEYS.share(skey)] = {"next": seq_add(base, count), "acked": []}
             ctx.trim(streams)
             return None
         expected = int(stream["next"])
@@ -424,7 +429,7 @@ class ProducerRule(Rule):
     def _produce_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)
         answers = produce_answers(ex)
-        pending: dict[str, Any] = state.get("pending", {})
+        pending: dict[str, Any] = state.get("pending") or {}
         streams: dict[str, Any] = state.setdefault("streams", {})
         for topic, partition, index, batch, batch_pid, epoch, base, count in produce_batches(ex):
             if batch_pid != pid:
@@ -452,6 +457,29 @@ class ProducerRule(Rule):
                 stream = streams.get(f"{epoch}|{topic}|{partition}")
                 if stream is not None:
                     _check_duplicate(stream, error, base, count, offset, batch_facts, ex, ctx)
+        _unpend(state)
+
+
+#: Stream keys (``epoch|topic|partition``): producers writing to the same partitions at the same epoch
+#: hold one string, not one each.
+_STREAM_KEYS: SharedValues[str, str] = SharedValues()
+
+
+def _pend(state: State, key: str, decision: dict[str, Any], ctx: RuleContext) -> None:
+    """Keep a decision taken at send time until the answer comes. ``pending`` exists only while some
+    decision waits: nearly every request leaves none, and an empty dict per producer id is most of
+    what a producer's state would cost."""
+    pending: dict[str, Any] | None = state.get("pending")
+    if pending is None:
+        pending = state["pending"] = {}
+    pending[key] = decision
+    ctx.trim(pending)
+
+
+def _unpend(state: State) -> None:
+    """Drop ``pending`` once no decision waits in it (``_pend`` makes it again)."""
+    if "pending" in state and not state["pending"]:
+        del state["pending"]
 
 
 def _batch_evidence(

@@ -372,3 +372,15 @@ def test_in_range_undecodable_request_is_only_a_decode_error() -> None:
     bad = conv.undecodable_request(METADATA, 12, b"\x7f", 2 * SECOND)
     findings, _ = run([conv.open(0), *handshake(conv, 1 * SECOND), bad])
     assert rules_of(findings) == ["frame.decode_error"]
+
+
+def test_connections_of_one_client_software_share_its_label() -> None:
+    convs = [Conversation(conn=f"tap1-{i}", client=f"10.0.0.{i}:5000") for i in range(3)]
+    shared_offsets(*convs)
+    frames = [
+        f for i, c in enumerate(convs) for f in handshake(c, SECOND + i * MS, software=["a", "b", "a"][i])
+    ]
+    _, monitor = run(frames)
+    labels = monitor.states[("apiversions.cluster", "cluster")]["conn_software"]
+    assert labels == {"tap1-0": "a/2.6.0", "tap1-1": "b/2.6.0", "tap1-2": "a/2.6.0"}
+    assert labels["tap1-0"] is labels["tap1-2"]

@@ -516,3 +516,28 @@ def test_report_rows_for_each_protocol() -> None:
 def test_group_protocol_label_order() -> None:
     assert group_protocol_label({"consumer": 1, "classic": 2}) == "classic+consumer"
     assert group_protocol_label({}) == "?"
+
+
+def test_members_subscribed_alike_share_one_entry_and_state_round_trips() -> None:
+    a, b = two()
+    c = Conversation(conn="cc", client="10.0.0.7:52000")
+    shared_offsets(a, b, c)
+    members = [{"MemberId": m, "Metadata": subscription("orders")} for m in ("m-a", "m-b")]
+    members.append({"MemberId": "m-c", "Metadata": subscription("orders", "refunds")})
+    frames = [
+        *join(a, SECOND, "m-a", 1, members=members),
+        *join(b, SECOND + 10 * MS, "m-b", 1),
+        *join(c, SECOND + 20 * MS, "m-c", 1, topics=("orders", "refunds")),
+    ]
+    findings, monitor = run(frames)
+    subs = monitor.states[("group", GROUP)]["subs"]
+    assert findings == [] and subs["m-a"] == subs["m-b"] == {"gen": 1, "topics": ["orders"]}
+    assert subs["m-a"] is subs["m-b"] and subs["m-c"] == {"gen": 1, "topics": ["orders", "refunds"]}
+    # Shared entries are plain data: saved and restored like any state, and the rule carries on alike.
+    restored = Monitor.from_state(monitor.to_state(), [GroupRule()], Context(ChecksSettings()))
+    assert restored.states == monitor.states
+    outside = sync(a, 2 * SECOND, "m-a", 1, ("orders",), {"m-a": ("orders",), "m-b": ("orders", "payroll")})
+    for m in (monitor, restored):
+        found = m.feed_all(outside) + m.flush()
+        assert rules_of(found) == ["group.assignment_outside_subscription"]
+        assert found[0].evidence["subscribed"] == ["orders"]

@@ -668,3 +668,58 @@ def test_end_txn_v5_retry_after_a_lost_answer_is_not_a_zombie() -> None:
     # The same EndTxn from two epochs back, or answered with another epoch, is still judged.
     stale = Conversation(conn="tap1-c3").exchange(END_TXN, 5, {**ids, "ProducerEpoch": 3}, bumped, 3 * SECOND)
     assert rules(run([*frames, *stale])) == [("producer.stale_epoch_accepted", "critical")]
+
+
+# -- what a producer id's state holds ------------------------------------------------------------
+
+
+def test_pending_exists_only_while_a_decision_waits_for_its_answer() -> None:
+    """Each of 10k producer ids kept an empty ``pending`` dict: most of what its state cost."""
+    zombie, fencer = two_clients()
+    monitor = Monitor([ProducerRule()], Context(ChecksSettings()))
+    findings: list[Finding] = []
+
+    def state_after(frames: list[TapFrame]) -> dict[str, Any]:
+        findings.extend(monitor.feed_all(frames) + monitor.flush())
+        return monitor.states[("producer", str(PID))]
+
+    healthy = state_after([*init_pid(zombie, 0, epoch=0), *write(zombie, SECOND, 0, 0)])
+    assert "pending" not in healthy and healthy["epoch"] == 0
+    # A gap is decided when the batch is sent and reported with its answer.
+    gap = write(zombie, 2 * SECOND, 0, 5, error=OUT_OF_ORDER)
+    assert list(state_after(gap[:1])["pending"].values()) == [{"gap": 1}]
+    assert "pending" not in state_after(gap[1:])
+    # So is a stale epoch on a transactional RPC.
+    stale = txn_rpc(zombie, ADD_OFFSETS, 3, 4 * SECOND, epoch=0, error=FENCED)
+    state_after(init_pid(fencer, 3 * SECOND, epoch=1))
+    assert [d["stale"][0] for d in state_after(stale[:1])["pending"].values()] == [1]
+    assert "pending" not in state_after(stale[1:])
+    assert rules(findings) == [
+        ("producer.sequence_gap", "warning"),
+        ("producer.stale_epoch_rejected", "warning"),
+    ]
+
+
+def test_producers_on_one_partition_share_its_stream_key() -> None:
+    monitor = Monitor([ProducerRule()], Context(ChecksSettings()))
+    frames: list[TapFrame] = []
+    for pid in (PID, PID + 1):
+        conv = Conversation(conn=f"tap1-{pid}")
+        req = conv.request(
+            0,
+            9,
+            {
+                "TransactionalId": None,
+                "Acks": -1,
+                "TimeoutMs": 30000,
+                "TopicData": [
+                    {"Name": TOPIC, "PartitionData": [{"Index": 0, "Records": batch(0, 0, pid=pid)}]}
+                ],
+            },
+            SECOND,
+        )
+        frames += [req, answer(conv, req, SECOND + MS, [(0, 0, 0)])]
+    monitor.feed_all(frames)
+    monitor.flush()
+    (a,), (b,) = (monitor.states[("producer", str(p))]["streams"] for p in (PID, PID + 1))
+    assert a == b == f"0|{TOPIC}|0" and a is b
