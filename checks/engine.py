@@ -47,6 +47,15 @@ class _ConnState:
         self.last_seq = last_seq
         self.pending: dict[int, TapFrame] = {}
 
+    def answered(self, correlation_id: int) -> TapFrame | None:
+        """The request ``correlation_id`` answers, no longer pending (None when none was)."""
+        pending = self.pending
+        request = pending.pop(correlation_id, None)
+        if not pending:
+            # A dict emptied by pops keeps its table (~200 bytes): an idle connection gives it back.
+            pending.clear()
+        return request
+
 
 #: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules,
 #: and with ("on_header", exchange) for a request known only by its header (undecodable or header-only).
@@ -214,14 +223,14 @@ class Monitor:
         self._dispatch("on_request", exchange)
         if request.api_key == PRODUCE and request.body.get("Acks") == 0:
             # acks=0: no response will ever come, so the exchange completes now.
-            del conn.pending[request.correlation_id]
+            conn.answered(request.correlation_id)
             self._complete(exchange)
 
     def _on_response(self, frame: TapFrame, conn: _ConnState) -> None:
         response = frame.response
         if response is None:
             return
-        request_frame = conn.pending.pop(response.correlation_id, None)
+        request_frame = conn.answered(response.correlation_id)
         if request_frame is None or request_frame.request is None:
             self.stats.unpaired_responses += 1
             return
@@ -483,7 +492,7 @@ class Monitor:
         """Stop waiting for the answer to a request (a shard that will never be sent it)."""
         held = self.conns.get(conn)
         if held is not None:
-            held.pending.pop(correlation_id, None)
+            held.answered(correlation_id)
 
     def drop_idle_connection(self, conn: str) -> None:
         """Forget a connection with no request waiting (a shard that never sees its close)."""

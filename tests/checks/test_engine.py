@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 import pytest
@@ -95,6 +96,21 @@ def test_pairing_by_correlation_id_and_unpaired_responses() -> None:
         ("resp", conv.conn, r1.correlation_id, True),
     ]
     assert m.stats.unpaired_responses == 1 and m.stats.exchanges == 2
+
+
+def test_an_idle_connection_holds_no_pending_table() -> None:
+    """A dict emptied by pops keeps its table: 10k idle connections held ~2 MiB of empty tables."""
+    conv = Conversation()
+    requests = [conv.request(METADATA, 9, MD_REQ, SECOND + i * MS) for i in range(6)]
+    m = monitor()
+    m.feed_all(requests)
+    m.flush()
+    pending = m.conns[conv.conn].pending
+    assert len(pending) == 6 and sys.getsizeof(pending) > sys.getsizeof({})
+    m.feed_all([conv.response(r, MD_RESP, 2 * SECOND + i * MS) for i, r in enumerate(requests)])
+    m.flush()
+    assert pending == {} and sys.getsizeof(pending) == sys.getsizeof({})
+    assert m.stats.exchanges == 6 and len(Recorder.events) == 12
 
 
 def test_acks_zero_produce_completes_without_response() -> None:
