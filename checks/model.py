@@ -45,8 +45,8 @@ class SharedValues(Generic[K, V]):
     10k producers or groups that is most of what the state costs (benchmarks/checks_bench.py).
 
     ``get(key, make)`` returns the value held for ``key``, making it with ``make()`` the first time.
-    Bounded: at ``limit`` values the oldest is forgotten (states that hold it keep it; later equal
-    values are just not shared with them). A shared value is held by many states at once, so it must
+    Bounded: at ``limit`` values the pool starts afresh (states keep the values they hold; equal values
+    made later are shared from then on). A shared value is held by many states at once, so it must
     never be mutated: rules replace it instead. It is plain data, so saved state is unchanged.
     """
 
@@ -62,7 +62,7 @@ class SharedValues(Generic[K, V]):
         if value is None:
             value = make()
             if len(values) >= self.limit:
-                del values[next(iter(values))]
+                values.clear()  # one call: safe if two threads fill the pool at once
             values[key] = value
         return value
 

@@ -28,12 +28,13 @@ def test_share_returns_the_equal_value_held_first() -> None:
     assert pool.share(a) is a and pool.share(b) is a
 
 
-def test_the_pool_is_bounded_and_forgets_its_oldest_value() -> None:
+def test_the_pool_is_bounded_and_starts_afresh_when_full() -> None:
     pool: SharedValues[str, str] = SharedValues(limit=2)
     first = pool.share("".join(["a", "1"]))
     pool.share("b1")
-    pool.share("c1")
     assert len(pool) == 2
+    pool.share("c1")
+    assert len(pool) == 1
     # "a1" was forgotten: an equal string is held anew, while ``first`` stays valid where it is held.
     fresh = "".join(["a", "1"])
     assert pool.share(fresh) is fresh and first == "a1" and len(pool) == 2
