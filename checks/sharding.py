@@ -82,7 +82,19 @@ class Route:
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
     # Both stages are fed in order (by seq, or by the caller's event-time release), so the monitor's
     # own lateness buffer would only add delay.
-    return replace(config, watermark_seconds=0.0)
+    global _STAGE_CONFIG
+    last = _STAGE_CONFIG
+    if last is not None and last[0] is config:
+        # A shard is made per connection or route key and call, always from the job's one settings
+        # object: ``dataclasses.replace`` re-ran the settings' ``__init__`` and checks each time.
+        return last[1]
+    staged = replace(config, watermark_seconds=0.0)
+    _STAGE_CONFIG = (config, staged)
+    return staged
+
+
+#: The last settings ``_stage_config`` was given and what it made of them (settings are frozen).
+_STAGE_CONFIG: tuple[ChecksSettings, ChecksSettings] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import math
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from operator import attrgetter
+from typing import Any, Final, Protocol
 
 import msgpack
 
@@ -320,6 +321,10 @@ class Buffered:
     flags: int
 
 
+#: The order stage two releases routed frames in, as the single monitor does: (ts_ns, conn, seq).
+_RELEASE_ORDER: Final = attrgetter("ts_ns", "conn", "seq")
+
+
 @dataclass
 class KeyedResult(StepResult):
     buffer: list[Buffered] = field(default_factory=list)
@@ -333,7 +338,7 @@ def keyed_step(
     watermark_ms: int,
 ) -> KeyedResult:
     """Stage two for one route key: release what the watermark passed, in event-time order."""
-    ready = sorted((b for b in buffer if b.at_ms <= watermark_ms), key=lambda b: (b.ts_ns, b.conn, b.seq))
+    ready = sorted([b for b in buffer if b.at_ms <= watermark_ms], key=_RELEASE_ORDER)
     waiting = [b for b in buffer if b.at_ms > watermark_ms]
     try:
         shard = KeyedShard(config, key, saved or None)
