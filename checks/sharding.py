@@ -133,6 +133,14 @@ _PlanKey = tuple[int | None, bool, bool, int | None, bool]
 #: Plans made so far, by ``_PlanKey`` (a plain dict: ``functools.cache`` with keyword arguments builds
 #: its key from them on every call, and this is asked twice per frame).
 _PLANS: dict[_PlanKey, tuple[_PlanStep, ...]] = {}
+#: The API keys whose plans are kept. A request header can carry any int16 (a client's bug or a hostile
+#: one), so a plan for a key Kafka does not define is made again each time instead of growing _PLANS.
+_PLANNED_APIS = frozenset(int(k) for k in ApiKey)
+
+
+def cached_plans() -> int:
+    """How many routing plans are kept (bounded by the API keys Kafka defines)."""
+    return len(_PLANS)
 
 
 def _route_plan(
@@ -165,7 +173,9 @@ def _route_plan(
         if first_use_only and not first_use:
             continue
         out.append((rule, route_key(rule, ""), rule.key_kind, first_use_only))
-    plan = _PLANS[plan_key] = tuple(out)
+    plan = tuple(out)
+    if api_key is None or api_key in _PLANNED_APIS:
+        _PLANS[plan_key] = plan
     return plan
 
 

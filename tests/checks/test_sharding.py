@@ -24,7 +24,7 @@ import codec
 from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route
+from checks.sharding import ConnectionShard, KeyedShard, Route, cached_plans
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed
 from streaming.stages import pack_frame, unpack_frame
@@ -244,6 +244,21 @@ def test_requests_known_by_their_header_reach_the_cluster_shard_once() -> None:
     keyed = KeyedShard(CONFIG, "cluster|cluster")
     assert [f.rule for f in keyed.feed(routed)] == ["apiversions.removed_in_4_0"]
     assert keyed.ctx.stats.decode_errors == 0
+
+
+def test_requests_of_api_keys_kafka_does_not_define_keep_no_routing_plan() -> None:
+    """A header can carry any int16 api key; the plans kept stay bounded by the keys Kafka defines."""
+    conv = Conversation(conn="tap1-hostile", client_id="fuzzer")
+    unknown = [k for k in range(20_000, 20_200) if k not in {int(a) for a in ApiKey}]
+    frames = [conv.open(SECOND), *av.handshake(conv, SECOND + 1_000_000)]
+    frames += [conv.undecodable_request(k, 0, b"\x00", SECOND + 2_000_000 + i) for i, k in enumerate(unknown)]
+    shard = ConnectionShard(CONFIG)
+    shard.feed(frames[:3])
+    before = cached_plans()
+    shard.feed(frames[3:])
+    assert cached_plans() == before
+    # ...and they are still judged: each is a decode error of the connection.
+    assert shard.ctx.stats.decode_errors >= len(unknown)
 
 
 def test_an_envelope_routes_the_request_it_forwards() -> None:
