@@ -13,6 +13,7 @@ The comparison, measured in the same run on the same frames: one full codec deco
 once. The issue's target for both stages together is 25 µs per frame.
 
     python benchmarks/stages_bench.py [--sessions 2000] [--batch 20000] [--profile stage1|stage2|decode]
+                                      [--default-gc]
 
 Writes ``benchmarks/results/stages_bench.json``.
 """
@@ -41,6 +42,7 @@ from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
 from streaming.frames import frame_row  # noqa: E402
 from streaming.stages import LocalStages  # noqa: E402
+from streaming.workergc import tune_worker_gc  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stages_bench.json"
 TARGET_US = 25.0
@@ -109,10 +111,19 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=2000, help="client sessions (46 frames each)")
     parser.add_argument("--batch", type=int, default=20_000, help="frames per micro-batch")
     parser.add_argument("--profile", choices=["decode", "stage1", "stage2"], help="cProfile one part")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's collector settings (default: the job's workers' settings, stream.worker_gc)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     print(f"building {args.sessions} sessions...", flush=True)
     records = tap_records(args.sessions)
+    worker_gc = not args.default_gc and StreamConfig().worker_gc
+    if worker_gc:
+        # As the job's stateful workers run (streaming/workergc.py), after the imports and the input.
+        tune_worker_gc()
     frames = len(records)
     load_before = os.getloadavg()
     decode_s = full_decode(records)
@@ -121,7 +132,8 @@ def main() -> int:
     us = {k: v / frames * 1e6 for k, v in seconds.items()}
     floor_us = decode_s / frames * 1e6
     stages_us = us["stage1"] + us["stage2"]
-    print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}")
+    gc_label = "worker settings" if worker_gc else "CPython defaults"
+    print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}, collector: {gc_label}")
     print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
     for name, label in (
         ("decode", "frame_row (mapInArrow)"),
@@ -148,6 +160,7 @@ def main() -> int:
                     "frames": frames,
                     "batch": args.batch,
                     "buckets": StreamConfig().buckets,
+                    "worker_gc": worker_gc,
                     "us_per_frame": {**us, "both_stages": stages_us, "full_decode_comparison": floor_us},
                     "target_us_both_stages": TARGET_US,
                     "verdict": verdict,

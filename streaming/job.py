@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from streaming.processors import ConnectionProcessor, KeyedProcessor
+
 log = logging.getLogger("kpmon.stream")
 
 #: Tap-record columns stage one reads (``streaming.frames.FRAME_ROW_SCHEMA``; ``event_time`` is added here).
@@ -145,18 +147,22 @@ def bucket_of(column: str, buckets: int, partitions: int) -> Column:
     return F.element_at(labels, index + 1)
 
 
+def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedProcessor]:
+    """The two stateful stages' processors, as the job configures them."""
+    from streaming.processors import ConnectionProcessor, KeyedProcessor
+
+    settings = config.checks.settings()
+    tune_gc = config.stream.worker_gc
+    return ConnectionProcessor(settings, tune_gc=tune_gc), KeyedProcessor(settings, tune_gc=tune_gc)
+
+
 def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
-    from streaming.processors import (
-        OUTPUT_DDL,
-        PASS_BUCKET,
-        STAGE_ROWS_DDL,
-        ConnectionProcessor,
-        KeyedProcessor,
-    )
+    from streaming.processors import OUTPUT_DDL, PASS_BUCKET, STAGE_ROWS_DDL
     from streaming.stages import PASS_KEY
 
+    connections, route_keys = stage_processors(config)
     buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
     # Spark hands a nullable long column to pandas as float64 when a batch has a null in it, and the
@@ -171,7 +177,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
         .withWatermark("event_time", lateness)
         .groupBy(BUCKET)
         .transformWithStateInPandas(
-            ConnectionProcessor(config.checks.settings()),
+            connections,
             STAGE_ROWS_DDL,
             "Append",
             "EventTime",
@@ -184,9 +190,7 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
             bucket_of("route_key", buckets, partitions)
         ),
     )
-    return routed.groupBy(BUCKET).transformWithStateInPandas(
-        KeyedProcessor(config.checks.settings()), OUTPUT_DDL, "Append", "EventTime"
-    )
+    return routed.groupBy(BUCKET).transformWithStateInPandas(route_keys, OUTPUT_DDL, "Append", "EventTime")
 
 
 @dataclass

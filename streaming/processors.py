@@ -37,6 +37,7 @@ from streaming.stages import (
     keyed_bucket,
     keyed_bucket_expired,
 )
+from streaming.workergc import tune_worker_gc
 
 #: Stage two's bucket for rows that are already final (findings, aggregates, counters): passed through.
 PASS_BUCKET = -1
@@ -177,10 +178,14 @@ class _BucketProcessor(StatefulProcessor):
     STATE_NAME = ""
     ENTRY: StructType
 
-    def __init__(self, config: ChecksSettings) -> None:
+    def __init__(self, config: ChecksSettings, tune_gc: bool = False) -> None:
         self.config = config
+        #: ``stream.worker_gc``: tune the worker's garbage collector at the first init (streaming.workergc).
+        self.tune_gc = tune_gc
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        if self.tune_gc:
+            tune_worker_gc()
         # Spark allows state TTLs only in processing-time mode; idle entries expire by event-time timers.
         self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY))
         self.timer = BucketTimer(handle, handle.getValueState(f"{self.STATE_NAME}_timer", BUCKET_TIMER))

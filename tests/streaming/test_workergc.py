@@ -1,0 +1,60 @@
+"""streaming.workergc: the stateful workers' collector settings, applied once per process."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from streaming import workergc
+
+
+@pytest.fixture
+def restored_gc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    monkeypatch.setattr(workergc, "_tuned", False)
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_the_first_call_freezes_and_raises_the_thresholds_the_next_ones_change_nothing() -> None:
+    assert workergc.tune_worker_gc() is True
+    assert gc.get_threshold() == (
+        workergc.GEN0_THRESHOLD,
+        workergc.GEN1_THRESHOLD,
+        workergc.GEN2_THRESHOLD,
+    )
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    gc.set_threshold(700, 10, 10)
+    assert workergc.tune_worker_gc() is False
+    assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_freeze_count() == frozen
+
+
+@pytest.mark.parametrize("worker_gc", [True, False])
+def test_the_job_tunes_its_stateful_workers_as_configured(worker_gc: bool) -> None:
+    pytest.importorskip("pyspark")
+    from kpmon.config import KpmonConfig
+    from streaming.job import stage_processors
+
+    config = KpmonConfig()
+    assert config.stream.worker_gc is True
+    config = config.model_copy(update={"stream": config.stream.model_copy(update={"worker_gc": worker_gc})})
+    assert [p.tune_gc for p in stage_processors(config)] == [worker_gc, worker_gc]
+
+
+def test_processors_made_elsewhere_leave_the_collector_alone() -> None:
+    # Tests and tools build processors in processes that are not Spark's workers.
+    pytest.importorskip("pyspark")
+    from kpmon.config import KpmonConfig
+    from streaming.processors import ConnectionProcessor, KeyedProcessor
+
+    settings = KpmonConfig().checks.settings()
+    assert not ConnectionProcessor(settings).tune_gc
+    assert not KeyedProcessor(settings).tune_gc
