@@ -122,7 +122,8 @@ class TapFrame:
 # --- parsing a record -------------------------------------------------------------------------------
 
 
-def _text(value: bytes | str | None) -> str:
+def header_text(value: bytes | str | None) -> str:
+    """A header value as text: a null value is "", bytes are UTF-8 with undecodable bytes replaced."""
     if value is None:
         return ""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
@@ -135,7 +136,7 @@ def headers_dict(
     if headers is None:
         return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return {key: _text(value) for key, value in items}
+    return {key: header_text(value) for key, value in items}
 
 
 def int_header(headers: Mapping[str, str], name: str) -> int | None:
@@ -149,15 +150,18 @@ def int_header(headers: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+#: Flag headers: any of them non-empty means the frame was mirrored header-only (``header_only``).
+HEADER_ONLY_FLAGS: Final = (Header.TRUNCATED, Header.REDACTION_FAILED, Header.CAPTURE_FALLBACK)
+#: Every header ``header_only`` reads: the flags, and ``redacted`` for the raw SASL token.
+HEADER_ONLY_READS: Final = (*HEADER_ONLY_FLAGS, Header.REDACTED)
+
+
 def header_only(headers: Mapping[str, str]) -> bool:
     """The tap mirrored this frame without its body: too large, a redaction it could not do (fail
     closed), a payload strip that fell back to ``meta``, or a raw SASL token. Not a decode error."""
-    if (
-        headers.get(Header.TRUNCATED)
-        or headers.get(Header.REDACTION_FAILED)
-        or headers.get(Header.CAPTURE_FALLBACK)
-    ):
-        return True
+    for name in HEADER_ONLY_FLAGS:
+        if headers.get(name):
+            return True
     return SASL_TOKEN in (headers.get(Header.REDACTED) or "").split(",")
 
 

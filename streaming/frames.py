@@ -6,16 +6,36 @@ It parses headers only (``codec.taprecord``, the one tap-record contract) and ne
 the frame is decoded once, in stage one, where the rules that read it run (docs/decisions.md,
 "Decode once, in stage one"). What the stages before stage one need is the connection (the bucket)
 and the tap clock (the watermark).
+
+``frame_columns`` computes the batch column by column with Arrow kernels (the headers flattened once,
+no Python per record); ``frame_row`` is the one-record reference it equals, kept for the tests, the
+stage benchmark and ``LocalStages``. Where a kernel cannot read a value exactly as ``codec.taprecord``
+does (an int not written as plain digits, invalid UTF-8, a record without ``conn``, a header-only
+flag), the taprecord function itself runs, per distinct value or per such record.
+tests/streaming/test_frames.py holds the two equal on generated batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from codec.taprecord import ROW_KEYS, Header, connection_of, header_only, headers_dict, int_header
+from codec.taprecord import (
+    HEADER_ONLY_FLAGS,
+    HEADER_ONLY_READS,
+    HEADERS,
+    ROW_KEYS,
+    SASL_TOKEN,
+    Header,
+    connection_of,
+    header_only,
+    header_text,
+    int_header,
+)
 
 FRAME_ROW_SCHEMA = pa.schema(
     [
@@ -40,11 +60,6 @@ FRAME_ROW_SCHEMA = pa.schema(
         ("value", pa.binary()),
     ]
 )
-
-
-def _spark_headers(raw: Any) -> dict[str, str]:
-    """The Kafka source's ``headers`` column: an array of ``{key, value}`` structs."""
-    return headers_dict((item["key"], item["value"]) for item in raw or ())
 
 
 def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
@@ -77,19 +92,190 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
     return row
 
 
+class HeaderRangeError(ValueError):
+    """A numeric tap-record header holds an integer its column's type cannot hold (``api_key`` of
+    2**40, say). The batch fails, as it did when ``from_pylist`` raised ``ArrowInvalid`` or
+    ``OverflowError`` on it, but with the header, the value and the record's place named."""
+
+    def __init__(self, header: str, value: int, partition: Any, offset: Any, type_: pa.DataType) -> None:
+        super().__init__(
+            f"tap record at {ROW_KEYS['partition']} {partition} {ROW_KEYS['offset']} {offset}: "
+            f"header {header!r} = {value} does not fit the column's {type_}"
+        )
+        self.header = header
+        self.value = value
+
+
+#: The header-derived columns (named after their headers) by kind, in the schema's order.
+_TEXTS: Final = tuple(f.name for f in FRAME_ROW_SCHEMA if f.name in HEADERS and pa.types.is_string(f.type))
+_INTS: Final = tuple(f.name for f in FRAME_ROW_SCHEMA if f.name in HEADERS and pa.types.is_integer(f.type))
+#: Every header ``frame_columns`` looks up, in the rows of its index table.
+_LOOKED_UP: Final = tuple(dict.fromkeys((*_TEXTS, *_INTS, *HEADER_ONLY_READS)))
+#: Integers ``int()`` reads exactly as Arrow's string cast does. Any other value (" 12", "+5", "1_000",
+#: non-ASCII digits, "") goes through ``int_header`` itself, once per distinct value.
+_PLAIN_INT: Final = r"^-?[0-9]+$"
+
+
+class _Headers:
+    """The headers of a batch's rows, flattened once: for each looked-up name, each row's index into
+    the flattened values of its last header of that name (a dict keeps the last one; -1: none)."""
+
+    def __init__(self, headers: pa.Array) -> None:
+        rows = len(headers)
+        entries = pc.list_flatten(headers)
+        # ``struct_field``, not ``field``: a null entry (no Kafka client writes one) has no name.
+        keys = pc.struct_field(entries, "key")
+        values = pc.struct_field(entries, "value")
+        if values.type != pa.binary():
+            values = values.cast(pa.binary())
+        #: A header with a null value reads as "" (``header_text``), so only a missing header is null.
+        self.values: pa.Array = values.fill_null(b"")
+        codes = pc.index_in(keys, value_set=pa.array(_LOOKED_UP, pa.string())).fill_null(-1).to_numpy()
+        found = np.flatnonzero(codes >= 0)
+        index = np.full(len(_LOOKED_UP) * rows, -1, np.int64)
+        if found.size:
+            # Entries come in row order, and a row's in header order: sorted by name, stably (a
+            # radix sort on the small codes), each name's entries stay so, and the last of a slot wins.
+            order = np.argsort(codes[found].astype(np.int8), kind="stable")
+            found = found[order]
+            parents = pc.list_parent_indices(headers).to_numpy()[found]
+            slots = codes[found].astype(np.int64) * rows + parents
+            last = np.append(slots[1:] != slots[:-1], True)
+            index[slots[last]] = found[last]
+        self.index = index.reshape(len(_LOOKED_UP), rows)
+        self._texts: pa.Array | None
+        try:
+            self._texts = self.values.cast(pa.string())
+        except pa.ArrowInvalid:  # not all valid UTF-8: each text column checks its own
+            self._texts = None
+
+    def binary(self, name: str) -> pa.Array:
+        """Each row's value of header ``name`` as bytes; null where the row has no such header."""
+        return self.values.take(self._indices(name))
+
+    def text(self, name: str) -> pa.Array:
+        """Each row's value of header ``name`` as text (``header_text``); null where it has none."""
+        if self._texts is not None:
+            return self._texts.take(self._indices(name))
+        column = self.binary(name)
+        try:
+            return column.cast(pa.string())
+        except pa.ArrowInvalid:
+            return pa.array([None if v is None else header_text(v) for v in column.to_pylist()], pa.string())
+
+    def _indices(self, name: str) -> pa.Array:
+        index = self.index[_LOOKED_UP.index(name)]
+        return pa.array(index, pa.int64(), mask=index < 0)
+
+
+def _int_column(headers: _Headers, name: str, type_: pa.DataType, batch: pa.RecordBatch) -> pa.Array:
+    """``int_header(headers, name)`` per row, as a ``type_`` column."""
+    column = headers.binary(name)
+    plain = pc.match_substring_regex(column, _PLAIN_INT).fill_null(False)
+    lowest, highest = np.iinfo(type_.to_pandas_dtype()).min, np.iinfo(type_.to_pandas_dtype()).max
+
+    def out_of_range(value: int) -> HeaderRangeError:
+        # Only on the way to an error: the first row holding the value names the record.
+        row = pc.index(column, pa.scalar(str(value).encode(), pa.binary())).as_py()
+        if row < 0:  # not written plainly ("+5" and the like): the first row that reads as the value
+            row = next(
+                i
+                for i, v in enumerate(column.to_pylist())
+                if v is not None and int_header({name: header_text(v)}, name) == value
+            )
+        return HeaderRangeError(
+            name, value, batch.column("partition")[row].as_py(), batch.column("offset")[row].as_py(), type_
+        )
+
+    try:
+        parsed = pc.if_else(plain, column, pa.scalar(None, pa.binary())).cast(pa.string()).cast(pa.int64())
+    except pa.ArrowInvalid:  # a plain integer beyond int64
+        raise out_of_range(
+            next(
+                int(v)
+                for v, p in zip(column.to_pylist(), plain.to_pylist(), strict=True)
+                if p and not lowest <= int(v) <= highest
+            )
+        ) from None
+    if len(parsed) and parsed.null_count < len(parsed):
+        low, high = pc.min_max(parsed).values()
+        if low.as_py() < lowest or high.as_py() > highest:
+            bad = low.as_py() if low.as_py() < lowest else high.as_py()
+            raise out_of_range(bad)
+    rest = pc.and_(pc.invert(plain), pc.is_valid(column))
+    if pc.any(rest).as_py():
+        values = column.filter(rest)
+        distinct = pc.unique(values)
+        ints = [int_header({name: header_text(v)}, name) for v in distinct.to_pylist()]
+        for value in ints:
+            if value is not None and not lowest <= value <= highest:
+                raise out_of_range(value)
+        read = pa.array(ints, pa.int64()).take(pc.index_in(values, value_set=distinct))
+        parsed = pc.replace_with_mask(parsed, rest, read)
+    return parsed.cast(type_)
+
+
+def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → tap-record rows, exactly
+    ``frame_row``'s, column by column: the headers are flattened once and each column is found with
+    Arrow kernels. Python runs only per distinct value the kernels cannot read as ``codec.taprecord``
+    does (ints not written plainly, invalid UTF-8, a record without ``conn``, header-only flags)."""
+    headers = _Headers(batch.column("headers"))
+    partition = batch.column("partition").cast(pa.int32())
+    value = batch.column("value")
+    if value.type != pa.binary():
+        value = value.cast(pa.binary())
+    columns: dict[str, pa.Array] = {name: headers.text(name) for name in _TEXTS}
+    columns[Header.DIR] = columns[Header.DIR].fill_null("")
+    columns[Header.CONN] = _connections(columns[Header.CONN], partition)
+    for name in _INTS:
+        columns[name] = _int_column(headers, name, FRAME_ROW_SCHEMA.field(name).type, batch)
+    columns[Header.TRUNCATED] = _header_only(headers)
+    columns[ROW_KEYS["partition"]] = partition
+    columns[ROW_KEYS["offset"]] = batch.column("offset").cast(pa.int64())
+    columns["size"] = pc.binary_length(value).cast(pa.int32())
+    columns["value"] = value
+    return pa.RecordBatch.from_arrays(
+        [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
+    )
+
+
+def _connections(conn: pa.Array, partition: pa.Array) -> pa.Array:
+    """``connection_of`` per row: called once per partition that has records without a ``conn``."""
+    missing = pc.equal(conn, "").fill_null(True)
+    if not pc.any(missing).as_py():
+        return conn
+    partitions = partition.filter(missing)
+    distinct = pc.unique(partitions)
+    names = pa.array([connection_of(None, p) for p in distinct.to_pylist()], pa.string())
+    return pc.replace_with_mask(conn, missing, names.take(pc.index_in(partitions, value_set=distinct)))
+
+
+def _header_only(headers: _Headers) -> pa.Array:
+    """``header_only`` per row: called only for the rows that carry a flag or mention the SASL token."""
+    columns = {name: headers.binary(name) for name in HEADER_ONLY_READS}
+    candidates = pc.match_substring(columns[Header.REDACTED], SASL_TOKEN).fill_null(False)
+    for name in HEADER_ONLY_FLAGS:
+        candidates = pc.or_(candidates, pc.greater(pc.binary_length(columns[name]), 0).fill_null(False))
+    result = np.zeros(len(candidates), np.bool_)
+    rows = np.flatnonzero(candidates.to_numpy(zero_copy_only=False))
+    if rows.size:
+        picked = pa.array(rows)
+        found = {name: column.take(picked).to_pylist() for name, column in columns.items()}
+        for i, row in enumerate(rows):
+            result[row] = header_only(
+                {
+                    name: header_text(found[name][i])
+                    for name in HEADER_ONLY_READS
+                    if found[name][i] is not None
+                }
+            )
+    return pa.array(result, pa.bool_())
+
+
 def frame_rows_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → tap-record rows."""
-    rows = [
-        frame_row(_spark_headers(h), v, p, o)
-        for h, v, p, o in zip(
-            batch.column("headers").to_pylist(),
-            batch.column("value").to_pylist(),
-            batch.column("partition").to_pylist(),
-            batch.column("offset").to_pylist(),
-            strict=True,
-        )
-    ]
-    return pa.RecordBatch.from_pylist(rows, schema=FRAME_ROW_SCHEMA)
+    return frame_columns(batch)
 
 
 def frame_row_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
