@@ -258,3 +258,24 @@ def test_a_null_header_entry_is_no_header() -> None:
         [pa.array([b""]), headers, pa.array([0], pa.int32()), pa.array([0], pa.int64())], schema=SOURCE_SCHEMA
     )
     assert frame_columns(batch).column(Header.CONN).to_pylist() == ["c"]
+
+
+def test_large_arrow_types_read_the_same() -> None:
+    """Spark hands strings and binaries over as their 64-bit-offset types with
+    ``spark.sql.execution.arrow.useLargeVarTypes``."""
+    batch = source_batch(
+        [
+            (tap_headers(), b"frame", 0, 1),
+            ([(Header.CONN, b"\xff"), (Header.SEQ, b"+3")], None, 1, 2),
+            (None, b"", 1, 3),
+        ]
+    )
+    large = pa.schema(
+        [
+            ("value", pa.large_binary()),
+            ("headers", pa.large_list(pa.struct([("key", pa.large_string()), ("value", pa.large_binary())]))),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+        ]
+    )
+    assert frame_columns(batch.cast(large)).equals(reference(batch))
