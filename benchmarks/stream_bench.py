@@ -5,7 +5,8 @@ producer's InitProducerId and Produce exchanges with real v2 batches, fetches, c
 record per the tap topic contract, then measures on ``local[2]`` in one run:
 
 1. **raw**: Spark's Kafka source alone (``count`` per batch): the ceiling;
-2. **rows**: raw + the ``mapInArrow`` tap-record rows (headers as columns; the codec runs in stage one);
+2. **rows**: raw + the job's ``mapInArrow`` stage (the tap-record rows, bundled per bucket for stage
+   one: ``streaming.bundles``; the codec runs in stage one);
 3. **job**: the whole monitor (rows, both stateful stages with the one decode, alert book, Great
    Expectations, hooks);
    frames/s, and the batch-time breakdown from Spark's progress (state operator time, GX time);
@@ -210,7 +211,53 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
 PROGRESS: dict[str, list[dict[str, Any]]] = {}
 
 
+class CpuMeter:
+    """CPU seconds used by this process (the driver: planning, the sink, Great Expectations) and every
+    Spark process (the JVM and its Python workers) while a run lasts; the Kafka broker is not counted.
+    Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
+    up to its last poll. Unlike rows per second, this hardly moves with what else the machine runs."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self) -> None:
+        self.start = self._read()
+        self.last = dict(self.start)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if int(pid) != os.getpid() and b"pyspark" not in cmdline:
+                    continue
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(pid)] = (int(fields[11]) + int(fields[12])) / self.TICK
+        return out
+
+    def _poll(self) -> None:
+        while not self.done.wait(0.25):
+            self.last.update(self._read())
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        self.last.update(self._read())
+        return sum(seconds - self.start.get(pid, 0.0) for pid, seconds in self.last.items())
+
+
+def rate_line(run: dict[str, Any]) -> str:
+    return f"    {run['rows_per_second']:,.0f} frames/s, {run['cpu_us_per_frame']} us of CPU per frame"
+
+
 def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
+    meter = CpuMeter()
     query = (
         df.writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
@@ -220,9 +267,13 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
     query.awaitTermination()
     if query.exception():
         raise RuntimeError(str(query.exception()))
+    cpu_seconds = meter.stop()
     events = [json.loads(p.json) if hasattr(p, "json") else p for p in query.recentProgress]
     PROGRESS[checkpoint.name] = events
-    return summarize(events)
+    summary = summarize(events)
+    summary["cpu_seconds"] = round(cpu_seconds, 1)
+    summary["cpu_us_per_frame"] = round(cpu_seconds / summary["rows"] * 1e6, 1) if summary["rows"] else None
+    return summary
 
 
 def measure_latency(
@@ -317,7 +368,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from streaming.hooks import AlertHooks
-    from streaming.job import checks_pipeline, frame_rows
+    from streaming.job import checks_pipeline, frame_bundles
     from streaming.paths import StreamPaths
     from streaming.quality import QualityGate
     from streaming.session import build_session
@@ -356,11 +407,11 @@ def main() -> int:
         out["raw"] = run_available_now(
             raw.load().select("value", "headers", "partition", "offset"), count, home / "ck-raw"
         )
-        print(f"    {out['raw']['rows_per_second']:,.0f} frames/s")
-        print("2/3 raw + tap-record rows ...", flush=True)
-        rows = frame_rows(spark, config).select(F.col("conn"), F.col("seq"))
+        print(rate_line(out["raw"]))
+        print("2/3 raw + tap-record bundles ...", flush=True)
+        rows = frame_bundles(spark, config).select(F.col("bucket"), F.col("frames"))
         out["rows"] = run_available_now(rows, count, home / "ck-rows")
-        print(f"    {out['rows']['rows_per_second']:,.0f} frames/s")
+        print(rate_line(out["rows"]))
         print("3/3 the whole job ...", flush=True)
         paths = StreamPaths(home / "state" / "stream")
         paths.make()
@@ -375,14 +426,14 @@ def main() -> int:
 
         sink = BatchSink(paths, hooks, gate, on_result=on_result)
         out["job"] = run_available_now(
-            checks_pipeline(frame_rows(spark, config), config), sink, home / "ck-job"
+            checks_pipeline(frame_bundles(spark, config), config), sink, home / "ck-job"
         )
         out["job"]["quality_seconds"] = round(sum(quality_seconds), 3)
         out["job"]["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
         if args.progress:
             PROGRESS["spark_stages"] = _spark_stages(spark)
         hooks.close()
-        print(f"    {out['job']['rows_per_second']:,.0f} frames/s")
+        print(rate_line(out["job"]))
         out["ratios"] = {
             "job_over_raw": out["job"]["rows_per_second"] / out["raw"]["rows_per_second"],
             "rows_over_raw": out["rows"]["rows_per_second"] / out["raw"]["rows_per_second"],
