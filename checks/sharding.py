@@ -64,6 +64,11 @@ def split_route_key(value: str) -> tuple[str, str]:
     return rule, key
 
 
+def forms_route_key(value: str) -> bool:
+    """Whether a rule of this build forms route keys of this one's kind (``KeyedShard`` serves it)."""
+    return bool(_catalogue().kind_rule_objects.get(split_route_key(value)[0]))
+
+
 @dataclass
 class Route:
     """One frame sent on to one keyed shard."""

@@ -78,7 +78,8 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
     from checks.sharding import ROUTE_SCHEME
-    from streaming.job import BUCKET, BUCKET_SCHEME, STAGE_ONE_COLUMNS
+    from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
+    from streaming.job import BUCKET, BUCKET_SCHEME
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
@@ -90,7 +91,8 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
             "bucket_of": "conn",
             "output_mode": "Append",
             "time_mode": "EventTime",
-            "input": list(STAGE_ONE_COLUMNS),
+            "input": list(BUNDLE_SCHEMA.names),
+            "bundled": list(BUNDLE_FRAME_SCHEMA.names),
             "output": " ".join(STAGE_ROWS_DDL.split()),
             "state": _declared_state(ConnectionProcessor(config.checks.settings())),
         },

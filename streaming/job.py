@@ -1,9 +1,9 @@
 """The always-on monitor: tap topic -> decode -> per-connection stage -> per-key stage -> alerts.
 
     Kafka source (includeHeaders, bounded maxOffsetsPerTrigger)
-      -> mapInArrow(streaming.frames.frame_row_batches)       tap-record headers as columns, one row per frame
+      -> mapInArrow(streaming.bundles.bundler)     tap-record rows, one bundle per (source batch, bucket of conn)
       -> withWatermark(event_time, checks.watermark_seconds)
-      -> groupBy(bucket of conn).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
+      -> groupBy(bucket).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
       -> groupBy(bucket of route_key).transformWithStateInPandas(KeyedProcessor)   stage two
       -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
 
@@ -35,27 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kpmon.stream")
 
-#: Tap-record columns stage one reads (``streaming.frames.FRAME_ROW_SCHEMA``; ``event_time`` is added here).
-STAGE_ONE_COLUMNS = [
-    "conn",
-    "seq",
-    "ts_ns",
-    "dir",
-    "api_key",
-    "api_version",
-    "corr_id",
-    "client",
-    "broker",
-    "broker_id",
-    "listener",
-    "capture",
-    "truncated",
-    "tap_partition",
-    "tap_offset",
-    "value",
-    "event_time",
-]
-
 
 def source_options(config: KpmonConfig) -> dict[str, str]:
     cluster = config.tap_cluster
@@ -72,30 +51,45 @@ def source_options(config: KpmonConfig) -> dict[str, str]:
     return options
 
 
+def source_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
+    """The tap topic's records as the Kafka source reads them: value, headers, partition, offset."""
+    reader = spark.readStream.format("kafka")
+    for key, value in source_options(config).items():
+        reader = reader.option(key, value)
+    return reader.load().select("value", "headers", "partition", "offset")
+
+
 def frame_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
-    """The tap-record rows as a stream (documented in docs/streaming.md)."""
+    """The tap-record rows as a stream, one row per record (documented in docs/streaming.md): for
+    reading the tap topic as the job reads it. The job itself reads them bundled (``frame_bundles``)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from streaming.frames import FRAME_ROW_SCHEMA, frame_row_batches
 
-    reader = spark.readStream.format("kafka")
-    for key, value in source_options(config).items():
-        reader = reader.option(key, value)
-    raw = reader.load().select("value", "headers", "partition", "offset")
-    rows = raw.mapInArrow(frame_row_batches, from_arrow_schema(FRAME_ROW_SCHEMA))
+    rows = source_rows(spark, config).mapInArrow(frame_row_batches, from_arrow_schema(FRAME_ROW_SCHEMA))
     # A record without a ts_ns header (not from a tap) still needs an event time: its arrival.
     event_time = F.coalesce(F.timestamp_micros(F.floor(F.col("ts_ns") / 1000)), F.current_timestamp())
     return rows.withColumn("event_time", event_time)
 
 
-#: Long columns of stage one's input that must reach pandas without nulls (see checks_pipeline).
-NON_NULL_LONGS = ("seq", "ts_ns")
+def frame_bundles(spark: SparkSession, config: KpmonConfig) -> DataFrame:
+    """Stage one's input: the tap-record rows of each source batch, one bundle per bucket of
+    connections (``streaming.bundles``)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from streaming.bundles import BUNDLE_SCHEMA, bundler
+
+    labels = bucket_labels(config.stream.buckets, config.stream.shuffle_partitions)
+    return source_rows(spark, config).mapInArrow(bundler(labels), from_arrow_schema(BUNDLE_SCHEMA))
+
+
 #: The grouping column of both stateful stages.
 BUCKET = "bucket"
 #: How a bucket becomes the grouping value its state is stored under (``streaming.compat`` records it):
-#: 1, the bucket number itself; 2, ``bucket_labels``.
-BUCKET_SCHEME = 2
+#: 1, the bucket number itself; 2, ``bucket_labels``; 3, stage one's buckets by CRC-32 of the connection
+#: (``streaming.stages.bucket_index``, in the bundles), stage two's by ``bucket_of``, both ``bucket_labels``.
+BUCKET_SCHEME = 3
 
 
 def _rotl32(x: int, r: int) -> int:
@@ -156,7 +150,8 @@ def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedPro
     return ConnectionProcessor(settings, tune_gc=tune_gc), KeyedProcessor(settings, tune_gc=tune_gc)
 
 
-def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
+def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
+    """Both stateful stages over stage one's input (``frame_bundles``): stage two's output rows."""
     from pyspark.sql import functions as F
 
     from streaming.processors import OUTPUT_DDL, PASS_BUCKET, STAGE_ROWS_DDL
@@ -165,16 +160,8 @@ def checks_pipeline(frames: DataFrame, config: KpmonConfig) -> DataFrame:
     connections, route_keys = stage_processors(config)
     buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
-    # Spark hands a nullable long column to pandas as float64 when a batch has a null in it, and the
-    # tap clock (~1.8e18 ns) does not fit a double's 53 bits: a record from outside the tap (no ts_ns
-    # header) in the same bucket would round every other frame's ts_ns there. Missing longs become 0,
-    # the tap-record contract's default for them (codec/taprecord.py).
-    longs = {c: F.coalesce(F.col(c), F.lit(0)) for c in NON_NULL_LONGS}
     stage_one = (
-        frames.select(*STAGE_ONE_COLUMNS)
-        .withColumns(longs)
-        .withColumn(BUCKET, bucket_of("conn", buckets, partitions))
-        .withWatermark("event_time", lateness)
+        bundles.withWatermark("event_time", lateness)
         .groupBy(BUCKET)
         .transformWithStateInPandas(
             connections,
@@ -278,7 +265,7 @@ def start(
     spark = spark or build_session(config)
     listener = ProgressListener(paths, metrics, lambda: {**last, "hooks": hooks.stats()}, terminal)
     spark.streams.addListener(listener)
-    pipeline = checks_pipeline(frame_rows(spark, config), config)
+    pipeline = checks_pipeline(frame_bundles(spark, config), config)
     query = (
         pipeline.writeStream.queryName("kpmon")
         .foreachBatch(sink)

@@ -28,6 +28,7 @@ from pyspark.sql.streaming.stateful_processor import (
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from checks.settings import ChecksSettings
+from streaming.bundles import read_bundle
 from streaming.stages import (
     EVENT_TIME_MS,
     STAGE_ROW_FIELDS,
@@ -199,7 +200,8 @@ class _BucketProcessor(StatefulProcessor):
 
 
 class ConnectionProcessor(_BucketProcessor):
-    """Stage one, grouped by a bucket of tap connections."""
+    """Stage one, grouped by a bucket of tap connections; its input rows are bundles of tap-record rows
+    (``streaming.bundles``)."""
 
     STATE_NAME = "connections"
     ENTRY = CONNECTION_ENTRY
@@ -207,7 +209,9 @@ class ConnectionProcessor(_BucketProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        records = _records(rows)
+        records = [
+            frame for pdf in rows for bundle in pdf["bundle"].tolist() for frame in read_bundle(bundle)
+        ]
         self.store.begin(key, len({r["conn"] for r in records}))
         armed = self.timer.armed()
         result = connection_bucket(

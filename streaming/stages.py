@@ -30,7 +30,7 @@ import codec
 from checks.model import Finding
 from checks.rule import Stats
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route
+from checks.sharding import ConnectionShard, KeyedShard, Route, forms_route_key
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -434,6 +434,13 @@ def _earliest(a: int | None, b: int | None) -> int | None:
     return a if b is None else min(a, b)
 
 
+def bucket_index(key: str, buckets: int) -> int:
+    """The bucket of a connection (stage one's bundles, ``streaming.bundles``) or of a key in
+    ``LocalStages``: CRC-32 is fixed, so a connection keeps its bucket across restarts and releases
+    (its state is stored per bucket)."""
+    return zlib.crc32(key.encode()) % buckets
+
+
 def _group(rows: Iterable[dict[str, Any]], column: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -567,8 +574,13 @@ def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketRe
 
 def buffered_of(row: dict[str, Any]) -> list[Buffered]:
     """A combined route row (``combine_rows``) as the routed frames stage two buffers."""
+    return [Buffered(*entry) for entry in _route_entries(row)]
+
+
+def _route_entries(row: dict[str, Any]) -> list[list[Any]]:
+    """A combined route row's routed frames, as packed: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each."""
     return [
-        Buffered(int(at_ms), int(ts_ns), str(conn), int(seq), bytes(frame), int(flags))
+        [int(at_ms), int(ts_ns), str(conn), int(seq), bytes(frame), int(flags)]
         for at_ms, ts_ns, conn, seq, frame, flags in msgpack.unpackb(row["frame"], raw=False)
     ]
 
@@ -578,19 +590,39 @@ def _keyed_entry_step(
     store: BucketStore,
     key: str,
     saved: tuple[Any, ...] | None,
-    arrived: list[Buffered],
+    arrived: list[list[Any]],
     watermark_ms: int,
-) -> KeyedResult:
+) -> tuple[list[dict[str, Any]], int | None]:
+    """One route key's call: its saved entry and the routed frames that ``arrived`` (packed entries);
+    the rows it made and when the key next needs a call.
+
+    When nothing of the key is due yet (its entry's next call and every arrival are past the
+    watermark), the arrivals only join the waiting routes: the shard is neither read nor written, and
+    ``keyed_step`` would have fed it nothing and found its timers not due. Most arrivals are such, as
+    stage one routes frames past the watermark and they wait one lateness."""
     shard, packed = (saved[0], saved[1]) if saved else (None, None)
-    waiting = [Buffered(*item) for item in msgpack.unpackb(packed)] if packed else []
-    result = keyed_step(config, key, shard, waiting + arrived, watermark_ms)
+    due = saved[2] if saved else None
+    if (
+        arrived
+        and (due is None or due > watermark_ms)
+        and min(entry[0] for entry in arrived) > watermark_ms
+        and forms_route_key(key)
+    ):
+        waiting = (msgpack.unpackb(packed) if packed else []) + arrived
+        soonest = min(entry[0] for entry in arrived)
+        due = soonest if due is None else min(due, soonest)
+        store.put(key, (shard, msgpack.packb(waiting), due))
+        return [], due
+    buffered = [Buffered(*item) for item in msgpack.unpackb(packed)] if packed else []
+    buffered += [Buffered(*entry) for entry in arrived]
+    result = keyed_step(config, key, shard, buffered, watermark_ms)
     if result.state is None and not result.buffer:
         if saved is not None:
             store.remove(key)
     else:
         buffer = msgpack.packb([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
         store.put(key, (result.state, buffer, result.next_timer_ms))
-    return result
+    return result.rows, result.next_timer_ms
 
 
 def keyed_bucket(
@@ -607,10 +639,10 @@ def keyed_bucket(
     out: list[dict[str, Any]] = []
     timer = armed_ms
     for key, key_rows in _group(rows, "route_key").items():
-        arrived = [b for r in key_rows for b in buffered_of(r)]
-        result = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
-        out.extend(result.rows)
-        timer = _earliest(timer, result.next_timer_ms)
+        arrived = [entry for r in key_rows for entry in _route_entries(r)]
+        made, due = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
+        out.extend(made)
+        timer = _earliest(timer, due)
     return BucketResult(out, timer)
 
 
@@ -623,9 +655,9 @@ def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_m
         if due is not None and due > watermark_ms:
             timer = _earliest(timer, due)
             continue
-        result = _keyed_entry_step(config, store, key, saved, [], watermark_ms)
-        out.extend(result.rows)
-        timer = _earliest(timer, result.next_timer_ms)
+        made, due = _keyed_entry_step(config, store, key, saved, [], watermark_ms)
+        out.extend(made)
+        timer = _earliest(timer, due)
     return BucketResult(out, timer)
 
 
@@ -647,7 +679,7 @@ class _LocalBuckets:
     ) -> list[dict[str, Any]]:
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for row in rows:
-            by_bucket.setdefault(zlib.crc32(str(row[column]).encode()) % len(self.stores), []).append(row)
+            by_bucket.setdefault(bucket_index(str(row[column]), len(self.stores)), []).append(row)
         out: list[dict[str, Any]] = []
         for b, bucket_rows in by_bucket.items():
             self.calls += 1

@@ -135,18 +135,3 @@ def test_a_bucket_has_at_most_one_timer() -> None:
     handle.timers.discard(30)  # it fired: Spark removed it
     timer.move(None, None)
     assert handle.timers == set() and timer.armed() is None
-
-
-def test_a_null_in_a_long_column_would_round_the_tap_clock() -> None:
-    """Why stage one's input has no null longs (streaming.job.NON_NULL_LONGS): Arrow -> pandas turns a
-    nullable int64 column with a null into float64, which cannot hold the tap clock exactly."""
-    import pyarrow as pa
-
-    from streaming.job import NON_NULL_LONGS, STAGE_ONE_COLUMNS
-
-    ts = 1_795_505_029_312_988_929
-    with_null = pa.table({"ts_ns": pa.array([ts, ts + 1, None], pa.int64())}).to_pandas()
-    assert with_null["ts_ns"].dtype == np.float64 and int(with_null["ts_ns"][0]) != ts
-    without = _records(iter([pa.table({"ts_ns": pa.array([ts, ts + 1, 0], pa.int64())}).to_pandas()]))
-    assert [r["ts_ns"] for r in without] == [ts, ts + 1, 0]
-    assert set(NON_NULL_LONGS) <= set(STAGE_ONE_COLUMNS)
