@@ -4,7 +4,9 @@ Runs the fleet workload of ``benchmarks/stream_bench.py`` (client sessions: ApiV
 InitProducerId, 18 idempotent Produce exchanges with real v2 batches, close) through exactly what the
 job's Python workers run, in micro-batches, with the job's default bucket count:
 
-1. **decode**: ``streaming.frames.frame_row`` per tap record (the ``mapInArrow`` stage: headers only);
+1. **decode**: the ``mapInArrow`` stage (``streaming.bundles.bundle_batch``: headers as columns, bundled
+   per bucket) on Kafka-source Arrow batches of 10,000 records, and stage one's reading of the bundles
+   (``read_bundle``);
 2. **stage one**: ``streaming.stages.connection_bucket`` per bucket (plus its timers);
 3. **stage two**: ``streaming.stages.keyed_bucket`` per bucket (plus its timers).
 
@@ -36,11 +38,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import pyarrow as pa  # noqa: E402
+
 import codec  # noqa: E402
 from benchmarks.stream_bench import session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
-from streaming.frames import frame_row  # noqa: E402
+from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch, read_bundle  # noqa: E402
+from streaming.job import bucket_labels  # noqa: E402
 from streaming.stages import LocalStages  # noqa: E402
 from streaming.workergc import tune_worker_gc  # noqa: E402
 
@@ -59,6 +64,40 @@ def tap_records(sessions: int) -> list[tuple[dict[str, str], bytes, int, int]]:
             out.append((int(h["ts_ns"]), h, raw, zlib.crc32(key) % 2))
     out.sort(key=lambda item: item[0])
     return [(h, raw, part, offset) for offset, (_, h, raw, part) in enumerate(out)]
+
+
+#: Records per Arrow batch the Kafka source hands ``mapInArrow`` (Spark's ``maxRecordsPerBatch``).
+SOURCE_BATCH = 10_000
+LABELS = bucket_labels(StreamConfig().buckets, StreamConfig().shuffle_partitions)
+
+
+def source_batches(records: list[tuple[dict[str, str], bytes, int, int]]) -> list[pa.RecordBatch]:
+    """Records as the Kafka source hands them to ``mapInArrow``: value, headers, partition, offset."""
+    return [
+        pa.RecordBatch.from_pylist(
+            [
+                {
+                    "value": value,
+                    "headers": [{"key": k, "value": v.encode()} for k, v in headers.items()],
+                    "partition": partition,
+                    "offset": offset,
+                }
+                for headers, value, partition, offset in records[start : start + SOURCE_BATCH]
+            ],
+            schema=KAFKA_SOURCE_SCHEMA,
+        )
+        for start in range(0, len(records), SOURCE_BATCH)
+    ]
+
+
+def unbundled(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    """The job's ``mapInArrow`` stage, then stage one reading what it made: stage one's rows."""
+    return [
+        row
+        for batch in batches
+        for bundle in bundle_batch(batch, LABELS).column("bundle").to_pylist()
+        for row in read_bundle(bundle)
+    ]
 
 
 def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
@@ -95,7 +134,8 @@ def run(
         chunk = records[start : start + batch]
         if not chunk:
             watermark_ms = max_ms + 1  # the end: let the watermark pass everything
-        rows = timed("decode", lambda records: [frame_row(*r) for r in records], chunk)
+        sources = source_batches(chunk)
+        rows = timed("decode", unbundled, sources)
         routed = timed("stage1", stages.stage_one, rows, watermark_ms)
         timed("stage2", stages.stage_two, routed, watermark_ms)
         if chunk:
@@ -136,7 +176,7 @@ def main() -> int:
     print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}, collector: {gc_label}")
     print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
     for name, label in (
-        ("decode", "frame_row (mapInArrow)"),
+        ("decode", "mapInArrow + bundle read"),
         ("stage1", "stage one"),
         ("stage2", "stage two"),
     ):

@@ -32,6 +32,17 @@ from codec.taprecord import Header
 from streaming.frames import FRAME_ROW_SCHEMA, frame_rows_batch
 from streaming.stages import EVENT_TIME_MS, NS_PER_MS, bucket_index
 
+#: What the job's ``mapInArrow`` stage reads: the Kafka source's value, headers, partition and offset,
+#: as Spark hands them over (``streaming.job.source_rows``).
+KAFKA_SOURCE_SCHEMA = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+    ]
+)
+
 #: The frames of a bundle: the tap-record rows and each one's event time (ms), as stage one reads them.
 BUNDLE_FRAME_SCHEMA = FRAME_ROW_SCHEMA.append(pa.field(EVENT_TIME_MS, pa.int64()))
 
