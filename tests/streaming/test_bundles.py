@@ -106,6 +106,28 @@ def test_a_bundles_event_time_is_its_newest_frames_and_the_tap_clock_stays_exact
     )
 
 
+def test_a_record_with_numeric_headers_beyond_their_columns_is_bundled_with_them_null() -> None:
+    """Any producer can write such a record to the tap topic: it reads as one whose numeric headers
+    are not numbers (null; its event time its arrival), and the batch's other records are untouched."""
+    recs = records(4, 1)
+    beyond = (
+        {"conn": "c0", "seq": str(2**64), "ts_ns": str(-(2**63) - 1), "api_key": str(2**31), "dir": "resp"},
+        b"",
+        0,
+        99,
+    )
+    (rows,) = unbundle(bundled([*recs, beyond], bucket_labels(1, 1))).values()
+    assert [r["tap_offset"] for r in rows] == [*(r[3] for r in recs), 99]
+    assert [r["ts_ns"] for r in rows[:-1]] == [int(r[0]["ts_ns"]) for r in recs]
+    last = rows[-1]
+    assert (last["seq"], last["ts_ns"], last["api_key"], last[EVENT_TIME_MS]) == (
+        None,
+        None,
+        None,
+        ARRIVAL_MS,
+    )
+
+
 def test_an_empty_batch_makes_no_bundle() -> None:
     batch = bundled([], bucket_labels(4, 2))
     assert batch.num_rows == 0 and batch.schema == BUNDLE_SCHEMA

@@ -191,6 +191,47 @@ def test_a_record_that_is_not_from_a_tap_is_a_decode_error() -> None:
     assert "not a tap record" in findings[0]["summary"]
 
 
+#: The tap record's numeric headers (``streaming.frames.FRAME_ROW_SCHEMA``'s integer columns).
+NUMERIC_HEADERS = ("seq", "ts_ns", "api_key", "api_version", "corr_id", "broker_id")
+
+
+def through_local_stages(
+    headers: dict[str, str], value: bytes | None, partition: int, offset: int
+) -> list[Any]:
+    stages = LocalStages(CONFIG, 2)
+    routed = stages.stage_one([frame_row(headers, value, partition, offset)], 0)
+    out = stages.stage_two(routed, 0) + stages.stage_two([], 2**62)
+    return [(r["kind"], json.loads(r["payload"])) for r in out if r["kind"] != "route"]
+
+
+@pytest.mark.parametrize("direction", ["req", "resp"])
+def test_out_of_range_numeric_headers_go_through_the_stages_as_non_numeric_ones(direction: str) -> None:
+    """A header its column cannot hold reads as null, as one that is not a number: stage one reads a
+    null seq and ts_ns as 0 (``frame_from_row``) and judges the record by what it has. A request is
+    decoded from its own bytes; a response without its api key and version is a counted decode error."""
+    frame = next(f for f in scenario() if f.direction == direction and f.error is None)
+    headers, value, partition, offset = tap_record(frame)
+    beyond = through_local_stages(
+        {**headers, **dict.fromkeys(NUMERIC_HEADERS, str(2**70))}, value, partition, offset
+    )
+    assert beyond == through_local_stages(
+        {**headers, **dict.fromkeys(NUMERIC_HEADERS, "x")}, value, partition, offset
+    )
+    for bound in ("2147483648", "-2147483649"):  # int32's: a sequence or clock holds them, an api key not
+        assert through_local_stages(
+            {**headers, "api_key": bound}, value, partition, offset
+        ) == through_local_stages({**headers, "api_key": "x"}, value, partition, offset)
+    aggs = [payload for kind, payload in beyond if kind == "agg"]
+    assert sum(a["frames"] for a in aggs) == 1
+    decode_errors = [p for kind, p in beyond if kind == "finding" and p["rule"] == "frame.decode_error"]
+    if direction == "resp":
+        assert [a["decode_errors"] for a in aggs] == [1]
+        assert len(decode_errors) == 1 and decode_errors[0]["evidence"]["offsets"] == [[partition, offset]]
+    else:
+        assert [(a["decode_errors"], a["api_key"]) for a in aggs] == [(0, frame.api_key)]
+        assert decode_errors == []
+
+
 def test_a_closed_connection_leaves_no_state() -> None:
     frames = [f for f in scenario() if f.conn == "tap1-av"]
     from tests.checks.builders import Conversation
