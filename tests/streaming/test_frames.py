@@ -10,13 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codec.taprecord import HEADERS, ROW_KEYS, SASL_TOKEN, Header, headers_dict
+from streaming.bundles import KAFKA_SOURCE_SCHEMA
 from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row, frame_rows_batch
 
-#: The Kafka source's ``headers`` column, as Spark hands it to ``mapInArrow``.
-HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-SOURCE_SCHEMA = pa.schema(
-    [("value", pa.binary()), ("headers", HEADERS_TYPE), ("partition", pa.int32()), ("offset", pa.int64())]
-)
+#: The Kafka source's columns, as Spark hands them to ``mapInArrow``.
+SOURCE_SCHEMA = KAFKA_SOURCE_SCHEMA
+HEADERS_TYPE = SOURCE_SCHEMA.field("headers").type
 
 Record = tuple[list[tuple[str, bytes | None]] | None, bytes | None, int | None, int]
 
