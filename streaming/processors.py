@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import msgpack
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
@@ -37,6 +38,7 @@ from streaming.stages import (
     connection_bucket_expired,
     keyed_bucket,
     keyed_bucket_expired,
+    split_due,
 )
 from streaming.workergc import tune_worker_gc
 
@@ -56,6 +58,8 @@ KEYED_ENTRY = StructType(
         StructField("due", LongType()),
     ]
 )
+#: A bucket's due index: ``{key: next call ms}`` of every entry, msgpack (``MapStateStore.due``).
+DUE_INDEX = StructType([StructField("dues", BinaryType())])
 #: The bucket's one armed timer.
 BUCKET_TIMER = StructType([StructField("timer", LongType())])
 
@@ -84,16 +88,22 @@ class MapStateStore:
     the bucket holds. What the stages read is the same either way; only the number of calls changes.
     """
 
-    def __init__(self, state: MapState) -> None:
+    def __init__(self, state: MapState, index: ValueState | None = None) -> None:
         self.state = state
         #: The bucket's keys, when listed for this call; None: unknown, ask per key.
         self.known: set[str] | None = None
         #: How many entries each bucket held when last listed (a hint: per worker, never persisted).
         self.sizes: dict[Any, int] = {}
+        #: The bucket's due index, kept in state (see ``due``); None: list the bucket instead.
+        self.index = index
+        #: This call's copy of the index ({key: next call ms}), read on first use; and whether it changed.
+        self.dues: dict[str, int | None] | None = None
+        self.dirty = False
 
     def begin(self, bucket: Any, keys: int) -> None:
         """Before a call on ``bucket`` (the grouping key Spark set) that will look up ``keys`` entries."""
         self.known = None
+        self.dues, self.dirty = None, False
         size = self.sizes.get(bucket)
         if keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
             self.known = {key[0] for key in self.state.keys()}  # noqa: SIM118 (a MapState, not a dict)
@@ -109,15 +119,61 @@ class MapStateStore:
         self.state.updateValue((key,), value)
         if self.known is not None:
             self.known.add(key)
+        if self.index is not None:
+            dues = self._dues()
+            if dues.get(key, -1) != value[-1]:
+                dues[key] = value[-1]
+                self.dirty = True
 
     def remove(self, key: str) -> None:
         self.state.removeKey((key,))
         if self.known is not None:
             self.known.discard(key)
+        if self.index is not None and self._dues().pop(key, -1) != -1:
+            self.dirty = True
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
         # Read the whole bucket before the caller changes it: the iterator reads the store lazily.
         return [(key[0], tuple(value)) for key, value in self.state.iterator()]
+
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        """``BucketStore.due``. Listing the bucket reads every entry with its shard and buffered routes,
+        on every timer fire, so its cost grows with the state held (producers live for days), not with
+        the traffic; with an index only the due entries are read."""
+        if self.index is None:
+            return split_due(self.items(), watermark_ms)
+        index = {key: (at,) for key, at in self._dues().items()}
+        keys, later = split_due(index.items(), watermark_ms)
+        ready: list[tuple[str, tuple[Any, ...]]] = []
+        for key, _ in keys:
+            value = self.state.getValue((key,))
+            if value is None:  # gone without the index knowing: nothing to do for it
+                self._dues().pop(key, None)
+                self.dirty = True
+                continue
+            ready.append((key, tuple(value)))
+        return ready, later
+
+    def finish(self) -> None:
+        """After the call: keep the index if it changed."""
+        if self.index is None or not self.dirty or self.dues is None:
+            return
+        if self.dues:
+            self.index.update((msgpack.packb(self.dues),))
+        else:
+            self.index.clear()
+        self.dirty = False
+
+    def _dues(self) -> dict[str, int | None]:
+        if self.dues is None:
+            saved = self.index.get() if self.index is not None else None
+            if saved is not None and saved[0] is not None:
+                self.dues = msgpack.unpackb(saved[0])
+            else:
+                # No index yet (a bucket from before it, or an empty one): made once from the entries.
+                self.dues = {key: value[-1] for key, value in self.items()}
+                self.dirty = bool(self.dues)
+        return self.dues
 
 
 class BucketTimer:
@@ -178,6 +234,8 @@ class _BucketProcessor(StatefulProcessor):
 
     STATE_NAME = ""
     ENTRY: StructType
+    #: Keep a due index (``MapStateStore.due``) beside the entries.
+    KEEP_DUE_INDEX = False
 
     def __init__(self, config: ChecksSettings, tune_gc: bool = False) -> None:
         self.config = config
@@ -188,10 +246,12 @@ class _BucketProcessor(StatefulProcessor):
         if self.tune_gc:
             tune_worker_gc()
         # Spark allows state TTLs only in processing-time mode; idle entries expire by event-time timers.
-        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY))
+        index = handle.getValueState(f"{self.STATE_NAME}_due", DUE_INDEX) if self.KEEP_DUE_INDEX else None
+        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY), index)
         self.timer = BucketTimer(handle, handle.getValueState(f"{self.STATE_NAME}_timer", BUCKET_TIMER))
 
     def _apply(self, armed: int | None, result: BucketResult) -> list[dict[str, Any]]:
+        self.store.finish()
         self.timer.move(armed, result.timer_ms)
         return result.rows
 
@@ -236,6 +296,9 @@ class KeyedProcessor(_BucketProcessor):
 
     STATE_NAME = "route_keys"
     ENTRY = KEYED_ENTRY
+    # Every route key holds state for its TTL (days for producers), and the bucket's timer fires in
+    # nearly every batch, as routes wait one lateness: a fire must read only the due keys.
+    KEEP_DUE_INDEX = True
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues

@@ -400,6 +400,27 @@ class BucketStore(Protocol):
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]: ...
 
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        """The entries whose next call (an entry's last field) is due at ``watermark_ms``, and the
+        earliest next call of the others (``split_due``)."""
+        ...
+
+
+def split_due(
+    entries: Iterable[tuple[str, tuple[Any, ...]]], watermark_ms: int
+) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+    """``BucketStore.due`` over entries: an entry is due when its last field (its next call, event-time
+    ms) is at or before the watermark, or unset."""
+    due: list[tuple[str, tuple[Any, ...]]] = []
+    later: int | None = None
+    for key, value in entries:
+        at = value[-1]
+        if at is not None and at > watermark_ms:
+            later = _earliest(later, at)
+        else:
+            due.append((key, value))
+    return due, later
+
 
 class DictBucketStore:
     """A ``BucketStore`` in memory."""
@@ -418,6 +439,9 @@ class DictBucketStore:
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
         return list(self.entries.items())
+
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        return split_due(self.items(), watermark_ms)
 
 
 @dataclass
@@ -562,11 +586,8 @@ def _payload(row: dict[str, Any]) -> dict[str, Any]:
 def connection_bucket_expired(store: BucketStore, watermark_ms: int) -> BucketResult:
     """The bucket's timer fired: drop connections idle past their TTL (counted), re-arm for the rest."""
     out: list[dict[str, Any]] = []
-    timer: int | None = None
-    for conn, (_, expires) in store.items():
-        if expires is not None and expires > watermark_ms:
-            timer = _earliest(timer, expires)
-            continue
+    expired, timer = store.due(watermark_ms)
+    for conn, _ in expired:
         store.remove(conn)
         out.append(expired_row(watermark_ms + 1))
     return BucketResult(out, timer)
@@ -649,12 +670,8 @@ def keyed_bucket(
 def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_ms: int) -> BucketResult:
     """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
     out: list[dict[str, Any]] = []
-    timer: int | None = None
-    for key, saved in store.items():
-        due = saved[2]
-        if due is not None and due > watermark_ms:
-            timer = _earliest(timer, due)
-            continue
+    ready, timer = store.due(watermark_ms)
+    for key, saved in ready:
         made, due = _keyed_entry_step(config, store, key, saved, [], watermark_ms)
         out.extend(made)
         timer = _earliest(timer, due)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from streaming.processors import LIST_KEYS_AT, LIST_KEYS_RATIO, BucketTimer, MapStateStore, _records
-from streaming.stages import _event_ms
+from streaming.stages import _event_ms, split_due
 
 
 def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
@@ -52,7 +52,11 @@ class FakeMapState:
     def removeKey(self, key: tuple[Any, ...]) -> None:
         del self.data[key]
 
+    def data_items(self) -> list[tuple[str, tuple[Any, ...]]]:
+        return [(key[0], value) for key, value in self.data.items()]
+
     def iterator(self) -> Any:
+        self.calls.append("iterator")
         return iter(self.data.items())  # changing the dict while this runs would raise
 
 
@@ -135,3 +139,49 @@ def test_a_bucket_has_at_most_one_timer() -> None:
     handle.timers.discard(30)  # it fired: Spark removed it
     timer.move(None, None)
     assert handle.timers == set() and timer.armed() is None
+
+
+def test_a_timer_fire_reads_only_the_due_entries_through_the_index() -> None:
+    state, index = FakeMapState(), FakeValueState()
+    store = MapStateStore(state, index)  # type: ignore[arg-type]
+    store.begin((0,), 0)
+    for i in range(50):
+        store.put(f"k{i}", (b"shard", b"routes", 1_000 + i))
+    store.put("unset", (b"shard", b"", None))
+    store.finish()
+    assert index.value is not None
+    store.begin((0,), 0)
+    state.calls.clear()
+    ready, later = store.due(1_002)
+    # The same answer as listing the bucket, from the index and three reads: nothing else was listed.
+    assert (ready, later) == split_due(state.data_items(), 1_002)
+    assert sorted(key for key, _ in ready) == ["k0", "k1", "k2", "unset"] and later == 1_003
+    assert state.calls == ["getValue"] * 4
+    # Entries the call changes or removes are in the saved index afterwards.
+    store.remove("k0")
+    store.put("k1", (b"shard", b"", 5_000))
+    store.finish()
+    store.begin((0,), 0)
+    ready, later = store.due(1_002)
+    assert sorted(key for key, _ in ready) == ["k2", "unset"] and later == 1_003
+
+
+def test_a_bucket_without_an_index_gets_one_from_its_entries() -> None:
+    """A bucket saved before the index (or by a build without it) is listed once, then indexed."""
+    state, index = FakeMapState(), FakeValueState()
+    state.data = {("a",): (b"s", b"", 10), ("b",): (b"s", b"", 20)}
+    store = MapStateStore(state, index)  # type: ignore[arg-type]
+    store.begin((0,), 0)
+    assert [key for key, _ in store.due(15)[0]] == ["a"]
+    assert state.calls.count("iterator") == 1
+    store.finish()
+    store.begin((0,), 0)
+    state.calls.clear()
+    assert store.due(25)[0] == [("a", (b"s", b"", 10)), ("b", (b"s", b"", 20))]
+    assert "iterator" not in state.calls
+    # An index naming a key the bucket no longer holds forgets it; an empty bucket clears the index.
+    del state.data[("a",)]
+    store.remove("b")
+    assert store.due(25) == ([], None)
+    store.finish()
+    assert index.value is None
