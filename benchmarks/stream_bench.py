@@ -359,6 +359,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=2_000_000)
     parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="frames/s offered in the latency run (default: half the whole job's measured rate); a fixed "
+        "rate compares builds whose throughput differs",
+    )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--progress", type=Path, help="write every batch's query progress (JSON) here")
@@ -438,7 +444,7 @@ def main() -> int:
             "job_over_raw": out["job"]["rows_per_second"] / out["raw"]["rows_per_second"],
             "rows_over_raw": out["rows"]["rows_per_second"] / out["raw"]["rows_per_second"],
         }
-        rate = max(out["job"]["rows_per_second"] * 0.5, 100.0)
+        rate = args.latency_rate or max(out["job"]["rows_per_second"] * 0.5, 100.0)
         if args.latency_seconds > 0:
             print(f"latency at {rate:,.0f} frames/s for {args.latency_seconds:.0f} s ...", flush=True)
             out["latency"] = measure_latency(spark, config, bootstrap, rate, args.latency_seconds)
