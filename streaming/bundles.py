@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from codec.taprecord import Header
-from streaming.frames import FRAME_ROW_SCHEMA, frame_rows_batch
+from streaming.frames import FRAME_ROW_SCHEMA, frame_columns
 from streaming.stages import EVENT_TIME_MS, NS_PER_MS, bucket_index
 
 #: What the job's ``mapInArrow`` stage reads: the Kafka source's value, headers, partition and offset,
@@ -78,7 +78,7 @@ def _ipc(rows: pa.RecordBatch) -> bytes:
 def bundle_batch(batch: pa.RecordBatch, labels: list[int], arrival_ms: int | None = None) -> pa.RecordBatch:
     """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → one bundle row per
     stage-one bucket they touch; ``labels[b]`` is bucket ``b``'s grouping value (``streaming.job``)."""
-    rows = frame_rows_batch(batch)
+    rows = frame_columns(batch)
     if rows.num_rows == 0:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms

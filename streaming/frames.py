@@ -1,7 +1,8 @@
 """The tap-record rows: one row per tap record, its headers as typed columns, plus the frame itself.
 
-``frame_rows_batch`` is the body of the job's ``mapInArrow`` stage, and pure: an Arrow batch of Kafka
-source rows (value, headers, partition, offset) in, an Arrow batch of ``FRAME_ROW_SCHEMA`` rows out.
+``frame_columns`` is the body of the job's ``mapInArrow`` stage (``streaming.bundles`` bundles what it
+makes), and pure: an Arrow batch of Kafka source rows (value, headers, partition, offset) in, an Arrow
+batch of ``FRAME_ROW_SCHEMA`` rows out.
 It parses headers only (``codec.taprecord``, the one tap-record contract) and never runs the codec:
 the frame is decoded once, in stage one, where the rules that read it run (docs/decisions.md,
 "Decode once, in stage one"). What the stages before stage one need is the connection (the bucket)
@@ -22,7 +23,7 @@ the record as it judges any without a usable header (``codec.taprecord.frame_fro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -199,12 +200,21 @@ def _int_column(headers: _Headers, name: str, type_: pa.DataType) -> pa.Array:
             parsed = pc.if_else(held, parsed, pa.scalar(None, pa.int64()))
     rest = pc.and_(pc.invert(plain), pc.is_valid(column))
     if pc.any(rest).as_py():
-        values = column.filter(rest)
-        distinct = pc.unique(values)
-        ints = [_fitting(name, int_header({name: header_text(v)}, name)) for v in distinct.to_pylist()]
-        read = pa.array(ints, pa.int64()).take(pc.index_in(values, value_set=distinct))
+        read = _per_distinct(
+            column.filter(rest),
+            lambda v: _fitting(name, int_header({name: header_text(v)}, name)),
+            pa.int64(),
+        )
         parsed = pc.replace_with_mask(parsed, rest, read)
     return parsed.cast(type_)
+
+
+def _per_distinct(values: pa.Array, read: Callable[[Any], Any], type_: pa.DataType) -> pa.Array:
+    """``read`` of each of ``values``, as a ``type_`` column, calling it once per distinct value."""
+    distinct = pc.unique(values)
+    return pa.array([read(v) for v in distinct.to_pylist()], type_).take(
+        pc.index_in(values, value_set=distinct)
+    )
 
 
 def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -237,10 +247,8 @@ def _connections(conn: pa.Array, partition: pa.Array) -> pa.Array:
     missing = pc.equal(conn, "").fill_null(True)
     if not pc.any(missing).as_py():
         return conn
-    partitions = partition.filter(missing)
-    distinct = pc.unique(partitions)
-    names = pa.array([connection_of(None, p) for p in distinct.to_pylist()], pa.string())
-    return pc.replace_with_mask(conn, missing, names.take(pc.index_in(partitions, value_set=distinct)))
+    names = _per_distinct(partition.filter(missing), lambda p: connection_of(None, p), pa.string())
+    return pc.replace_with_mask(conn, missing, names)
 
 
 def _header_only(headers: _Headers) -> pa.Array:
@@ -265,12 +273,7 @@ def _header_only(headers: _Headers) -> pa.Array:
     return pa.array(result, pa.bool_())
 
 
-def frame_rows_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → tap-record rows."""
-    return frame_columns(batch)
-
-
 def frame_row_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` entry point."""
+    """``mapInArrow`` entry point of ``streaming.job.frame_rows`` (one row per record)."""
     for batch in batches:
-        yield frame_rows_batch(batch)
+        yield frame_columns(batch)

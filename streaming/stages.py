@@ -20,7 +20,7 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Final, Protocol
 
@@ -260,6 +260,7 @@ def _connection_step(
         at_ms = max(-(-route.at_ns // NS_PER_MS), floor_ms)
         frame = route.frame
         if combined is not None:
+            # ``_ROUTE_ENTRY``, written out.
             combined.add_route(
                 route.key, at_ms, frame.ts_ns, [at_ms, frame.ts_ns, frame.conn, frame.seq, data, flags]
             )
@@ -320,6 +321,11 @@ class Buffered:
     frame: bytes
     flags: int
 
+
+#: A routed frame as packed between the stages and in stage two's buffer: ``Buffered``'s fields, in order
+#: (``_route_entries`` reads them back; ``_connection_step`` writes the same list out, on its hot path).
+_ROUTE_ENTRY: Final = tuple(f.name for f in fields(Buffered))
+_packed_entry: Final = attrgetter(*_ROUTE_ENTRY)
 
 #: The order stage two releases routed frames in, as the single monitor does: (ts_ns, conn, seq).
 _RELEASE_ORDER: Final = attrgetter("ts_ns", "conn", "seq")
@@ -537,10 +543,7 @@ class _Combiner:
             kind = row["kind"]
             if kind == "route":
                 self.add_route(
-                    row["route_key"],
-                    row["event_ms"],
-                    row["ts_ns"],
-                    [row["at_ms"], row["ts_ns"], row["conn"], row["seq"], row["frame"], row["flags"]],
+                    row["route_key"], row["event_ms"], row["ts_ns"], [row[name] for name in _ROUTE_ENTRY]
                 )
             elif kind == "agg":
                 agg = _payload(row)
@@ -623,14 +626,14 @@ def _keyed_entry_step(
     stage one routes frames past the watermark and they wait one lateness."""
     shard, packed = (saved[0], saved[1]) if saved else (None, None)
     due = saved[2] if saved else None
+    soonest = min((entry[0] for entry in arrived), default=None)
     if (
-        arrived
+        soonest is not None
+        and soonest > watermark_ms
         and (due is None or due > watermark_ms)
-        and min(entry[0] for entry in arrived) > watermark_ms
         and forms_route_key(key)
     ):
         waiting = (msgpack.unpackb(packed) if packed else []) + arrived
-        soonest = min(entry[0] for entry in arrived)
         due = soonest if due is None else min(due, soonest)
         store.put(key, (shard, msgpack.packb(waiting), due))
         return [], due
@@ -641,7 +644,7 @@ def _keyed_entry_step(
         if saved is not None:
             store.remove(key)
     else:
-        buffer = msgpack.packb([[b.at_ms, b.ts_ns, b.conn, b.seq, b.frame, b.flags] for b in result.buffer])
+        buffer = msgpack.packb([_packed_entry(b) for b in result.buffer])
         store.put(key, (result.state, buffer, result.next_timer_ms))
     return result.rows, result.next_timer_ms
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from codec.taprecord import HEADERS, ROW_KEYS, SASL_TOKEN, Header, headers_dict
 from streaming.bundles import KAFKA_SOURCE_SCHEMA
-from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row, frame_rows_batch
+from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row, frame_row_batches
 
 #: The Kafka source's columns, as Spark hands them to ``mapInArrow``.
 SOURCE_SCHEMA = KAFKA_SOURCE_SCHEMA
@@ -187,7 +187,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         "size": 5,
         "value": b"frame",
     }
-    assert frame_rows_batch(batch).equals(frame_columns(batch))
+    assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 
 
 @pytest.mark.parametrize(
