@@ -6,6 +6,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+import msgpack
 import pytest
 
 from codec.taprecord import TapFrame
@@ -21,6 +22,8 @@ from streaming.stages import (
     connection_bucket,
     connection_bucket_expired,
     connection_step,
+    keyed_bucket,
+    keyed_bucket_expired,
     keyed_step,
 )
 from tests.checks.test_sharding import (
@@ -316,3 +319,75 @@ def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
     assert sum(a["frames"] for a in aggs) == sum(1 for f in frames if f.direction in ("req", "resp"))
     assert len(stats) == 1 and stats[0]["frames"] == len(frames)
     assert all(r["event_ms"] > 0 for r in result.rows)
+
+
+class CountingStore(DictBucketStore):
+    """A ``DictBucketStore`` that notes what the step reads and writes (Spark's state-server calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def get(self, key: str) -> tuple[Any, ...] | None:
+        self.calls.append("get")
+        return super().get(key)
+
+    def put(self, key: str, value: tuple[Any, ...]) -> None:
+        self.calls.append("put")
+        super().put(key, value)
+
+    def waiting(self) -> list[tuple[str, bytes]]:
+        self.calls.append("waiting")
+        return super().waiting()
+
+    def add_waiting(self, routes: list[tuple[str, bytes]]) -> None:
+        self.calls.append("add_waiting")
+        super().add_waiting(routes)
+
+    def set_waiting(self, routes: list[tuple[str, bytes]]) -> None:
+        self.calls.append("set_waiting")
+        super().set_waiting(routes)
+
+
+def _routed(frames: list[TapFrame]) -> list[dict[str, Any]]:
+    rows = [frame_row(*tap_record(f)) for f in frames]
+    return [
+        r for r in connection_bucket(CONFIG, DictBucketStore(), rows, 0, None).rows if r["kind"] == "route"
+    ]
+
+
+def test_arrivals_not_yet_due_join_the_waiting_room_without_reading_or_writing_entries() -> None:
+    routed = _routed(scenario())
+    keys = {r["route_key"] for r in routed}
+    store = CountingStore()
+    result = keyed_bucket(CONFIG, store, routed, 0, None)
+    assert result.rows == [] and store.entries == {}
+    # One append for the whole call, whatever the number of keys; no entry read or written.
+    assert store.calls == ["add_waiting"] and len(keys) > 2
+    assert {key for key, _ in store.routes} == keys
+    arrivals = [b.at_ms for r in routed for b in buffered_of(r)]
+    assert result.timer_ms == min(arrivals) == min(v for v in store.dues.values() if v is not None)
+    # The fire steps every key with its waiting routes: the room is read once, written once, and empty.
+    store.calls.clear()
+    fired = keyed_bucket_expired(CONFIG, store, max(arrivals))
+    assert store.calls.count("waiting") == 1 and store.calls.count("set_waiting") == 1
+    assert store.routes == [] and "add_waiting" not in store.calls
+    assert set(store.entries) <= keys and fired.timer_ms is not None
+
+
+def test_the_waiting_room_finds_what_the_entries_buffers_found() -> None:
+    """Stepping a key with its routes from the room, or with the same routes still in its entry (as
+    entries were saved before the room), makes the same rows and state."""
+    routed = _routed(scenario())
+    watermark = max(b.at_ms for r in routed for b in buffered_of(r))
+    roomed = DictBucketStore()
+    keyed_bucket(CONFIG, roomed, routed, 0, None)
+    from_room = keyed_bucket_expired(CONFIG, roomed, watermark)
+    legacy = DictBucketStore()
+    for row in routed:
+        entries = [list(vars(b).values()) for b in buffered_of(row)]
+        legacy.put(row["route_key"], (None, msgpack.packb(entries), min(e[0] for e in entries)))
+    from_entries = keyed_bucket_expired(CONFIG, legacy, watermark)
+    assert from_room.rows and from_room.rows == from_entries.rows
+    assert from_room.timer_ms == from_entries.timer_ms
+    assert roomed.entries == legacy.entries and legacy.routes == roomed.routes == []
