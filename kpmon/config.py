@@ -157,6 +157,10 @@ class StreamConfig(_Section):
     checkpoint_dir: str | None = None
     trigger_seconds: float = Field(default=1.0, gt=0)
     max_offsets_per_trigger: int = Field(default=200_000, gt=0)
+    #: The source's Kafka consumer ``fetch.max.wait.ms``. A task that reads up to the topic's end finds
+    #: the consumer's next fetch already waiting at the broker for new records, and waits with it: at
+    #: Kafka's default (500 ms) that was most of a small batch's time (docs/decisions.md).
+    fetch_max_wait_ms: int = Field(default=20, ge=0)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: false: a tap-topic offset that retention deleted is skipped with a warning (the checks see a
     #: ``tap.gap``); true: the query fails instead.

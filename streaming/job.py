@@ -45,8 +45,10 @@ def source_options(config: KpmonConfig) -> dict[str, str]:
         "startingOffsets": config.stream.starting_offsets,
         "maxOffsetsPerTrigger": str(config.stream.max_offsets_per_trigger),
         "failOnDataLoss": str(config.stream.fail_on_data_loss).lower(),
+        "kafka.fetch.max.wait.ms": str(config.stream.fetch_max_wait_ms),
     }
-    # The Java client's names (sasl.jaas.config, ssl.truststore.*): kpmon/config.py translates them.
+    # The Java client's names (sasl.jaas.config, ssl.truststore.*): kpmon/config.py translates them. A
+    # fetch setting among the cluster's properties wins over the stream's.
     options.update({f"kafka.{k}": v for k, v in cluster.java_client_properties().items()})
     return options
 

@@ -223,3 +223,17 @@ def test_the_spark_source_gets_the_java_properties_and_the_readers_the_librdkafk
     assert "sasl.jaas.config" not in consumer
     with pytest.raises(ValueError, match="NAME=VALUE"):
         resolve_cluster(argparse.Namespace(bootstrap_servers=None, property=["oops"]), config)
+
+
+def test_the_spark_source_fetches_without_kafkas_half_second_wait() -> None:
+    from kpmon.config import KpmonConfig
+    from streaming.job import source_options
+
+    assert source_options(KpmonConfig())["kafka.fetch.max.wait.ms"] == "20"
+    tuned = KpmonConfig.model_validate({"stream": {"fetch_max_wait_ms": 100}})
+    assert source_options(tuned)["kafka.fetch.max.wait.ms"] == "100"
+    # The cluster's own client properties are the operator's last word.
+    own = KpmonConfig.model_validate(
+        {"tap": {"cluster": {"bootstrap_servers": "k:9092", "java_properties": {"fetch.max.wait.ms": "250"}}}}
+    )
+    assert source_options(own)["kafka.fetch.max.wait.ms"] == "250"
