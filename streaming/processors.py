@@ -62,9 +62,9 @@ KEYED_ENTRY = StructType(
 )
 #: A bucket's due index: ``{key: next call ms}`` of every entry, msgpack (``MapStateStore.due``).
 DUE_INDEX = StructType([StructField("dues", BinaryType())])
-#: Stage two's waiting room, one list per bucket: a route key and routed frames of it, packed with msgpack
-#: (``streaming.stages.KeyedBucketStore``).
-WAITING_ROUTES = StructType([StructField("key", StringType()), StructField("routes", BinaryType())])
+#: Stage two's waiting room, one list per bucket: parcels of routed frames, one per call that added some
+#: (``streaming.stages.KeyedBucketStore.waiting``).
+WAITING_ROUTES = StructType([StructField("parcel", BinaryType())])
 #: The bucket's one armed timer.
 BUCKET_TIMER = StructType([StructField("timer", LongType())])
 
@@ -183,18 +183,18 @@ class MapStateStore:
             dues[key] = due_ms
             self.dirty = True
 
-    def waiting(self) -> list[tuple[str, bytes]]:
+    def waiting(self) -> list[bytes]:
         if self.waiting_room is None:
             return []
-        return [(str(key), bytes(routes)) for key, routes in self.waiting_room.get()]
+        return [bytes(row[0]) for row in self.waiting_room.get()]
 
-    def add_waiting(self, routes: list[tuple[str, bytes]]) -> None:
-        self._room().appendList(routes)
+    def add_waiting(self, parcel: bytes) -> None:
+        self._room().appendValue((parcel,))
 
-    def set_waiting(self, routes: list[tuple[str, bytes]]) -> None:
+    def set_waiting(self, parcels: list[bytes]) -> None:
         room = self._room()
-        if routes:
-            room.put(routes)
+        if parcels:
+            room.put([(parcel,) for parcel in parcels])
         else:
             room.clear()
 

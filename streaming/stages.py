@@ -432,13 +432,15 @@ class KeyedBucketStore(BucketStore, Protocol):
         None: the key needs no call (it has neither an entry nor waiting routes)."""
         ...
 
-    def waiting(self) -> list[tuple[str, bytes]]:
-        """The waiting room: (route key, its routes packed with msgpack), in the order they came."""
+    def waiting(self) -> list[bytes]:
+        """The waiting room: its parcels, in the order they came. A parcel is what one call added,
+        msgpack ``[[route key, its routes packed with msgpack], ...]``: Spark serializes a list state
+        element by element, so one element per call, not per key, is what makes the room cheap."""
         ...
 
-    def add_waiting(self, routes: list[tuple[str, bytes]]) -> None: ...
+    def add_waiting(self, parcel: bytes) -> None: ...
 
-    def set_waiting(self, routes: list[tuple[str, bytes]]) -> None: ...
+    def set_waiting(self, parcels: list[bytes]) -> None: ...
 
 
 def split_due(
@@ -464,7 +466,7 @@ class DictBucketStore:
         self.entries: dict[str, tuple[Any, ...]] = {}
         #: Every key's next call: the entries' last fields, and keys with only waiting routes.
         self.dues: dict[str, int | None] = {}
-        self.routes: list[tuple[str, bytes]] = []
+        self.parcels: list[bytes] = []
 
     def get(self, key: str) -> tuple[Any, ...] | None:
         return self.entries.get(key)
@@ -494,14 +496,14 @@ class DictBucketStore:
         else:
             self.dues[key] = due_ms
 
-    def waiting(self) -> list[tuple[str, bytes]]:
-        return list(self.routes)
+    def waiting(self) -> list[bytes]:
+        return list(self.parcels)
 
-    def add_waiting(self, routes: list[tuple[str, bytes]]) -> None:
-        self.routes += routes
+    def add_waiting(self, parcel: bytes) -> None:
+        self.parcels.append(parcel)
 
-    def set_waiting(self, routes: list[tuple[str, bytes]]) -> None:
-        self.routes = list(routes)
+    def set_waiting(self, parcels: list[bytes]) -> None:
+        self.parcels = list(parcels)
 
 
 @dataclass
@@ -682,8 +684,9 @@ class _WaitingRoom:
         """The routes of ``key`` that were waiting, out of the room."""
         if self.held is None:
             self.held = {}
-            for waiting_key, packed in self.store.waiting():
-                self.held.setdefault(waiting_key, []).append(packed)
+            for parcel in self.store.waiting():
+                for waiting_key, packed in msgpack.unpackb(parcel):
+                    self.held.setdefault(waiting_key, []).append(packed)
         parts = self.held.pop(key, None)
         if not parts:
             return []
@@ -692,10 +695,10 @@ class _WaitingRoom:
 
     def finish(self) -> None:
         if self.held is not None and self.taken:
-            kept = [(key, packed) for key, parts in self.held.items() for packed in parts]
-            self.store.set_waiting(kept + self.joined)
+            kept = [(key, packed) for key, parts in self.held.items() for packed in parts] + self.joined
+            self.store.set_waiting([msgpack.packb(kept)] if kept else [])
         elif self.joined:
-            self.store.add_waiting(self.joined)
+            self.store.add_waiting(msgpack.packb(self.joined))
 
 
 def _keyed_entry_step(
@@ -732,14 +735,16 @@ def keyed_bucket(
     watermark_ms: int,
     armed_ms: int | None,
 ) -> BucketResult:
-    """Stage two for one bucket's routed rows.
+    """Stage two for one bucket's routed rows, and its keys that are due.
 
     Entries are ``(shard state, None, next call ms)``; routed frames wait in the bucket's waiting room.
     A key is stepped (``keyed_step``) only when something of it is due: most arrivals are not, as stage
     one routes frames past the watermark and they wait one lateness, so they only join the waiting room,
-    and the key's entry is neither read nor written."""
+    and the key's entry is neither read nor written. The keys due at this watermark are stepped here
+    too, not left to the bucket's timer, which Spark fires after the input calls: the waiting room is
+    then read and written once per batch, not twice. (``armed_ms`` is not needed: every key's next call
+    is in the due index.)"""
     out: list[dict[str, Any]] = []
-    timer = armed_ms
     room = _WaitingRoom(store)
     for key, key_rows in _group(rows, "route_key").items():
         arrived = [entry for r in key_rows for entry in _route_entries(r)]
@@ -752,27 +757,33 @@ def keyed_bucket(
             and forms_route_key(key)
         ):
             room.join(key, arrived)
-            due = soonest if due is None else min(due, soonest)
-            store.mark_due(key, due)
+            store.mark_due(key, soonest if due is None else min(due, soonest))
         else:
-            made, due = _keyed_entry_step(config, store, room, key, store.get(key), arrived, watermark_ms)
-            out.extend(made)
-        timer = _earliest(timer, due)
+            out += _keyed_entry_step(config, store, room, key, store.get(key), arrived, watermark_ms)[0]
+    made, timer = _step_due(config, store, room, watermark_ms)
     room.finish()
-    return BucketResult(out, timer)
+    return BucketResult(out + made, timer)
 
 
 def keyed_bucket_expired(config: ChecksSettings, store: KeyedBucketStore, watermark_ms: int) -> BucketResult:
     """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
+    room = _WaitingRoom(store)
+    out, timer = _step_due(config, store, room, watermark_ms)
+    room.finish()
+    return BucketResult(out, timer)
+
+
+def _step_due(
+    config: ChecksSettings, store: KeyedBucketStore, room: _WaitingRoom, watermark_ms: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Step every key whose next call is due; the rows, and the bucket's next call (its timer)."""
     out: list[dict[str, Any]] = []
     ready, timer = store.due(watermark_ms)
-    room = _WaitingRoom(store)
     for key, saved in ready:
         made, due = _keyed_entry_step(config, store, room, key, saved, [], watermark_ms)
         out.extend(made)
         timer = _earliest(timer, due)
-    room.finish()
-    return BucketResult(out, timer)
+    return out, timer
 
 
 class _LocalBuckets:

@@ -203,9 +203,9 @@ class FakeListState:
         self.calls.append("get")
         return iter(list(self.items))
 
-    def appendList(self, values: list[tuple[Any, ...]]) -> None:
-        self.calls.append("appendList")
-        self.items += values
+    def appendValue(self, value: tuple[Any, ...]) -> None:
+        self.calls.append("appendValue")
+        self.items.append(value)
 
     def put(self, values: list[tuple[Any, ...]]) -> None:
         self.calls.append("put")
@@ -220,17 +220,19 @@ def test_the_waiting_room_is_one_list_per_bucket() -> None:
     state, index, room = FakeMapState(), FakeValueState(), FakeListState()
     store = MapStateStore(state, index, room)  # type: ignore[arg-type]
     store.begin((0,), 100)
-    store.add_waiting([("producer|1", b"a"), ("producer|2", b"b")])
+    store.add_waiting(b"first parcel")
+    store.add_waiting(b"second parcel")
     store.mark_due("producer|1", 10)
     store.mark_due("producer|2", 20)
-    assert room.calls == ["appendList"] and store.waiting() == [("producer|1", b"a"), ("producer|2", b"b")]
+    assert room.calls == ["appendValue"] * 2 and store.waiting() == [b"first parcel", b"second parcel"]
     # The index knows every key: a key it does not name is not asked for, and the bucket is not listed.
     state.calls.clear()
     assert store.get("producer|3") is None and store.get("producer|1") is None
     assert state.calls == ["getValue"]
     assert store.next_call("producer|1") == (True, 10) and store.next_call("producer|3") == (False, None)
     assert store.due(15) == ([("producer|1", None)], 20)
-    store.set_waiting([("producer|2", b"b")])
+    store.set_waiting([b"kept"])
+    assert room.items == [(b"kept",)]
     store.set_waiting([])
     assert room.calls[-2:] == ["put", "clear"] and room.items == []
     store.mark_due("producer|1", None)
@@ -242,4 +244,4 @@ def test_a_store_without_a_waiting_room_holds_no_routes() -> None:
     store = MapStateStore(FakeMapState())  # type: ignore[arg-type]
     assert store.waiting() == []
     with pytest.raises(TypeError, match="no waiting room"):
-        store.add_waiting([("producer|1", b"a")])
+        store.add_waiting(b"parcel")

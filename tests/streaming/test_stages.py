@@ -336,17 +336,17 @@ class CountingStore(DictBucketStore):
         self.calls.append("put")
         super().put(key, value)
 
-    def waiting(self) -> list[tuple[str, bytes]]:
+    def waiting(self) -> list[bytes]:
         self.calls.append("waiting")
         return super().waiting()
 
-    def add_waiting(self, routes: list[tuple[str, bytes]]) -> None:
+    def add_waiting(self, parcel: bytes) -> None:
         self.calls.append("add_waiting")
-        super().add_waiting(routes)
+        super().add_waiting(parcel)
 
-    def set_waiting(self, routes: list[tuple[str, bytes]]) -> None:
+    def set_waiting(self, parcels: list[bytes]) -> None:
         self.calls.append("set_waiting")
-        super().set_waiting(routes)
+        super().set_waiting(parcels)
 
 
 def _routed(frames: list[TapFrame]) -> list[dict[str, Any]]:
@@ -362,16 +362,16 @@ def test_arrivals_not_yet_due_join_the_waiting_room_without_reading_or_writing_e
     store = CountingStore()
     result = keyed_bucket(CONFIG, store, routed, 0, None)
     assert result.rows == [] and store.entries == {}
-    # One append for the whole call, whatever the number of keys; no entry read or written.
+    # One parcel for the whole call, whatever the number of keys; no entry read or written.
     assert store.calls == ["add_waiting"] and len(keys) > 2
-    assert {key for key, _ in store.routes} == keys
+    assert len(store.parcels) == 1 and {key for key, _ in msgpack.unpackb(store.parcels[0])} == keys
     arrivals = [b.at_ms for r in routed for b in buffered_of(r)]
     assert result.timer_ms == min(arrivals) == min(v for v in store.dues.values() if v is not None)
     # The fire steps every key with its waiting routes: the room is read once, written once, and empty.
     store.calls.clear()
     fired = keyed_bucket_expired(CONFIG, store, max(arrivals))
     assert store.calls.count("waiting") == 1 and store.calls.count("set_waiting") == 1
-    assert store.routes == [] and "add_waiting" not in store.calls
+    assert store.parcels == [] and "add_waiting" not in store.calls
     assert set(store.entries) <= keys and fired.timer_ms is not None
 
 
@@ -390,4 +390,22 @@ def test_the_waiting_room_finds_what_the_entries_buffers_found() -> None:
     from_entries = keyed_bucket_expired(CONFIG, legacy, watermark)
     assert from_room.rows and from_room.rows == from_entries.rows
     assert from_room.timer_ms == from_entries.timer_ms
-    assert roomed.entries == legacy.entries and legacy.routes == roomed.routes == []
+    assert roomed.entries == legacy.entries and legacy.parcels == roomed.parcels == []
+
+
+def test_an_input_call_steps_the_due_keys_so_the_timer_finds_none() -> None:
+    """Spark fires a bucket's timer after its input call in the same batch: stepping the due keys in
+    the input call reads and writes the waiting room once per batch, not twice."""
+    frames = scenario()
+    half = len(frames) // 2
+    first, later = _routed(frames[:half]), _routed(frames[half:])
+    store = CountingStore()
+    keyed_bucket(CONFIG, store, first, 0, None)
+    watermark = max(b.at_ms for r in first for b in buffered_of(r))
+    store.calls.clear()
+    result = keyed_bucket(CONFIG, store, later, watermark, None)
+    assert store.calls.count("waiting") == 1 and store.calls.count("set_waiting") == 1
+    assert "add_waiting" not in store.calls and result.timer_ms is not None and result.timer_ms > watermark
+    store.calls.clear()
+    fired = keyed_bucket_expired(CONFIG, store, watermark)
+    assert fired.rows == [] and store.calls == [] and fired.timer_ms == result.timer_ms
