@@ -205,18 +205,17 @@ class _LayoutRuns(dict[int, Any]):
         return fn
 
 
-def _records_on_first_use(ns: _Namespace) -> Callable[[bytes, int, int], Any]:
-    """``_records(b, p, e)`` for generated code: ``codec.records.section``, imported on first use
-    (records.py pulls in compression) and then bound in ``ns`` itself, so later calls go straight to it.
-    ``section`` keeps a reference into the frame instead of copying the field's bytes."""
+def _bind_records(ns: _Namespace) -> None:
+    """Bind what generated code reads a ``records`` field with: ``_records`` (``section``), ``_RB``
+    and ``_blen``. Done when the first decoder with a records field is compiled, not at import:
+    records.py pulls in compression."""
+    if "_records" in ns:
+        return
+    from codec.records import RecordBatches, batch_length_at, section
 
-    def first(b: bytes, p: int, e: int) -> Any:
-        from codec.records import section
-
-        ns["_records"] = section
-        return section(b, p, e)
-
-    return first
+    ns["_records"] = section
+    ns["_RB"] = RecordBatches
+    ns["_blen"] = batch_length_at
 
 
 class _Namespace:
@@ -298,7 +297,6 @@ def _base_namespace() -> _Namespace:
         _pack=struct.pack,
         _arrst=_array_struct,
     )
-    ns["_records"] = _records_on_first_use(ns)
     return ns
 
 
@@ -369,6 +367,24 @@ def _default_literal(ns: _Namespace, field: FieldSpec, version: int, flexible: b
     if t == "uuid":
         return ns.const(uuid.UUID(int=0))
     raise ValueError(f"no default for type {t}")
+
+
+def _fresh_default(ns: _Namespace, field: FieldSpec, version: int, flexible: bool) -> str:
+    """The default as a decoder writes it into every struct where the (tagged) field is absent.
+
+    A struct default whose values are all immutable (a Fetch v12 partition's ``DivergingEpoch``,
+    ``CurrentLeader`` and ``SnapshotId``: three per partition) is ``.copy()`` of one prebuilt dict:
+    copying a small dict costs about two thirds of building it from a literal, and each decode still
+    gets its own dict. Anything else is the literal of :func:`_default_literal`.
+    """
+    literal = _default_literal(ns, field, version, flexible)
+    if not field.is_struct or field.is_array or not literal.startswith("{"):
+        return literal
+    # The generator's own literal, evaluated as the decoder would evaluate it.
+    value = eval(literal, dict(ns.globals))
+    if any(isinstance(v, dict | list) for v in value.values()):
+        return literal  # a shallow copy would share the nested value between decodes
+    return f"{ns.const(value)}.copy()"
 
 
 def _min_size(field: FieldSpec, version: int, flexible: bool) -> int:
@@ -458,6 +474,28 @@ class _DecodeWriter:
         else:
             c.emit(f"raise _E('non-nullable {label} is null', p)")
         c.dedent()
+
+    def records(self, target: str) -> None:
+        """Emit ``target = RecordBatches`` of ``b[p:e]`` (``n`` bytes); see ``codec.records.section``.
+
+        The commonest section by far, exactly one whole magic-2 batch (every Produce partition, most
+        Fetch ones), is built here in the loop: the call to ``section`` and its argument passing were
+        about a fifth of what a partition's records field cost. The test and the attributes are
+        ``section``'s own (tests/codec/test_records.py holds the two to the same object); every other
+        section still goes through ``section``.
+        """
+        from codec.records import HEADER_SIZE, LOG_OVERHEAD
+
+        _bind_records(self.ns)
+        c = self.c
+        c.emit(f"if n >= {HEADER_SIZE} and b[p + 16] == 2 and _blen(b, p + 8)[0] == n - {LOG_OVERHEAD}:")
+        c.indent()
+        c.emit(
+            f"{target} = _new(_RB); {target}._buf = b; {target}._start = p; {target}._end = e; "
+            f"{target}._tail_at = e; {target}._raw = None; {target}._batches = None"
+        )
+        c.dedent()
+        c.emit(f"else: {target} = _records(b, p, e)")
 
     def field(self, f: FieldSpec, target: str | None, proj: Projection | None) -> None:
         """Emit code reading field ``f`` into local ``target`` (None: skip it)."""
@@ -756,7 +794,7 @@ class _DecodeWriter:
                 elif t == "bytes":
                     c.emit(f"{target} = b[p:e]")
                 else:
-                    c.emit(f"{target} = _records(b, p, e)")
+                    self.records(target)
             c.emit("p = e")
             c.dedent()
             return
@@ -905,7 +943,7 @@ def _struct_body(
     tagged = [f for f in wanted if f.tagged_at(version)]
     items = ", ".join(f"{f.name!r}: {local[f.name]}" for f in wanted)
     if flexible:
-        defaults = {f.name: _default_literal(ns, f, version, flexible) for f in tagged}
+        defaults = {f.name: _fresh_default(ns, f, version, flexible) for f in tagged}
         # The common case, an empty tag section, returns at once with the tagged fields' defaults
         # written into the dict literal: no default is built only to be replaced.
         fast = ", ".join(f"{f.name!r}: {defaults.get(f.name, local[f.name])}" for f in wanted)

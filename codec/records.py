@@ -321,6 +321,11 @@ _new = object.__new__
 def section(buf: bytes, start: int, end: int) -> RecordBatches:
     """The records field ``buf[start:end]``, without copying it (the codec calls this per partition).
 
+    The generated decoders build the first branch's case (one whole magic-2 batch) themselves, in
+    their partition loop, with this same test and these same attributes (``codec.compiler``,
+    ``_DecodeWriter.records``); a change here must be made there too, and
+    tests/codec/test_records.py compares the two.
+
     A section of whole magic-2 batches (plus a cut-off tail) is only checked here; its headers are
     parsed when first read. Anything else (legacy message sets, a malformed length or magic byte) is
     parsed now by :func:`_parse_section`, which raises the ``DecodeError``.
@@ -344,6 +349,8 @@ def section(buf: bytes, start: int, end: int) -> RecordBatches:
 
 
 _length_at = _LENGTH.unpack_from
+#: ``(batchLength,)`` at an offset: the generated decoders' copy of ``section``'s test.
+batch_length_at = _length_at
 
 
 def _scan(buf: bytes, p: int, end: int) -> int:

@@ -267,6 +267,23 @@ def test_tagged_structs_present_and_absent() -> None:
     round_trips(response, raw)
 
 
+def test_absent_tagged_struct_defaults_are_fresh_dicts_per_decode() -> None:
+    """The decoder copies one prebuilt default dict: every partition and every decode gets its own,
+    whether its tag section is empty (the fast return) or holds another tagged field."""
+    parts = [fetch_v12_partition(), fetch_v12_partition((1, i32(3) + i32(9) + NO_TAGS))]
+    topic = cstr("t") + carray(parts) + NO_TAGS
+    raw = i32(42) + NO_TAGS + i32(0) + i16(0) + i32(0) + carray([topic]) + NO_TAGS
+    first, second = (codec.decode_response(raw, FETCH, 12).body["Responses"][0]["Partitions"] for _ in "ab")
+    defaults = ("DivergingEpoch", "CurrentLeader", "SnapshotId")
+    assert first[0]["SnapshotId"] == {"EndOffset": -1, "Epoch": -1}
+    assert list(first[0]["SnapshotId"]) == ["EndOffset", "Epoch"]  # schema order, as the literal had
+    first[0]["DivergingEpoch"]["Epoch"] = 99
+    assert first[1]["DivergingEpoch"] == second[0]["DivergingEpoch"] == {"Epoch": -1, "EndOffset": -1}
+    assert first[1]["CurrentLeader"] == {"LeaderId": 3, "LeaderEpoch": 9}
+    objects = [p[name] for p in (*first, *second) for name in defaults]
+    assert len({id(o) for o in objects}) == len(objects)
+
+
 # --- nullable structs ----------------------------------------------------------------------------
 
 

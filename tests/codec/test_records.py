@@ -176,6 +176,50 @@ def test_section_points_into_the_frame_and_parses_on_first_read(cut: int) -> Non
     assert repr(lazy) == repr(eager)
 
 
+def _produce_with(records: bytes | None) -> tuple[bytes, Any]:
+    import codec
+
+    body = {
+        "TransactionalId": None,
+        "Acks": -1,
+        "TimeoutMs": 1000,
+        "TopicData": [{"Name": "t", "PartitionData": [{"Index": 0, "Records": records}]}],
+    }
+    frame = codec.encode_request(0, 9, 1, "c", body)
+    return frame, codec.decode_request(frame).body["TopicData"][0]["PartitionData"][0]["Records"]
+
+
+_BATCH = build_record_batch(RECORDS, producer_id=5)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        _BATCH,  # one whole batch: built by the generated decoder itself
+        strip_payloads(_BATCH),  # a stripped header: 61 bytes, the smallest one-batch section
+        _BATCH + _BATCH,
+        _BATCH + _BATCH[:30],
+        _BATCH[:70],
+        build_message_set([(None, b"legacy")], magic=1),
+        b"",
+    ],
+    ids=["one", "stripped", "two", "cut-tail", "cut", "legacy", "empty"],
+)
+def test_generated_decoders_build_the_records_section_does(field: bytes) -> None:
+    """The generated decoders build a one-batch section in their loop; it is the object section()
+    builds, slot for slot, and every other section is still section()'s."""
+    frame, decoded = _produce_with(field)
+    start = frame.index(field) if field else len(frame) - 3
+    made = section(frame, start, start + len(field))
+    if made._batches is None:
+        assert decoded._buf is frame
+        assert {s: getattr(decoded, s) for s in RecordBatches.__slots__} == {
+            s: getattr(made, s) for s in RecordBatches.__slots__
+        }
+    assert decoded == made and bytes(decoded) == field
+    assert [b.raw for b in decoded] == [b.raw for b in made]
+
+
 def test_section_raw_before_batches_rebases_on_its_own_bytes() -> None:
     batch = build_record_batch(RECORDS, producer_id=9)
     frame = b"xx" + batch + batch[:20] + b"yy"
