@@ -701,7 +701,21 @@ def expected_probes(frames: Sequence[FrameSpec]) -> dict[str, list[Any]]:
     return out
 
 
-def run_kio_pure(path: Path, frames: Sequence[FrameSpec], seconds: float, reps: int) -> dict[str, Any]:
+def _apply_gc(mode: str) -> None:
+    """A full decode of a large frame allocates thousands of containers (a Metadata v12 one: a dict
+    and three lists per partition), so with CPython's default thresholds the collector's passes over
+    them, and the full collections over the whole heap they bring on, are a large and heap-dependent
+    part of its time (docs/codec.md). ``worker`` times every library under the settings the streaming
+    job's workers use."""
+    if mode == "worker":
+        from streaming.workergc import tune_worker_gc
+
+        tune_worker_gc()
+
+
+def run_kio_pure(
+    path: Path, frames: Sequence[FrameSpec], seconds: float, reps: int, gc_mode: str = "default"
+) -> dict[str, Any]:
     """kio's pure-Python release, in a child process so it cannot meet the native one."""
     if not (path / "kio" / "serial" / "_parse.py").exists():
         return {"_unavailable": f"no kio pure-Python release at {path}"}
@@ -720,6 +734,8 @@ def run_kio_pure(path: Path, frames: Sequence[FrameSpec], seconds: float, reps: 
             str(seconds),
             "--reps",
             str(reps),
+            "--gc",
+            gc_mode,
         ]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -912,7 +928,12 @@ def build_report(
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine_info(),
         "libraries": library_versions(results.get("kio_pure", {})),
-        "settings": {"seconds_per_measurement": args.seconds, "reps": args.reps, "quick": args.quick},
+        "settings": {
+            "seconds_per_measurement": args.seconds,
+            "reps": args.reps,
+            "quick": args.quick,
+            "gc": args.gc,
+        },
         "frames": {
             spec.name: {
                 "api_key": spec.api_key,
@@ -943,22 +964,31 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--kio-pure-path", type=Path, default=DEFAULT_KIO_PURE)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--gc",
+        choices=("default", "worker"),
+        default="default",
+        help="collector settings while timing: CPython's defaults, or the streaming workers' "
+        "(streaming.workergc: freeze what is alive, collect every 50,000 allocations); see docs/codec.md",
+    )
     parser.add_argument("--worker-kio-pure", help=argparse.SUPPRESS)
     parser.add_argument("--worker-frames", help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.quick:
         args.seconds, args.reps = 0.15, 3
     if args.worker_kio_pure:
+        _apply_gc(args.gc)
         kio_pure_worker(args.worker_kio_pure, args.worker_frames, args.seconds, args.reps)
         return 0
 
     frames = build_frames()
     expected = expected_probes(frames)
+    _apply_gc(args.gc)
     print("measuring kpmon_full, kpmon_projected, kio_native, kafka_python...", file=sys.stderr, flush=True)
     in_process = ["kpmon_full", "kpmon_projected", "kio_native", "kafka_python"]
     results: dict[str, Any] = dict(measure(in_process, frames, expected, args.seconds, args.reps))
     print("measuring kio_pure (child process)...", file=sys.stderr, flush=True)
-    results["kio_pure"] = run_kio_pure(args.kio_pure_path, frames, args.seconds, args.reps)
+    results["kio_pure"] = run_kio_pure(args.kio_pure_path, frames, args.seconds, args.reps, args.gc)
     report = build_report(results, frames, args)
     print_table(report, frames)
     if not args.no_write:
