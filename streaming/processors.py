@@ -188,8 +188,8 @@ class MapStateStore:
             return []
         return [bytes(row[0]) for row in self.waiting_room.get()]
 
-    def add_waiting(self, parcel: bytes) -> None:
-        self._room().appendValue((parcel,))
+    def add_waiting(self, parcels: list[bytes]) -> None:
+        self._room().appendList([(parcel,) for parcel in parcels])
 
     def set_waiting(self, parcels: list[bytes]) -> None:
         room = self._room()

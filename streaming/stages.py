@@ -433,12 +433,14 @@ class KeyedBucketStore(BucketStore, Protocol):
         ...
 
     def waiting(self) -> list[bytes]:
-        """The waiting room: its parcels, in the order they came. A parcel is what one call added,
-        msgpack ``[[route key, its routes packed with msgpack], ...]``: Spark serializes a list state
-        element by element, so one element per call, not per key, is what makes the room cheap."""
+        """The waiting room: its parcels, in the order they came. A parcel is part of what one call
+        added, msgpack ``[[route key, its routes packed with msgpack], ...]`` of up to
+        ``PARCEL_BYTES``: Spark serializes a list state element by element, so one element per key
+        cost as much as the entries did, and one element per call could grow past what the executor's
+        JVM can pickle in one piece when the room is read (it ran out of heap on a 200k-frame batch)."""
         ...
 
-    def add_waiting(self, parcel: bytes) -> None: ...
+    def add_waiting(self, parcels: list[bytes]) -> None: ...
 
     def set_waiting(self, parcels: list[bytes]) -> None: ...
 
@@ -499,8 +501,8 @@ class DictBucketStore:
     def waiting(self) -> list[bytes]:
         return list(self.parcels)
 
-    def add_waiting(self, parcel: bytes) -> None:
-        self.parcels.append(parcel)
+    def add_waiting(self, parcels: list[bytes]) -> None:
+        self.parcels += parcels
 
     def set_waiting(self, parcels: list[bytes]) -> None:
         self.parcels = list(parcels)
@@ -696,9 +698,29 @@ class _WaitingRoom:
     def finish(self) -> None:
         if self.held is not None and self.taken:
             kept = [(key, packed) for key, parts in self.held.items() for packed in parts] + self.joined
-            self.store.set_waiting([msgpack.packb(kept)] if kept else [])
+            self.store.set_waiting(_parcels(kept))
         elif self.joined:
-            self.store.add_waiting(msgpack.packb(self.joined))
+            self.store.add_waiting(_parcels(self.joined))
+
+
+#: A waiting-room parcel's routes, in bytes, at most (one key's routes of one call may exceed it alone).
+PARCEL_BYTES: Final = 256 * 1024
+
+
+def _parcels(routes: list[tuple[str, bytes]]) -> list[bytes]:
+    """(route key, packed routes) as parcels of about ``PARCEL_BYTES`` each (``KeyedBucketStore.waiting``)."""
+    out: list[bytes] = []
+    part: list[tuple[str, bytes]] = []
+    size = 0
+    for key, packed in routes:
+        part.append((key, packed))
+        size += len(key) + len(packed)
+        if size >= PARCEL_BYTES:
+            out.append(msgpack.packb(part))
+            part, size = [], 0
+    if part:
+        out.append(msgpack.packb(part))
+    return out
 
 
 def _keyed_entry_step(

@@ -203,9 +203,9 @@ class FakeListState:
         self.calls.append("get")
         return iter(list(self.items))
 
-    def appendValue(self, value: tuple[Any, ...]) -> None:
-        self.calls.append("appendValue")
-        self.items.append(value)
+    def appendList(self, values: list[tuple[Any, ...]]) -> None:
+        self.calls.append("appendList")
+        self.items += values
 
     def put(self, values: list[tuple[Any, ...]]) -> None:
         self.calls.append("put")
@@ -220,11 +220,12 @@ def test_the_waiting_room_is_one_list_per_bucket() -> None:
     state, index, room = FakeMapState(), FakeValueState(), FakeListState()
     store = MapStateStore(state, index, room)  # type: ignore[arg-type]
     store.begin((0,), 100)
-    store.add_waiting(b"first parcel")
-    store.add_waiting(b"second parcel")
+    store.add_waiting([b"first parcel", b"second parcel"])
+    store.add_waiting([b"third parcel"])
     store.mark_due("producer|1", 10)
     store.mark_due("producer|2", 20)
-    assert room.calls == ["appendValue"] * 2 and store.waiting() == [b"first parcel", b"second parcel"]
+    assert room.calls == ["appendList"] * 2
+    assert store.waiting() == [b"first parcel", b"second parcel", b"third parcel"]
     # The index knows every key: a key it does not name is not asked for, and the bucket is not listed.
     state.calls.clear()
     assert store.get("producer|3") is None and store.get("producer|1") is None
@@ -244,4 +245,4 @@ def test_a_store_without_a_waiting_room_holds_no_routes() -> None:
     store = MapStateStore(FakeMapState())  # type: ignore[arg-type]
     assert store.waiting() == []
     with pytest.raises(TypeError, match="no waiting room"):
-        store.add_waiting(b"parcel")
+        store.add_waiting([b"parcel"])

@@ -340,9 +340,9 @@ class CountingStore(DictBucketStore):
         self.calls.append("waiting")
         return super().waiting()
 
-    def add_waiting(self, parcel: bytes) -> None:
+    def add_waiting(self, parcels: list[bytes]) -> None:
         self.calls.append("add_waiting")
-        super().add_waiting(parcel)
+        super().add_waiting(parcels)
 
     def set_waiting(self, parcels: list[bytes]) -> None:
         self.calls.append("set_waiting")
@@ -409,3 +409,13 @@ def test_an_input_call_steps_the_due_keys_so_the_timer_finds_none() -> None:
     store.calls.clear()
     fired = keyed_bucket_expired(CONFIG, store, watermark)
     assert fired.rows == [] and store.calls == [] and fired.timer_ms == result.timer_ms
+
+
+def test_parcels_are_bounded_and_keep_every_route_in_order() -> None:
+    from streaming.stages import PARCEL_BYTES, _parcels
+
+    routes = [(f"producer|{i % 7}", bytes([i % 256]) * 1000) for i in range(1000)]
+    parcels = _parcels(routes)
+    assert len(parcels) > 1 and all(len(p) < PARCEL_BYTES + 2_000 for p in parcels)
+    assert [tuple(r) for p in parcels for r in msgpack.unpackb(p)] == routes
+    assert _parcels([]) == []
