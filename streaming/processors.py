@@ -20,7 +20,6 @@ import msgpack
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
-    ListState,
     MapState,
     StatefulProcessor,
     StatefulProcessorHandle,
@@ -50,9 +49,8 @@ PASS_BUCKET = -1
 ENTRY_KEY = StructType([StructField("key", StringType())])
 #: Stage one's entry per connection: the shard's state (bytes) and when the connection expires.
 CONNECTION_ENTRY = StructType([StructField("shard", BinaryType()), StructField("expires", LongType())])
-#: Stage two's entry per route key: the shard's state (bytes), the routes waiting for the watermark (msgpack;
-#: null since they wait in the bucket's waiting room, ``WAITING_ROUTES``; entries saved before it may still
-#: hold some, which the key's next step reads) and when the key next needs a call.
+#: Stage two's entry per route key: the shard's state (bytes), the routes waiting for the watermark (msgpack) and
+#: when the key next needs a call.
 KEYED_ENTRY = StructType(
     [
         StructField("shard", BinaryType()),
@@ -62,9 +60,6 @@ KEYED_ENTRY = StructType(
 )
 #: A bucket's due index: ``{key: next call ms}`` of every entry, msgpack (``MapStateStore.due``).
 DUE_INDEX = StructType([StructField("dues", BinaryType())])
-#: Stage two's waiting room, one list per bucket: parcels of routed frames, one per call that added some
-#: (``streaming.stages.KeyedBucketStore.waiting``).
-WAITING_ROUTES = StructType([StructField("parcel", BinaryType())])
 #: The bucket's one armed timer.
 BUCKET_TIMER = StructType([StructField("timer", LongType())])
 
@@ -85,19 +80,15 @@ LIST_KEYS_RATIO = 16
 
 
 class MapStateStore:
-    """``streaming.stages.KeyedBucketStore`` (and ``BucketStore``) over a Spark ``MapState`` keyed by one
-    string, with an optional due index (a ``ValueState``) and waiting room (a ``ListState``).
+    """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string.
 
     Every ``getValue`` is a round trip to the JVM's state server, and most of a busy bucket's lookups
-    are for keys it does not hold yet (new connections, new producers). With a due index, it knows
-    every key the bucket holds. Without one, ``begin`` lists the bucket's keys in one round trip when a
-    call brings many keys. Either way ``get`` asks the server only about keys the bucket holds. What
-    the stages read is the same either way; only the number of calls changes.
+    are for keys it does not hold yet (new connections, new producers). ``begin`` lists the bucket's
+    keys in one round trip when a call brings many keys; ``get`` then asks the server only about keys
+    the bucket holds. What the stages read is the same either way; only the number of calls changes.
     """
 
-    def __init__(
-        self, state: MapState, index: ValueState | None = None, waiting: ListState | None = None
-    ) -> None:
+    def __init__(self, state: MapState, index: ValueState | None = None) -> None:
         self.state = state
         #: The bucket's keys, when listed for this call; None: unknown, ask per key.
         self.known: set[str] | None = None
@@ -108,14 +99,11 @@ class MapStateStore:
         #: This call's copy of the index ({key: next call ms}), read on first use; and whether it changed.
         self.dues: dict[str, int | None] | None = None
         self.dirty = False
-        self.waiting_room = waiting
 
     def begin(self, bucket: Any, keys: int) -> None:
         """Before a call on ``bucket`` (the grouping key Spark set) that will look up ``keys`` entries."""
         self.known = None
         self.dues, self.dirty = None, False
-        if self.index is not None:
-            return  # the index knows the bucket's keys
         size = self.sizes.get(bucket)
         if keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
             self.known = {key[0] for key in self.state.keys()}  # noqa: SIM118 (a MapState, not a dict)
@@ -123,8 +111,6 @@ class MapStateStore:
 
     def get(self, key: str) -> tuple[Any, ...] | None:
         if self.known is not None and key not in self.known:
-            return None
-        if self.index is not None and key not in self._dues():
             return None
         value = self.state.getValue((key,))
         return tuple(value) if value is not None else None
@@ -150,58 +136,23 @@ class MapStateStore:
         # Read the whole bucket before the caller changes it: the iterator reads the store lazily.
         return [(key[0], tuple(value)) for key, value in self.state.iterator()]
 
-    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...] | None]], int | None]:
-        """``BucketStore.due``. Listing the bucket reads every entry with its shard, on every timer
-        fire, so its cost grows with the state held (producers live for days), not with the traffic;
-        with an index only the due entries are read."""
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        """``BucketStore.due``. Listing the bucket reads every entry with its shard and buffered routes,
+        on every timer fire, so its cost grows with the state held (producers live for days), not with
+        the traffic; with an index only the due entries are read."""
         if self.index is None:
-            listed, later = split_due(self.items(), watermark_ms)
-            return list(listed), later
+            return split_due(self.items(), watermark_ms)
         index = {key: (at,) for key, at in self._dues().items()}
         keys, later = split_due(index.items(), watermark_ms)
-        ready: list[tuple[str, tuple[Any, ...] | None]] = []
+        ready: list[tuple[str, tuple[Any, ...]]] = []
         for key, _ in keys:
             value = self.state.getValue((key,))
-            # None: only routes waiting (or gone without the index knowing: the step finds nothing).
-            ready.append((key, tuple(value) if value is not None else None))
-        return ready, later
-
-    def next_call(self, key: str) -> tuple[bool, int | None]:
-        dues = self._dues()
-        return key in dues, dues.get(key)
-
-    def mark_due(self, key: str, due_ms: int | None) -> None:
-        dues = self._dues()
-        if due_ms is None:
-            if key in dues and dues[key] is not None:
-                # Without routes and without an entry the key needs no call. (An entry due now keeps
-                # its unset due: ``put`` writes it.)
-                del dues[key]
+            if value is None:  # gone without the index knowing: nothing to do for it
+                self._dues().pop(key, None)
                 self.dirty = True
-            return
-        if dues.get(key, -1) != due_ms:
-            dues[key] = due_ms
-            self.dirty = True
-
-    def waiting(self) -> list[bytes]:
-        if self.waiting_room is None:
-            return []
-        return [bytes(row[0]) for row in self.waiting_room.get()]
-
-    def add_waiting(self, parcels: list[bytes]) -> None:
-        self._room().appendList([(parcel,) for parcel in parcels])
-
-    def set_waiting(self, parcels: list[bytes]) -> None:
-        room = self._room()
-        if parcels:
-            room.put([(parcel,) for parcel in parcels])
-        else:
-            room.clear()
-
-    def _room(self) -> ListState:
-        if self.waiting_room is None:
-            raise TypeError("this bucket store has no waiting room (stage one's): it holds no routes")
-        return self.waiting_room
+                continue
+            ready.append((key, tuple(value)))
+        return ready, later
 
     def finish(self) -> None:
         """After the call: keep the index if it changed."""
@@ -285,8 +236,6 @@ class _BucketProcessor(StatefulProcessor):
     ENTRY: StructType
     #: Keep a due index (``MapStateStore.due``) beside the entries.
     KEEP_DUE_INDEX = False
-    #: Keep routed frames in a waiting room (``streaming.stages.KeyedBucketStore``), not in the entries.
-    KEEP_WAITING_ROOM = False
 
     def __init__(self, config: ChecksSettings, tune_gc: bool = False) -> None:
         self.config = config
@@ -298,12 +247,7 @@ class _BucketProcessor(StatefulProcessor):
             tune_worker_gc()
         # Spark allows state TTLs only in processing-time mode; idle entries expire by event-time timers.
         index = handle.getValueState(f"{self.STATE_NAME}_due", DUE_INDEX) if self.KEEP_DUE_INDEX else None
-        waiting = (
-            handle.getListState(f"{self.STATE_NAME}_waiting", WAITING_ROUTES)
-            if self.KEEP_WAITING_ROOM
-            else None
-        )
-        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY), index, waiting)
+        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY), index)
         self.timer = BucketTimer(handle, handle.getValueState(f"{self.STATE_NAME}_timer", BUCKET_TIMER))
 
     def _apply(self, armed: int | None, result: BucketResult) -> list[dict[str, Any]]:
@@ -355,7 +299,6 @@ class KeyedProcessor(_BucketProcessor):
     # Every route key holds state for its TTL (days for producers), and the bucket's timer fires in
     # nearly every batch, as routes wait one lateness: a fire must read only the due keys.
     KEEP_DUE_INDEX = True
-    KEEP_WAITING_ROOM = True
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Final, Protocol
@@ -406,43 +406,10 @@ class BucketStore(Protocol):
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]: ...
 
-    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...] | None]], int | None]:
-        """The keys whose next call (an entry's last field, or ``mark_due``) is due at ``watermark_ms``,
-        each with its entry (None: it has routes waiting but no entry yet), and the earliest next call of
-        the others (``split_due``)."""
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        """The entries whose next call (an entry's last field) is due at ``watermark_ms``, and the
+        earliest next call of the others (``split_due``)."""
         ...
-
-
-class KeyedBucketStore(BucketStore, Protocol):
-    """Stage two's bucket: entries, each key's next call, and the bucket's *waiting room*.
-
-    Routed frames wait for the watermark (one lateness) before a route key may see them. Kept in the
-    key's entry, every arrival rewrote that entry (its shard and all its waiting routes): one round trip
-    to Spark's state server per key and batch, the largest cost stage two had (docs/benchmarks.md,
-    sixth session). The waiting room holds them for the whole bucket instead, appended in one call;
-    a key's entry is read and written only when the key is stepped."""
-
-    def next_call(self, key: str) -> tuple[bool, int | None]:
-        """Whether the bucket knows ``key`` (an entry, or routes waiting), and when it next needs a call
-        (None: now). Read from the due index: no entry is read."""
-        ...
-
-    def mark_due(self, key: str, due_ms: int | None) -> None:
-        """``key``'s next call, when its entry does not change (routes joined the waiting room);
-        None: the key needs no call (it has neither an entry nor waiting routes)."""
-        ...
-
-    def waiting(self) -> list[bytes]:
-        """The waiting room: its parcels, in the order they came. A parcel is part of what one call
-        added, msgpack ``[[route key, its routes packed with msgpack], ...]`` of up to
-        ``PARCEL_BYTES``: Spark serializes a list state element by element, so one element per key
-        cost as much as the entries did, and one element per call could grow past what the executor's
-        JVM can pickle in one piece when the room is read (it ran out of heap on a 200k-frame batch)."""
-        ...
-
-    def add_waiting(self, parcels: list[bytes]) -> None: ...
-
-    def set_waiting(self, parcels: list[bytes]) -> None: ...
 
 
 def split_due(
@@ -462,50 +429,25 @@ def split_due(
 
 
 class DictBucketStore:
-    """A ``KeyedBucketStore`` (and so a ``BucketStore``) in memory."""
+    """A ``BucketStore`` in memory."""
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[Any, ...]] = {}
-        #: Every key's next call: the entries' last fields, and keys with only waiting routes.
-        self.dues: dict[str, int | None] = {}
-        self.parcels: list[bytes] = []
 
     def get(self, key: str) -> tuple[Any, ...] | None:
         return self.entries.get(key)
 
     def put(self, key: str, value: tuple[Any, ...]) -> None:
         self.entries[key] = value
-        self.dues[key] = value[-1]
 
     def remove(self, key: str) -> None:
         self.entries.pop(key, None)
-        self.dues.pop(key, None)
 
     def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
         return list(self.entries.items())
 
-    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...] | None]], int | None]:
-        keys, later = split_due([(key, (at,)) for key, at in self.dues.items()], watermark_ms)
-        return [(key, self.entries.get(key)) for key, _ in keys], later
-
-    def next_call(self, key: str) -> tuple[bool, int | None]:
-        return key in self.dues, self.dues.get(key)
-
-    def mark_due(self, key: str, due_ms: int | None) -> None:
-        if due_ms is None:
-            if key not in self.entries:
-                self.dues.pop(key, None)
-        else:
-            self.dues[key] = due_ms
-
-    def waiting(self) -> list[bytes]:
-        return list(self.parcels)
-
-    def add_waiting(self, parcels: list[bytes]) -> None:
-        self.parcels += parcels
-
-    def set_waiting(self, parcels: list[bytes]) -> None:
-        self.parcels = list(parcels)
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        return split_due(self.items(), watermark_ms)
 
 
 @dataclass
@@ -667,145 +609,76 @@ def _route_entries(row: dict[str, Any]) -> list[list[Any]]:
     ]
 
 
-class _WaitingRoom:
-    """One call's use of the bucket's waiting room (``KeyedBucketStore``): read at most once (only when
-    a key with waiting routes is stepped), written at most once."""
-
-    def __init__(self, store: KeyedBucketStore) -> None:
-        self.store = store
-        #: The room as read, by key; None: not read in this call.
-        self.held: dict[str, list[bytes]] | None = None
-        self.taken = False
-        self.joined: list[tuple[str, bytes]] = []
-
-    def join(self, key: str, entries: Sequence[Sequence[Any]]) -> None:
-        """Routed frames (packed entries) of ``key`` that wait for the watermark."""
-        self.joined.append((key, msgpack.packb(entries)))
-
-    def take(self, key: str) -> list[list[Any]]:
-        """The routes of ``key`` that were waiting, out of the room."""
-        if self.held is None:
-            self.held = {}
-            for parcel in self.store.waiting():
-                for waiting_key, packed in msgpack.unpackb(parcel):
-                    self.held.setdefault(waiting_key, []).append(packed)
-        parts = self.held.pop(key, None)
-        if not parts:
-            return []
-        self.taken = True
-        return [entry for packed in parts for entry in msgpack.unpackb(packed)]
-
-    def finish(self) -> None:
-        if self.held is not None and self.taken:
-            kept = [(key, packed) for key, parts in self.held.items() for packed in parts] + self.joined
-            self.store.set_waiting(_parcels(kept))
-        elif self.joined:
-            self.store.add_waiting(_parcels(self.joined))
-
-
-#: A waiting-room parcel's routes, in bytes, at most (one key's routes of one call may exceed it alone).
-PARCEL_BYTES: Final = 256 * 1024
-
-
-def _parcels(routes: list[tuple[str, bytes]]) -> list[bytes]:
-    """(route key, packed routes) as parcels of about ``PARCEL_BYTES`` each (``KeyedBucketStore.waiting``)."""
-    out: list[bytes] = []
-    part: list[tuple[str, bytes]] = []
-    size = 0
-    for key, packed in routes:
-        part.append((key, packed))
-        size += len(key) + len(packed)
-        if size >= PARCEL_BYTES:
-            out.append(msgpack.packb(part))
-            part, size = [], 0
-    if part:
-        out.append(msgpack.packb(part))
-    return out
-
-
 def _keyed_entry_step(
     config: ChecksSettings,
-    store: KeyedBucketStore,
-    room: _WaitingRoom,
+    store: BucketStore,
     key: str,
     saved: tuple[Any, ...] | None,
     arrived: list[list[Any]],
     watermark_ms: int,
 ) -> tuple[list[dict[str, Any]], int | None]:
-    """One route key's step: its saved entry, its routes from the waiting room and the routed frames
-    that ``arrived`` (packed entries); the rows it made and when the key next needs a call.
+    """One route key's call: its saved entry and the routed frames that ``arrived`` (packed entries);
+    the rows it made and when the key next needs a call.
 
-    An entry's own buffer is read too: entries saved before the waiting room kept their routes there."""
-    waiting = [*room.take(key), *(msgpack.unpackb(saved[1]) if saved and saved[1] else ())]
-    buffered = [Buffered(*entry) for entry in waiting] + [Buffered(*entry) for entry in arrived]
-    result = keyed_step(config, key, saved[0] if saved else None, buffered, watermark_ms)
-    if result.buffer:
-        room.join(key, [_packed_entry(b) for b in result.buffer])
-    if result.state is not None:
-        store.put(key, (result.state, None, result.next_timer_ms))
-    else:
+    When nothing of the key is due yet (its entry's next call and every arrival are past the
+    watermark), the arrivals only join the waiting routes: the shard is neither read nor written, and
+    ``keyed_step`` would have fed it nothing and found its timers not due. Most arrivals are such, as
+    stage one routes frames past the watermark and they wait one lateness."""
+    shard, packed = (saved[0], saved[1]) if saved else (None, None)
+    due = saved[2] if saved else None
+    soonest = min((entry[0] for entry in arrived), default=None)
+    if (
+        soonest is not None
+        and soonest > watermark_ms
+        and (due is None or due > watermark_ms)
+        and forms_route_key(key)
+    ):
+        waiting = (msgpack.unpackb(packed) if packed else []) + arrived
+        due = soonest if due is None else min(due, soonest)
+        store.put(key, (shard, msgpack.packb(waiting), due))
+        return [], due
+    buffered = [Buffered(*item) for item in msgpack.unpackb(packed)] if packed else []
+    buffered += [Buffered(*entry) for entry in arrived]
+    result = keyed_step(config, key, shard, buffered, watermark_ms)
+    if result.state is None and not result.buffer:
         if saved is not None:
             store.remove(key)
-        store.mark_due(key, result.next_timer_ms if result.buffer else None)
+    else:
+        buffer = msgpack.packb([_packed_entry(b) for b in result.buffer])
+        store.put(key, (result.state, buffer, result.next_timer_ms))
     return result.rows, result.next_timer_ms
 
 
 def keyed_bucket(
     config: ChecksSettings,
-    store: KeyedBucketStore,
+    store: BucketStore,
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
     armed_ms: int | None,
 ) -> BucketResult:
-    """Stage two for one bucket's routed rows, and its keys that are due.
+    """Stage two for one bucket's routed rows: ``keyed_step`` per route key that received frames.
 
-    Entries are ``(shard state, None, next call ms)``; routed frames wait in the bucket's waiting room.
-    A key is stepped (``keyed_step``) only when something of it is due: most arrivals are not, as stage
-    one routes frames past the watermark and they wait one lateness, so they only join the waiting room,
-    and the key's entry is neither read nor written. The keys due at this watermark are stepped here
-    too, not left to the bucket's timer, which Spark fires after the input calls: the waiting room is
-    then read and written once per batch, not twice. (``armed_ms`` is not needed: every key's next call
-    is in the due index.)"""
+    Entries are ``(shard state, buffered routes packed with msgpack, next call ms)``.
+    """
     out: list[dict[str, Any]] = []
-    room = _WaitingRoom(store)
+    timer = armed_ms
     for key, key_rows in _group(rows, "route_key").items():
         arrived = [entry for r in key_rows for entry in _route_entries(r)]
-        soonest = min((entry[0] for entry in arrived), default=None)
-        known, due = store.next_call(key)
-        if (
-            soonest is not None
-            and soonest > watermark_ms
-            and not (known and (due is None or due <= watermark_ms))
-            and forms_route_key(key)
-        ):
-            room.join(key, arrived)
-            store.mark_due(key, soonest if due is None else min(due, soonest))
-        else:
-            out += _keyed_entry_step(config, store, room, key, store.get(key), arrived, watermark_ms)[0]
-    made, timer = _step_due(config, store, room, watermark_ms)
-    room.finish()
-    return BucketResult(out + made, timer)
-
-
-def keyed_bucket_expired(config: ChecksSettings, store: KeyedBucketStore, watermark_ms: int) -> BucketResult:
-    """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
-    room = _WaitingRoom(store)
-    out, timer = _step_due(config, store, room, watermark_ms)
-    room.finish()
+        made, due = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
+        out.extend(made)
+        timer = _earliest(timer, due)
     return BucketResult(out, timer)
 
 
-def _step_due(
-    config: ChecksSettings, store: KeyedBucketStore, room: _WaitingRoom, watermark_ms: int
-) -> tuple[list[dict[str, Any]], int | None]:
-    """Step every key whose next call is due; the rows, and the bucket's next call (its timer)."""
+def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_ms: int) -> BucketResult:
+    """The bucket's timer fired: step every route key whose next call is due, re-arm for the rest."""
     out: list[dict[str, Any]] = []
     ready, timer = store.due(watermark_ms)
     for key, saved in ready:
-        made, due = _keyed_entry_step(config, store, room, key, saved, [], watermark_ms)
+        made, due = _keyed_entry_step(config, store, key, saved, [], watermark_ms)
         out.extend(made)
         timer = _earliest(timer, due)
-    return out, timer
+    return BucketResult(out, timer)
 
 
 class _LocalBuckets:
@@ -821,8 +694,8 @@ class _LocalBuckets:
         rows: list[dict[str, Any]],
         column: str,
         watermark_ms: int,
-        on_input: Callable[[DictBucketStore, list[dict[str, Any]], int, int | None], BucketResult],
-        on_timer: Callable[[DictBucketStore, int], BucketResult],
+        on_input: Callable[[BucketStore, list[dict[str, Any]], int, int | None], BucketResult],
+        on_timer: Callable[[BucketStore, int], BucketResult],
     ) -> list[dict[str, Any]]:
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for row in rows:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
 import numpy as np
 import pandas as pd
-import pytest
 
 from streaming.processors import LIST_KEYS_AT, LIST_KEYS_RATIO, BucketTimer, MapStateStore, _records
 from streaming.stages import _event_ms, split_due
@@ -181,68 +179,9 @@ def test_a_bucket_without_an_index_gets_one_from_its_entries() -> None:
     state.calls.clear()
     assert store.due(25)[0] == [("a", (b"s", b"", 10)), ("b", (b"s", b"", 20))]
     assert "iterator" not in state.calls
-    # A key the index names without an entry comes with None (in stage two: routes waiting only); with
-    # nothing due any more it is forgotten, and an empty bucket clears the index.
+    # An index naming a key the bucket no longer holds forgets it; an empty bucket clears the index.
     del state.data[("a",)]
     store.remove("b")
-    assert store.due(25) == ([("a", None)], None)
-    store.mark_due("a", None)
     assert store.due(25) == ([], None)
     store.finish()
     assert index.value is None
-
-
-class FakeListState:
-    """Spark's ListState surface the store uses; every call is one round trip to the state server."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[Any, ...]] = []
-        self.calls: list[str] = []
-
-    def get(self) -> Any:
-        self.calls.append("get")
-        return iter(list(self.items))
-
-    def appendList(self, values: list[tuple[Any, ...]]) -> None:
-        self.calls.append("appendList")
-        self.items += values
-
-    def put(self, values: list[tuple[Any, ...]]) -> None:
-        self.calls.append("put")
-        self.items = list(values)
-
-    def clear(self) -> None:
-        self.calls.append("clear")
-        self.items = []
-
-
-def test_the_waiting_room_is_one_list_per_bucket() -> None:
-    state, index, room = FakeMapState(), FakeValueState(), FakeListState()
-    store = MapStateStore(state, index, room)  # type: ignore[arg-type]
-    store.begin((0,), 100)
-    store.add_waiting([b"first parcel", b"second parcel"])
-    store.add_waiting([b"third parcel"])
-    store.mark_due("producer|1", 10)
-    store.mark_due("producer|2", 20)
-    assert room.calls == ["appendList"] * 2
-    assert store.waiting() == [b"first parcel", b"second parcel", b"third parcel"]
-    # The index knows every key: a key it does not name is not asked for, and the bucket is not listed.
-    state.calls.clear()
-    assert store.get("producer|3") is None and store.get("producer|1") is None
-    assert state.calls == ["getValue"]
-    assert store.next_call("producer|1") == (True, 10) and store.next_call("producer|3") == (False, None)
-    assert store.due(15) == ([("producer|1", None)], 20)
-    store.set_waiting([b"kept"])
-    assert room.items == [(b"kept",)]
-    store.set_waiting([])
-    assert room.calls[-2:] == ["put", "clear"] and room.items == []
-    store.mark_due("producer|1", None)
-    store.finish()
-    assert index.value is not None and msgpack.unpackb(index.value[0]) == {"producer|2": 20}
-
-
-def test_a_store_without_a_waiting_room_holds_no_routes() -> None:
-    store = MapStateStore(FakeMapState())  # type: ignore[arg-type]
-    assert store.waiting() == []
-    with pytest.raises(TypeError, match="no waiting room"):
-        store.add_waiting([b"parcel"])

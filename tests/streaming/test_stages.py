@@ -6,7 +6,6 @@ import json
 from collections import defaultdict
 from typing import Any
 
-import msgpack
 import pytest
 
 from codec.taprecord import TapFrame
@@ -22,8 +21,6 @@ from streaming.stages import (
     connection_bucket,
     connection_bucket_expired,
     connection_step,
-    keyed_bucket,
-    keyed_bucket_expired,
     keyed_step,
 )
 from tests.checks.test_sharding import (
@@ -319,103 +316,3 @@ def test_a_bucket_call_sends_one_row_per_route_key_and_aggregate() -> None:
     assert sum(a["frames"] for a in aggs) == sum(1 for f in frames if f.direction in ("req", "resp"))
     assert len(stats) == 1 and stats[0]["frames"] == len(frames)
     assert all(r["event_ms"] > 0 for r in result.rows)
-
-
-class CountingStore(DictBucketStore):
-    """A ``DictBucketStore`` that notes what the step reads and writes (Spark's state-server calls)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def get(self, key: str) -> tuple[Any, ...] | None:
-        self.calls.append("get")
-        return super().get(key)
-
-    def put(self, key: str, value: tuple[Any, ...]) -> None:
-        self.calls.append("put")
-        super().put(key, value)
-
-    def waiting(self) -> list[bytes]:
-        self.calls.append("waiting")
-        return super().waiting()
-
-    def add_waiting(self, parcels: list[bytes]) -> None:
-        self.calls.append("add_waiting")
-        super().add_waiting(parcels)
-
-    def set_waiting(self, parcels: list[bytes]) -> None:
-        self.calls.append("set_waiting")
-        super().set_waiting(parcels)
-
-
-def _routed(frames: list[TapFrame]) -> list[dict[str, Any]]:
-    rows = [frame_row(*tap_record(f)) for f in frames]
-    return [
-        r for r in connection_bucket(CONFIG, DictBucketStore(), rows, 0, None).rows if r["kind"] == "route"
-    ]
-
-
-def test_arrivals_not_yet_due_join_the_waiting_room_without_reading_or_writing_entries() -> None:
-    routed = _routed(scenario())
-    keys = {r["route_key"] for r in routed}
-    store = CountingStore()
-    result = keyed_bucket(CONFIG, store, routed, 0, None)
-    assert result.rows == [] and store.entries == {}
-    # One parcel for the whole call, whatever the number of keys; no entry read or written.
-    assert store.calls == ["add_waiting"] and len(keys) > 2
-    assert len(store.parcels) == 1 and {key for key, _ in msgpack.unpackb(store.parcels[0])} == keys
-    arrivals = [b.at_ms for r in routed for b in buffered_of(r)]
-    assert result.timer_ms == min(arrivals) == min(v for v in store.dues.values() if v is not None)
-    # The fire steps every key with its waiting routes: the room is read once, written once, and empty.
-    store.calls.clear()
-    fired = keyed_bucket_expired(CONFIG, store, max(arrivals))
-    assert store.calls.count("waiting") == 1 and store.calls.count("set_waiting") == 1
-    assert store.parcels == [] and "add_waiting" not in store.calls
-    assert set(store.entries) <= keys and fired.timer_ms is not None
-
-
-def test_the_waiting_room_finds_what_the_entries_buffers_found() -> None:
-    """Stepping a key with its routes from the room, or with the same routes still in its entry (as
-    entries were saved before the room), makes the same rows and state."""
-    routed = _routed(scenario())
-    watermark = max(b.at_ms for r in routed for b in buffered_of(r))
-    roomed = DictBucketStore()
-    keyed_bucket(CONFIG, roomed, routed, 0, None)
-    from_room = keyed_bucket_expired(CONFIG, roomed, watermark)
-    legacy = DictBucketStore()
-    for row in routed:
-        entries = [list(vars(b).values()) for b in buffered_of(row)]
-        legacy.put(row["route_key"], (None, msgpack.packb(entries), min(e[0] for e in entries)))
-    from_entries = keyed_bucket_expired(CONFIG, legacy, watermark)
-    assert from_room.rows and from_room.rows == from_entries.rows
-    assert from_room.timer_ms == from_entries.timer_ms
-    assert roomed.entries == legacy.entries and legacy.parcels == roomed.parcels == []
-
-
-def test_an_input_call_steps_the_due_keys_so_the_timer_finds_none() -> None:
-    """Spark fires a bucket's timer after its input call in the same batch: stepping the due keys in
-    the input call reads and writes the waiting room once per batch, not twice."""
-    frames = scenario()
-    half = len(frames) // 2
-    first, later = _routed(frames[:half]), _routed(frames[half:])
-    store = CountingStore()
-    keyed_bucket(CONFIG, store, first, 0, None)
-    watermark = max(b.at_ms for r in first for b in buffered_of(r))
-    store.calls.clear()
-    result = keyed_bucket(CONFIG, store, later, watermark, None)
-    assert store.calls.count("waiting") == 1 and store.calls.count("set_waiting") == 1
-    assert "add_waiting" not in store.calls and result.timer_ms is not None and result.timer_ms > watermark
-    store.calls.clear()
-    fired = keyed_bucket_expired(CONFIG, store, watermark)
-    assert fired.rows == [] and store.calls == [] and fired.timer_ms == result.timer_ms
-
-
-def test_parcels_are_bounded_and_keep_every_route_in_order() -> None:
-    from streaming.stages import PARCEL_BYTES, _parcels
-
-    routes = [(f"producer|{i % 7}", bytes([i % 256]) * 1000) for i in range(1000)]
-    parcels = _parcels(routes)
-    assert len(parcels) > 1 and all(len(p) < PARCEL_BYTES + 2_000 for p in parcels)
-    assert [tuple(r) for p in parcels for r in msgpack.unpackb(p)] == routes
-    assert _parcels([]) == []
