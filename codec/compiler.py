@@ -479,21 +479,18 @@ class _DecodeWriter:
         """Emit ``target = RecordBatches`` of ``b[p:e]`` (``n`` bytes); see ``codec.records.section``.
 
         The commonest section by far, exactly one whole magic-2 batch (every Produce partition, most
-        Fetch ones), is built here in the loop: the call to ``section`` and its argument passing were
-        about a fifth of what a partition's records field cost. The test and the attributes are
-        ``section``'s own (tests/codec/test_records.py holds the two to the same object); every other
-        section still goes through ``section``.
+        Fetch ones), is built here in the loop (``codec.records.one_batch_source``, which owns the
+        object's layout): the call to ``section`` and its argument passing were about a fifth of what
+        a partition's records field cost. Every other section still goes through ``section``.
         """
-        from codec.records import HEADER_SIZE, LOG_OVERHEAD
+        from codec.records import one_batch_source
 
         _bind_records(self.ns)
+        test, build = one_batch_source(target)
         c = self.c
-        c.emit(f"if n >= {HEADER_SIZE} and b[p + 16] == 2 and _blen(b, p + 8)[0] == n - {LOG_OVERHEAD}:")
+        c.emit(f"if {test}:")
         c.indent()
-        c.emit(
-            f"{target} = _new(_RB); {target}._buf = b; {target}._start = p; {target}._end = e; "
-            f"{target}._tail_at = e; {target}._raw = None; {target}._batches = None"
-        )
+        c.emit(build)
         c.dedent()
         c.emit(f"else: {target} = _records(b, p, e)")
 
