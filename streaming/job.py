@@ -139,6 +139,13 @@ def bucket_of(column: str, buckets: int, partitions: int) -> Column:
     from pyspark.sql import functions as F
 
     index = F.pmod(F.xxhash64(F.col(column)), F.lit(buckets)).cast("int")
+    return bucket_label(index, buckets, partitions)
+
+
+def bucket_label(index: Column, buckets: int, partitions: int) -> Column:
+    """Bucket number ``index`` (an int column) as its grouping value (``bucket_labels``)."""
+    from pyspark.sql import functions as F
+
     labels = F.array(*(F.lit(label) for label in bucket_labels(buckets, partitions)))
     return F.element_at(labels, index + 1)
 
@@ -149,7 +156,10 @@ def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedPro
 
     settings = config.checks.settings()
     tune_gc = config.stream.worker_gc
-    return ConnectionProcessor(settings, tune_gc=tune_gc), KeyedProcessor(settings, tune_gc=tune_gc)
+    return (
+        ConnectionProcessor(settings, tune_gc=tune_gc, clocks=config.stream.buckets),
+        KeyedProcessor(settings, tune_gc=tune_gc),
+    )
 
 
 def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
@@ -157,7 +167,7 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     from streaming.processors import OUTPUT_DDL, PASS_BUCKET, STAGE_ROWS_DDL
-    from streaming.stages import PASS_KEY
+    from streaming.stages import CLOCK, PASS_KEY
 
     connections, route_keys = stage_processors(config)
     buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
@@ -175,9 +185,10 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
     )
     routed = stage_one.withColumn(
         BUCKET,
-        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(
-            bucket_of("route_key", buckets, partitions)
-        ),
+        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET))
+        # A batch-clock row names the stage-two bucket it is for (``streaming.stages``).
+        .when(F.col("kind") == CLOCK, bucket_label(F.col("flags"), buckets, partitions))
+        .otherwise(bucket_of("route_key", buckets, partitions)),
     )
     return routed.groupBy(BUCKET).transformWithStateInPandas(route_keys, OUTPUT_DDL, "Append", "EventTime")
 

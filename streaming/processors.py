@@ -261,10 +261,15 @@ class _BucketProcessor(StatefulProcessor):
 
 class ConnectionProcessor(_BucketProcessor):
     """Stage one, grouped by a bucket of tap connections; its input rows are bundles of tap-record rows
-    (``streaming.bundles``)."""
+    (``streaming.bundles``). ``clocks``: stage two's bucket count, each sent the batch clock
+    (``streaming.stages``)."""
 
     STATE_NAME = "connections"
     ENTRY = CONNECTION_ENTRY
+
+    def __init__(self, config: ChecksSettings, tune_gc: bool = False, clocks: int = 0) -> None:
+        super().__init__(config, tune_gc)
+        self.clocks = clocks
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -275,7 +280,7 @@ class ConnectionProcessor(_BucketProcessor):
         self.store.begin(key, len({r["conn"] for r in records}))
         armed = self.timer.armed()
         result = connection_bucket(
-            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed
+            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.clocks
         )
         out = self._apply(armed, result)
         if out:

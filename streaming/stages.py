@@ -11,7 +11,19 @@ Spark does, for tests and benchmarks.
 
 Rows between the stages all have ``STAGE_ROW_FIELDS``; ``kind`` says which fields mean something:
 ``route`` (frames for a keyed shard, packed), ``finding``, ``resolve``, ``agg`` (frame counts for the
-data-quality suites) and ``stat`` (engine counters such as late frames and evictions).
+data-quality suites), ``stat`` (engine counters such as late frames and evictions) and ``clock`` (the
+batch clock, below).
+
+**The batch clock.** Spark moves an event-time watermark only between micro-batches: the watermark a
+batch runs with is the newest event time of the batch *before* it, minus the lateness. A routed frame
+therefore waited in stage two for the batch after the one whose data passed it, one whole batch more
+than the data required. So each stage-one call also sends every stage-two bucket a ``clock`` row with
+the newest event time among its frames. Stage two waits for the newest of those (this batch's newest
+event time, as every stage-one call of the batch has run before any stage-two call) minus the
+lateness: the watermark Spark will hand the next batch, applied in this one. Every routed frame at or
+before it is already in this batch's input (the frames of a connection arrive in order, and stage one
+runs them all before routing on), so the order stage two releases in is the one the single monitor
+uses; ``checks.sharding``'s property test releases exactly this way.
 """
 
 from __future__ import annotations
@@ -38,6 +50,10 @@ from codec.taprecord import REQ, RESP, TapFrame, frame_from_row
 
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
+#: Kind and route key of the batch clock's rows (module docstring). A clock row's ``at_ms`` is the newest
+#: event time among the frames of the stage-one call that sent it; ``flags``, the stage-two bucket it is for.
+CLOCK = "clock"
+CLOCK_KEY = "~clock"
 NS_PER_MS = 1_000_000
 INCOMPLETE, REQUEST_ONLY = 1, 2
 JOIN_GROUP, SYNC_GROUP = ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP
@@ -223,9 +239,15 @@ class StepResult:
     next_timer_ms: int | None = None
 
 
+@dataclass
+class ConnectionResult(StepResult):
+    #: The newest event time (ms) among the connection's rows (what the batch clock sends on).
+    newest_ms: int | None = None
+
+
 def connection_step(
     config: ChecksSettings, saved: bytes | None, rows: Iterable[dict[str, Any]], watermark_ms: int
-) -> StepResult:
+) -> ConnectionResult:
     """Stage one for one connection's rows of a micro-batch."""
     return _connection_step(config, saved, rows, watermark_ms, None)
 
@@ -236,7 +258,7 @@ def _connection_step(
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
     combined: _Combiner | None,
-) -> StepResult:
+) -> ConnectionResult:
     """``connection_step``; with ``combined`` (a bucket call's), routes go straight to it instead of
     becoming a row each, and the aggregate and counters payloads stay dicts, for it to sum and encode
     once per bucket call (not encoded here to be decoded there)."""
@@ -294,12 +316,13 @@ def _connection_step(
     stat = _stat_row(shard.ctx.stats, event_ms, encode)
     if stat is not None:
         out.append(stat)
+    newest_seen = newest if batch else None
     closed = bool(frames) and frames[-1].direction == "close"
     if closed:
-        return StepResult(None, out)
+        return ConnectionResult(None, out, None, newest_seen)
     # A connection that vanished without a close record (a tap restart) expires after its TTL.
     expiry = (max(newest, watermark_ms) + int(config.connection_ttl_seconds * 1000)) if frames else None
-    return StepResult(shard.export(), out, expiry)
+    return ConnectionResult(shard.export(), out, expiry, newest_seen)
 
 
 def expired_row(event_ms: int) -> dict[str, Any]:
@@ -484,25 +507,52 @@ def connection_bucket(
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
     armed_ms: int | None,
+    clocks: int = 0,
 ) -> BucketResult:
     """Stage one for one bucket's rows of a micro-batch: ``connection_step`` per connection.
 
     Entries are ``(shard state, expiry ms)``. ``armed_ms`` is the bucket's timer as armed now; it stays
     when it is earlier than every new expiry (a busy bucket does not move its timer every batch).
+    ``clocks``: how many buckets stage two has, each sent a batch-clock row (module docstring); 0, none.
     """
     combined = _Combiner()
     timer = armed_ms
+    newest: int | None = None
     for conn, conn_rows in _group(rows, "conn").items():
         saved = store.get(conn)
         result = _connection_step(config, saved[0] if saved else None, conn_rows, watermark_ms, combined)
         combined.add_rows(result.rows)
+        if result.newest_ms is not None and (newest is None or result.newest_ms > newest):
+            newest = result.newest_ms
         if result.state is None:
             if saved is not None:
                 store.remove(conn)
             continue
         store.put(conn, (result.state, result.next_timer_ms))
         timer = _earliest(timer, result.next_timer_ms)
-    return BucketResult(combined.rows(), timer)
+    out = combined.rows()
+    if newest is not None:
+        out.extend(clock_rows(newest, watermark_ms, clocks))
+    return BucketResult(out, timer)
+
+
+def clock_rows(newest_ms: int, watermark_ms: int, buckets: int) -> list[dict[str, Any]]:
+    """The batch clock (module docstring): ``newest_ms`` for each of stage two's ``buckets``."""
+    # Spark refuses rows at or before its watermark from a stage that feeds another stateful stage.
+    event_ms = max(newest_ms, watermark_ms + 1)
+    return [
+        _row(CLOCK, event_ms, newest_ms * NS_PER_MS, route_key=CLOCK_KEY, at_ms=newest_ms, flags=bucket)
+        for bucket in range(buckets)
+    ]
+
+
+def batch_watermark(config: ChecksSettings, watermark_ms: int, rows: Iterable[dict[str, Any]]) -> int:
+    """The watermark stage two runs with: Spark's, or the batch clock's newest event time minus the
+    lateness when its rows are among ``rows`` (module docstring)."""
+    newest = max((row["at_ms"] for row in rows if row["kind"] == CLOCK), default=None)
+    if newest is None:
+        return watermark_ms
+    return max(watermark_ms, int(newest) - int(config.watermark_seconds * 1000))
 
 
 def combine_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -656,17 +706,27 @@ def keyed_bucket(
     watermark_ms: int,
     armed_ms: int | None,
 ) -> BucketResult:
-    """Stage two for one bucket's routed rows: ``keyed_step`` per route key that received frames.
+    """Stage two for one bucket's routed rows: ``keyed_step`` per route key that received frames, then,
+    when the batch clock moved the watermark past the bucket's armed timer, every key due by it (what
+    the timer would have done a batch later).
 
     Entries are ``(shard state, buffered routes packed with msgpack, next call ms)``.
     """
+    rows = list(rows)
+    watermark = batch_watermark(config, watermark_ms, rows)
     out: list[dict[str, Any]] = []
     timer = armed_ms
-    for key, key_rows in _group(rows, "route_key").items():
+    routed = (row for row in rows if row["kind"] != CLOCK)
+    # Arrivals first: a key's waiting routes and its new ones are released together, in order.
+    for key, key_rows in _group(routed, "route_key").items():
         arrived = [entry for r in key_rows for entry in _route_entries(r)]
-        made, due = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark_ms)
+        made, due = _keyed_entry_step(config, store, key, store.get(key), arrived, watermark)
         out.extend(made)
         timer = _earliest(timer, due)
+    if watermark > watermark_ms and armed_ms is not None and armed_ms <= watermark:
+        swept = keyed_bucket_expired(config, store, watermark)
+        out.extend(swept.rows)
+        timer = swept.timer_ms
     return BucketResult(out, timer)
 
 
@@ -699,7 +759,10 @@ class _LocalBuckets:
     ) -> list[dict[str, Any]]:
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for row in rows:
-            by_bucket.setdefault(bucket_index(str(row[column]), len(self.stores)), []).append(row)
+            # A batch-clock row names its bucket (``streaming.job.checks_pipeline`` groups it the same way).
+            clock = row.get("kind") == CLOCK
+            bucket = row["flags"] if clock else bucket_index(str(row[column]), len(self.stores))
+            by_bucket.setdefault(bucket, []).append(row)
         out: list[dict[str, Any]] = []
         for b, bucket_rows in by_bucket.items():
             self.calls += 1
@@ -725,6 +788,7 @@ class LocalStages:
         self.config = config
         self.one = _LocalBuckets(buckets)
         self.two = _LocalBuckets(buckets)
+        self.buckets = buckets
 
     @property
     def calls(self) -> int:
@@ -737,7 +801,7 @@ class LocalStages:
             rows,
             "conn",
             watermark_ms,
-            lambda store, r, wm, armed: connection_bucket(self.config, store, r, wm, armed),
+            lambda store, r, wm, armed: connection_bucket(self.config, store, r, wm, armed, self.buckets),
             connection_bucket_expired,
         )
 
