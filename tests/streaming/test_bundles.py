@@ -16,6 +16,7 @@ from streaming.bundles import BUNDLE_SCHEMA, bundle_batch, read_bundle
 from streaming.frames import frame_row
 from streaming.job import bucket_labels
 from streaming.stages import (
+    CLOCK,
     EVENT_TIME_MS,
     NS_PER_MS,
     DictBucketStore,
@@ -155,7 +156,7 @@ def run_bundled(batch_size: int, buckets: int) -> list[dict[str, Any]]:
                 inputs[label].extend(rows)
         routed: list[dict[str, Any]] = []
         for label, rows in inputs.items():
-            result = connection_bucket(CONFIG, one[label], rows, watermark_ms, timers_one[label])
+            result = connection_bucket(CONFIG, one[label], rows, watermark_ms, timers_one[label], buckets)
             timers_one[label] = result.timer_ms
             routed.extend(result.rows)
         for label, armed in timers_one.items():
@@ -167,6 +168,8 @@ def run_bundled(batch_size: int, buckets: int) -> list[dict[str, Any]]:
         for row in routed:
             if row["route_key"] == "~pass":
                 out.append(row)
+            elif row["kind"] == CLOCK:
+                keyed[row["flags"]].append(row)  # the batch clock names its bucket
             else:
                 keyed[bucket_index(row["route_key"], buckets)].append(row)
         for b, rows in keyed.items():
