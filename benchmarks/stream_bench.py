@@ -365,6 +365,10 @@ def _p95(ordered: list[float]) -> float | None:
     return ordered[int(0.95 * (len(ordered) - 1))] if ordered else None
 
 
+def _secs(value: float | None) -> str:
+    return "n/a (no alert)" if value is None else f"{value:.2f} s"
+
+
 def _spark_stages(spark: Any) -> list[dict[str, Any]]:
     """Spark's per-stage task metrics (run and CPU time, shuffle, GC) from its monitoring API."""
     import urllib.request
@@ -472,9 +476,9 @@ def main() -> int:
             out["latency"] = latency = measure_latency(spark, config, bootstrap, rate, args.latency_seconds)
             steady = latency["after_warmup"]
             print(
-                f"    p50 {latency['p50_seconds']} s, p95 {latency['p95_seconds']} s over {latency['alerts']} "
-                f"alerts; after the first {steady['warmup_seconds']:.0f} s of traffic: p50 "
-                f"{steady['p50_seconds']} s, p95 {steady['p95_seconds']} s over {steady['alerts']}",
+                f"    p50 {_secs(latency['p50_seconds'])}, p95 {_secs(latency['p95_seconds'])} over "
+                f"{latency['alerts']} alerts; after the first {steady['warmup_seconds']:.0f} s of traffic: "
+                f"p50 {_secs(steady['p50_seconds'])}, p95 {_secs(steady['p95_seconds'])} over {steady['alerts']}",
                 flush=True,
             )
         else:
