@@ -3,6 +3,9 @@
 Figures, not a timed test. Every library decodes the same frames (built once with our encoder and
 checked to decode identically in each library), in the same run on the same machine: warm-up, then
 ``--reps`` repetitions of about ``--seconds / --reps`` each per (library, frame); the median counts.
+Whether a projected decode is slower than a full one on some frame is answered separately, by pairs
+timed back to back and a sign test (``paired_projection_check``): on small frames the two run the
+same plan, and separate medians differ by the benchmark's spread either way.
 
 kio 0.6.x parses entities in a Rust extension (``kio._kio_native``; ``kio.serial.entity_reader`` is
 re-exported from it) and ships no pure-Python parser. Its last pure-Python release, 0.5.0, has the same
@@ -21,6 +24,7 @@ import enum
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import pickle
 import platform
@@ -684,6 +688,57 @@ def measure(
     return out
 
 
+#: Paired rounds per frame in ``paired_projection_check``, and the one-sided p-value it flags at.
+PAIRED_ROUNDS = 21
+PAIRED_P = 0.01
+
+
+def sign_test_bound(rounds: int, p: float) -> int:
+    """The fewest rounds, of ``rounds``, that one side must win for a one-sided sign test to reject
+    "both sides cost the same" at ``p``."""
+    for wins in range(rounds + 1):
+        tail = sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
+        if tail < p:
+            return wins
+    return rounds + 1
+
+
+def paired_projection_check(
+    frames: Sequence[FrameSpec], seconds: float, rounds: int = PAIRED_ROUNDS
+) -> dict[str, dict[str, Any]]:
+    """Per frame, is the projected decode slower than the full one? Answered by pairs, not by the
+    per-library medians: the two are timed back to back ``rounds`` times (which goes first alternates),
+    and a frame counts as slower only when the projected decode lost at least the sign test's bound of
+    the rounds (p < ``PAIRED_P`` that equal costs would lose that often). Where a projection keeps every
+    field the two decodes run the very same plan, and the medians of separate runs differ by this
+    benchmark's spread (up to 30 %) either way; the pairs cancel the machine's drift between them."""
+    bound = sign_test_bound(rounds, PAIRED_P)
+    out: dict[str, dict[str, Any]] = {}
+    for spec in frames:
+        full, _ = kpmon_decoder(spec, projected=False)
+        projected, _ = kpmon_decoder(spec, projected=True)
+        loops = _calibrate(full, spec.data, seconds, rounds)
+        _calibrate(projected, spec.data, seconds, rounds)  # its warm-up
+        ratios: list[float] = []
+        lost = 0
+        for round_no in range(rounds):
+            if round_no % 2:
+                t_projected = _timed(projected, spec.data, loops)
+                t_full = _timed(full, spec.data, loops)
+            else:
+                t_full = _timed(full, spec.data, loops)
+                t_projected = _timed(projected, spec.data, loops)
+            ratios.append(t_full / t_projected)
+            lost += t_projected > t_full
+        out[spec.name] = {
+            "projected_over_full": statistics.median(ratios),
+            "rounds": rounds,
+            "rounds_projected_slower": lost,
+            "slower": lost >= bound,
+        }
+    return out
+
+
 def expected_probes(frames: Sequence[FrameSpec]) -> dict[str, list[Any]]:
     """What every library must decode: the correlation id and probe leaves of our full decode, which
     is itself checked to re-encode byte for byte."""
@@ -862,10 +917,24 @@ def print_table(report: dict[str, Any], frames: Sequence[FrameSpec]) -> None:
     print("\nratios (frames/s; on the frames both sides decoded)")
     for mix_name, ratios in report["ratios"].items():
         print(f"  {mix_name}: " + ", ".join(f"{k} {_fmt(v, 'x')}" for k, v in ratios.items()))
+    paired = report["projected_vs_full_paired"]
+    print(
+        f"\nprojected vs full, paired ({paired['rounds']} rounds; slower when it lost at least "
+        f"{paired['slower_when_lost_at_least']}, p < {paired['p']})"
+    )
+    for name, check in paired["per_frame"].items():
+        flag = "  SLOWER" if check["slower"] else ""
+        print(
+            f"  {name:<24}{_fmt(check['projected_over_full'], 'x'):>8}  "
+            f"lost {check['rounds_projected_slower']:>2}/{check['rounds']}{flag}"
+        )
     print("\ntargets")
     for name, target in report["targets"].items():
         verdict = "reported" if target["met"] is None else "MET" if target["met"] else "MISSED"
-        print(f"  {name}: {verdict} ({_fmt(target['value'], 'x')})")
+        figure = _fmt(target["value"], "x")
+        if "slower_frames" in target:  # the paired check: its lowest ratio, and the frames it flagged
+            figure = f"lowest {figure}" + "".join(f", slower: {n}" for n in target["slower_frames"])
+        print(f"  {name}: {verdict} ({figure})")
     for note in report["notes"]:
         print(f"note: {note}")
 
@@ -881,7 +950,10 @@ RATIOS = (
 
 
 def build_report(
-    results: dict[str, Any], frames: Sequence[FrameSpec], args: argparse.Namespace
+    results: dict[str, Any],
+    frames: Sequence[FrameSpec],
+    args: argparse.Namespace,
+    paired: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     mixes = {
         name: {
@@ -896,7 +968,7 @@ def build_report(
         for name, weights in MIXES.items()
     }
     heavy = ratios["produce_fetch_heavy"]
-    targets = {}
+    targets: dict[str, dict[str, Any]] = {}
     for label, key, bound in (
         ("full >= 2x kafka-python (produce_fetch_heavy)", "ours/kafka-python", 2.0),
         ("full >= kio pure-Python (produce_fetch_heavy)", "ours/kio-pure", 1.0),
@@ -904,6 +976,13 @@ def build_report(
     ):
         value = heavy.get(key)
         targets[label] = {"value": value, "bound": bound, "met": value is not None and value >= bound}
+    slower = sorted(name for name, check in paired.items() if check["slower"])
+    targets["projected never slower than full on any frame (paired sign test)"] = {
+        "value": min((check["projected_over_full"] for check in paired.values()), default=None),
+        "bound": None,
+        "met": not slower,
+        "slower_frames": slower,
+    }
     targets["full vs kio native (reported, no target)"] = {
         "value": heavy.get("ours/kio-native"),
         "bound": None,
@@ -951,6 +1030,12 @@ def build_report(
         },
         "mixes": mixes,
         "ratios": ratios,
+        "projected_vs_full_paired": {
+            "rounds": PAIRED_ROUNDS,
+            "slower_when_lost_at_least": sign_test_bound(PAIRED_ROUNDS, PAIRED_P),
+            "p": PAIRED_P,
+            "per_frame": paired,
+        },
         "targets": targets,
         "notes": notes,
     }
@@ -989,7 +1074,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     results: dict[str, Any] = dict(measure(in_process, frames, expected, args.seconds, args.reps))
     print("measuring kio_pure (child process)...", file=sys.stderr, flush=True)
     results["kio_pure"] = run_kio_pure(args.kio_pure_path, frames, args.seconds, args.reps, args.gc)
-    report = build_report(results, frames, args)
+    print("measuring projected against full, paired...", file=sys.stderr, flush=True)
+    paired = paired_projection_check(frames, args.seconds)
+    report = build_report(results, frames, args, paired)
     print_table(report, frames)
     if not args.no_write:
         args.output.parent.mkdir(parents=True, exist_ok=True)
