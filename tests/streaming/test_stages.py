@@ -344,7 +344,7 @@ def test_the_batch_clock_fires_keys_that_got_no_routes_this_batch() -> None:
     later = [f for f in frames if f.ts_ns > cut]
     stages = LocalStages(CONFIG, 4)
     found = batch_findings(stages, first, 0)
-    # The producer's duplicate at 17 s waits: the first batch's clock stops at 15.5 s.
+    # The producer's duplicate at 17 s waits: the first batch's clock is 2 s before its newest frame.
     assert not any(rule == "producer.sequence_duplicate" for _, rule, *_ in found)
     assert not any(f.conn == "tap1-dup" for f in later), "the key gets no routes in the second batch"
     found += batch_findings(stages, later, (cut - LATENESS_NS) // NS_PER_MS)
