@@ -788,7 +788,6 @@ class LocalStages:
         self.config = config
         self.one = _LocalBuckets(buckets)
         self.two = _LocalBuckets(buckets)
-        self.buckets = buckets
 
     @property
     def calls(self) -> int:
@@ -801,7 +800,10 @@ class LocalStages:
             rows,
             "conn",
             watermark_ms,
-            lambda store, r, wm, armed: connection_bucket(self.config, store, r, wm, armed, self.buckets),
+            # The batch clock goes to each of stage two's buckets.
+            lambda store, r, wm, armed: connection_bucket(
+                self.config, store, r, wm, armed, len(self.two.stores)
+            ),
             connection_bucket_expired,
         )
 
