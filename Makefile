@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export KPMON_HOME ?= $(CURDIR)/.kpmon
 
-.PHONY: setup jars tools debian-tools schemas lint typecheck test unit run clean
+.PHONY: setup jars tools debian-tools native schemas lint typecheck test unit run clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.11 found (tried python3.13, python3.12, python3.11, python3); install one or set PYTHON=/path/to/python"; exit 1; }
@@ -20,7 +20,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
-setup: $(STAMP) jars tools debian-tools
+setup: $(STAMP) jars tools debian-tools native
+
+# The per-frame cores compiled by mypyc from their own source (codec/native.py, docs/decisions.md).
+# Rebuilt when a source of their packages changes; codec/native.py also refuses a stale build at
+# import. `KPMON_NATIVE=0 make setup` skips it (everything then runs as plain Python).
+NATIVE := build/native/manifest.json
+PURE_TESTS := tests/checks tests/streaming/test_stages.py tests/streaming/test_bundles.py tests/codec/test_taprecord.py tests/codec/test_native.py
+native: $(NATIVE)
+$(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py deploy/native.py)
+	$(PY) -m deploy.native
 
 # tcpdump captures real client<->broker traffic for the pcap tests; tshark dissects what
 # `kpmon export --pcap` writes (docs/quickstart.md). From Debian's packages, once.
@@ -81,9 +90,11 @@ unit: setup
 
 test: setup lint typecheck
 	$(PY) -m pytest -q
+	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.
+	KPMON_NATIVE=0 $(PY) -m pytest -q -m "not integration" $(PURE_TESTS)
 
 run: setup
 	$(VENV)/bin/kpmon run
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build/native .mypy_cache .ruff_cache .pytest_cache

@@ -91,7 +91,7 @@ def replay(records: Iterable[TapRecord], settings: ChecksSettings) -> Replay:
     for finding in findings:
         by_rule[finding.rule] = by_rule.get(finding.rule, 0) + 1
     alerts = [{k: v for k, v in a.to_dict().items() if k != "evidence"} for a in touched.values()]
-    stats = {k: v for k, v in vars(monitor.stats).items() if k != "findings"}
+    stats = {k: v for k, v in monitor.stats.as_dict().items() if k != "findings"}
     return Replay(count, ts_min, ts_max, by_rule, alerts, stats)
 
 

@@ -1,5 +1,10 @@
 """Sans-I/O protocol invariant checkers: per-key state machines fed decoded frames in event-time order."""
 
+from codec.native import attach
+
+# The compiled cores, when built and current, are found first (before any submodule is imported).
+attach(__name__, __path__)
+
 from checks.engine import Monitor
 from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, Stats

@@ -305,9 +305,7 @@ def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
     keep = kind_pruner(rules, frame.api_key, frame.direction != "req")
     pruned = _shallow_copy(message)
     pruned.body = keep(message.body)
-    projected = _shallow_copy(frame)
-    projected.message = pruned
-    return projected
+    return frame.with_message(pruned)
 
 
 def _shallow_copy(value: _T) -> _T:

@@ -146,7 +146,7 @@ def build_report(
     ordered = sorted(findings, key=lambda f: (-f.severity.rank, f.ts_ns, f.rule, f.subject))
     return ReportData(
         source=source,
-        stats={k: v for k, v in vars(stats).items()},
+        stats=stats.as_dict(),
         findings=[f.to_dict() for f in ordered],
         coverage=coverage(cluster),
         fleet=fleet_matrix(cluster),

@@ -12,8 +12,10 @@ can keep it; rules never hold references to frames between calls.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from checks.model import Exchange, Finding, Severity
 from checks.settings import ChecksSettings
@@ -44,6 +46,10 @@ class Stats:
     #: Entries dropped from a key's state to respect ``max_entries_per_key`` (never silent).
     evicted_entries: int = 0
     findings: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters by name (a compiled class has no ``__dict__`` for ``vars``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class Context:
@@ -158,6 +164,9 @@ class RuleContext:
             engine.trim(container)
 
 
+# Compiled (codec.native), a class is closed to interpreted subclasses unless it says so: tests and
+# plug-in rules subclass this one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Rule:
     """Base class: override ``keys`` and the hooks you need."""
 

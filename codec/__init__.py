@@ -3,6 +3,11 @@
 Frames are passed without their 4-byte size prefix. See ``docs/codec.md`` and ARCHITECTURE.md.
 """
 
+from codec.native import attach
+
+# The compiled cores, when built and current, are found first (before any submodule is imported).
+attach(__name__, __path__)
+
 from codec.api import (
     FieldProjection,
     Request,

@@ -103,6 +103,14 @@ class TapFrame:
     #: The frame bytes as mirrored (None when not kept): the KIP-482 header check re-decodes them.
     raw: bytes | None = None
 
+    def with_message(self, message: Request | Response | None) -> TapFrame:
+        """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
+        return TapFrame(
+            self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
+            self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
+            self.offset, message, self.error, self.capture, self.raw,
+        )  # fmt: skip
+
     @property
     def request(self) -> Request | None:
         return self.message if isinstance(self.message, Request) else None
@@ -165,7 +173,7 @@ def header_only(headers: Mapping[str, str]) -> bool:
     return SASL_TOKEN in (headers.get(Header.REDACTED) or "").split(",")
 
 
-def connection_of(conn: str | None, partition: int) -> str:
+def connection_of(conn: str | None, partition: int | None) -> str:
     """A record without the tap's ``conn`` header (not from a tap) still needs a connection to key by."""
     return conn or f"untracked-p{partition}"
 

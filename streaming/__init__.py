@@ -1,0 +1,3 @@
+from codec.native import attach
+
+attach(__name__, __path__)

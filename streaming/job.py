@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from codec import native
 from kpmon.config import ConfigError, KpmonConfig, load_config
 from streaming.paths import StreamPaths
 
@@ -243,6 +244,8 @@ def start(
     paths = StreamPaths.of(config)
     paths.make()
     paths.stop_marker.unlink(missing_ok=True)
+    # Workers on this machine decide the same way; a cluster's workers decide on their own copy.
+    log.info("per-frame cores: %s", native.status()[1])
     registry = CollectorRegistry()
     metrics = StreamMetrics(registry)
     metrics.serve(config.stream.metrics_port, config.stream.metrics_host)

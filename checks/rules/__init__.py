@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from codec.native import attach
+
+# The compiled cores, when built and current, are found first (before any submodule is imported).
+attach(__name__, __path__)
+
 from checks.rule import Rule
 
 

@@ -1,4 +1,4 @@
-"""``kpmon deploy submit|pack-venv|fetch-connector``: run the streaming job on a Spark cluster.
+"""``kpmon deploy submit|pack-venv|fetch-connector|native``: run the streaming job on a Spark cluster.
 
 See docs/cluster-mode.md. The work is in deploy/spark/ (submit.py, pack.py); this module parses options.
 """
@@ -118,6 +118,12 @@ def _fetch_connector(args: argparse.Namespace) -> int:
     return 0
 
 
+def _native(args: argparse.Namespace) -> int:
+    from deploy.native import run
+
+    return run(check=args.check, clean=args.clean)
+
+
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "deploy",
@@ -212,3 +218,15 @@ def register(sub: Any) -> None:
     )
     fetch.add_argument("--spark-version", help="default: the installed pyspark's")
     fetch.set_defaults(func=_fetch_connector)
+
+    native = actions.add_parser(
+        "native",
+        help="compile the per-frame cores with mypyc (make setup does it; docs/decisions.md)",
+        description="Compile the checks engine, its rules and the stage steps into C extensions with "
+        "mypyc, from the same source, into build/native/. The job uses them only while every source "
+        "is the one they were built from.",
+    )
+    what = native.add_mutually_exclusive_group()
+    what.add_argument("--check", action="store_true", help="say whether the compiled build is used, and why")
+    what.add_argument("--clean", action="store_true", help="remove build/native (the job runs plain Python)")
+    native.set_defaults(func=_native)

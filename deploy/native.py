@@ -1,0 +1,106 @@
+"""Build the compiled per-frame cores (``codec.native.MODULES``) with mypyc into ``build/native/``.
+
+``kpmon deploy native`` (``make native``, part of ``make setup``; or ``python -m deploy.native``) compiles the modules, then
+writes ``build/native/manifest.json``: the interpreter's extension ABI, the shared library's name and
+each module's source digest, which ``codec.native`` checks at import. It builds into a fresh
+directory and swaps it in only when the build succeeded, so a failed build leaves the last good one
+(or none: plain Python). Nothing here runs on the hot path.
+
+``--check`` only reports whether the build is usable; ``--clean`` removes it. With ``KPMON_NATIVE=0``
+nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from codec.native import BUILD_DIR, ENV, MANIFEST, MODULES, ROOT, abi_tag, source_digest, status
+
+#: Run in a child Python with the build directory as its working directory: setuptools reads the
+#: project's pyproject.toml from there otherwise, and mypyc writes its C files under it.
+_SETUP = """
+import sys
+from setuptools import setup
+from mypyc.build import mypycify
+paths, lib = sys.argv[1:-1], sys.argv[-1]
+setup(
+    name="kpmon-native",
+    packages=[],
+    py_modules=[],
+    ext_modules=mypycify(paths, opt_level="3"),
+    script_args=["build_ext", "--build-lib", lib, "--build-temp", "tmp"],
+)
+"""
+
+
+class NativeBuildError(RuntimeError):
+    """mypyc or the C compiler failed; the message holds the end of their output."""
+
+
+def build(out: Path = BUILD_DIR) -> Path:
+    """Compile ``MODULES`` into ``out``; return the manifest's path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="native-", dir=out.parent))
+    try:
+        lib = work / "lib"
+        env = {**os.environ, ENV: "0", "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", _SETUP, *(str(ROOT / path) for path in MODULES), str(lib)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+            raise NativeBuildError(f"mypyc build failed (exit {done.returncode}):\n{tail}")
+        groups = [p.name for p in lib.glob(f"*__mypyc{abi_tag()}")]
+        if len(groups) != 1:
+            raise NativeBuildError(f"expected one mypyc shared library in {lib}, found {groups}")
+        manifest = {
+            "abi": abi_tag(),
+            "group": groups[0],
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "modules": {path: source_digest(path) for path in MODULES},
+        }
+        (lib / MANIFEST.name).write_text(json.dumps(manifest, indent=1) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        lib.rename(out)
+        return out / MANIFEST.name
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(check: bool = False, clean: bool = False) -> int:
+    """Build (the default), ``check`` or ``clean`` (``kpmon deploy native``); the exit code."""
+    if check:
+        used, why = status()
+        print(f"kpmon: compiled cores {why}")
+        return 0 if used else 1
+    if clean:
+        shutil.rmtree(BUILD_DIR, ignore_errors=True)
+        print(f"kpmon: removed {BUILD_DIR}")
+        return 0
+    if status()[1].startswith(f"{ENV}="):
+        print(f"kpmon: {ENV}={os.environ[ENV]}: not compiling the per-frame cores (plain Python)")
+        return 0
+    print(f"kpmon: compiling {len(MODULES)} modules with mypyc into {BUILD_DIR} (about a minute)", flush=True)
+    started = time.monotonic()
+    try:
+        build()
+    except NativeBuildError as exc:
+        print(f"kpmon: {exc}", file=sys.stderr)
+        return 1
+    print(f"kpmon: compiled in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
