@@ -18,7 +18,7 @@ import msgpack
 
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
-from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, Stats
+from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats
 from codec.api import Request
 from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
@@ -89,8 +89,8 @@ class Monitor:
         #: Report undecodable frames and count header-only ones. Off in a keyed shard: the connection
         #: shard did both, and routes such a request on only for the rules that judge its header.
         self.report_frames = report_frames
-        self.states: dict[tuple[str, str], State] = {}
-        self.last_seen: dict[tuple[str, str], int] = {}
+        self.states: dict[StateKey, State] = {}
+        self.last_seen: dict[StateKey, int] = {}
         self.conns: dict[str, _ConnState] = {}
         self._heap: list[tuple[int, str, int, int, TapFrame]] = []
         self._tiebreak = 0
@@ -295,20 +295,18 @@ class Monitor:
 
     def _touch(self, rule: str, key: str, exchange: Exchange) -> None:
         """Make the state of (rule, key) if new, and set its last-seen time to ``exchange``'s."""
-        skey = (rule, key)
+        skey: StateKey = (rule, key)
         if skey not in self.states:
             self.states[skey] = {}
-        response = exchange.response
-        self.last_seen[skey] = exchange.ts_ns if response is None else response.ts_ns
+        self.last_seen[skey] = exchange.seen_ns
 
     def _call(self, rule: Rule, key: str, hook: str, exchange: Exchange, envelope: Exchange | None) -> None:
         name = rule.name
-        skey = (name, key)
+        skey: StateKey = (name, key)
         state = self.states.get(skey)
         if state is None:
             state = self.states[skey] = {}
-        response = exchange.response
-        self.last_seen[skey] = exchange.ts_ns if response is None else response.ts_ns
+        self.last_seen[skey] = exchange.seen_ns
         getattr(rule, hook)(state, key, exchange, RuleContext(self.ctx, name, key, envelope))
 
     def _fire_timers(self, now_ns: int) -> None:
@@ -418,7 +416,7 @@ class Monitor:
                 self._drop(skey)
                 self.stats.evicted_keys += 1
 
-    def _drop(self, skey: tuple[str, str]) -> None:
+    def _drop(self, skey: StateKey) -> None:
         self.states.pop(skey, None)
         self.last_seen.pop(skey, None)
         self.ctx.timers.pop(skey, None)

@@ -94,6 +94,7 @@ class Exchange:
         "request",
         "resp",
         "response",
+        "seen_ns",
         "ts_ns",
     )
 
@@ -111,6 +112,10 @@ class Exchange:
     api_version: int
     #: Per-exchange results derived from the bodies, shared by the rules (keyed by the deriving helper).
     memo: dict[str, Any]
+    #: When the exchange was last seen (its response's time, or its request's): what the engine records
+    #: for every key it touches. ``Any`` on purpose: compiled (codec/native.py), an ``int`` attribute is
+    #: unboxed and each read makes a new int object, one per key per exchange in the last-seen table.
+    seen_ns: Any
 
     def __init__(
         self, request: TapFrame, response: TapFrame | None, envelope: TapFrame | None = None
@@ -126,6 +131,7 @@ class Exchange:
         self.resp = answer if isinstance(answer, Response) else None
         self.conn = request.conn
         self.ts_ns = request.ts_ns
+        self.seen_ns = request.ts_ns if response is None else response.ts_ns
         self.api_key = message.api_key if request.api_key is None else request.api_key
         self.api_version = message.api_version if request.api_version is None else request.api_version
         self.memo = {}

@@ -26,7 +26,7 @@ from typing import Any
 
 from checks.engine import Monitor
 from checks.model import SEVERITY_RANK, Finding, Severity
-from checks.rule import Context, State, Stats
+from checks.rule import Context, State, StateKey, Stats
 from checks.rules import all_rules
 from checks.rules.apiversions import CLUSTER_KEY, CoverageCell, FleetRow, coverage, fleet_matrix
 from checks.rules.groups import CLASSIC, group_protocol_label
@@ -117,7 +117,7 @@ def run_checks(
 
 
 def build_report(
-    states: Mapping[tuple[str, str], State], findings: Iterable[Finding], stats: Stats, source: str = ""
+    states: Mapping[StateKey, State], findings: Iterable[Finding], stats: Stats, source: str = ""
 ) -> ReportData:
     """The report's content from a monitor's rule states, its findings and its counters."""
     cluster = states.get(("apiversions.cluster", CLUSTER_KEY), {})
@@ -156,7 +156,7 @@ def build_report(
     )
 
 
-def group_rows(states: Mapping[tuple[str, str], State]) -> list[GroupRow]:
+def group_rows(states: Mapping[StateKey, State]) -> list[GroupRow]:
     """One row per group id, from the classic rule's state (``group``) and the protocol rule's
     (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it)."""
     classic = {key: state for (rule, key), state in states.items() if rule == "group"}

@@ -13,6 +13,7 @@ from typing import Any
 
 import checks
 from checks.model import Finding, Severity
+from checks.rule import StateKey
 from codec.taprecord import TapFrame, frame_from_record, headers_dict
 from tests.tap.harness import TappedCluster, TapRecord, TapThread, read_topic_range, topic_end_offsets
 
@@ -35,7 +36,7 @@ class Checked:
     frames: list[TapFrame]
     findings: list[Finding]
     stats: checks.Stats
-    states: dict[tuple[str, str], Any] = field(default_factory=dict)
+    states: dict[StateKey, Any] = field(default_factory=dict)
 
     def of(self, rule: str) -> list[Finding]:
         return [f for f in self.findings if f.rule == rule]
