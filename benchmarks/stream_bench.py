@@ -217,19 +217,30 @@ class CpuMeter:
     """CPU seconds used by this process (the driver: planning, the sink, Great Expectations) and every
     Spark process (the JVM and its Python workers) while a run lasts; the Kafka broker is not counted.
     Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
-    up to its last poll. Unlike rows per second, this hardly moves with what else the machine runs."""
+    up to its last poll. Unlike rows per second, this hardly moves with what else the machine runs.
+
+    ``split`` says where it went: the driver, the Spark JVM (and, within it, its JIT compiler threads,
+    read per thread), and the Python workers."""
 
     TICK = os.sysconf("SC_CLK_TCK")
+    #: Thread names of HotSpot's JIT compilers (``C2 CompilerThre``, ``C1 CompilerThre``: 15 characters).
+    JIT_THREADS = (b"C1 Compiler", b"C2 Compiler")
 
     def __init__(self) -> None:
+        self.kinds: dict[int, str] = {}
         self.start = self._read()
         self.last = dict(self.start)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
-    def _read(self) -> dict[int, float]:
-        out: dict[int, float] = {}
+    def _ticks(self, stat: str) -> float:
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.TICK
+
+    def _read(self) -> dict[tuple[int, int], float]:
+        """CPU seconds per (pid, 0) for each process, and per (pid, tid) for the JVM's JIT threads."""
+        out: dict[tuple[int, int], float] = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -237,10 +248,30 @@ class CpuMeter:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 if int(pid) != os.getpid() and b"pyspark" not in cmdline:
                     continue
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[(int(pid), 0)] = self._ticks(Path(f"/proc/{pid}/stat").read_text())
             except OSError:
                 continue
-            out[int(pid)] = (int(fields[11]) + int(fields[12])) / self.TICK
+            if int(pid) == os.getpid():
+                self.kinds[int(pid)] = "driver"
+            elif b"java" in cmdline.split(b"\0", 1)[0]:
+                self.kinds[int(pid)] = "spark_jvm"
+                out.update(self._jit_threads(int(pid)))
+            else:
+                self.kinds[int(pid)] = "python_workers"
+        return out
+
+    def _jit_threads(self, pid: int) -> dict[tuple[int, int], float]:
+        out: dict[tuple[int, int], float] = {}
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                if Path(f"/proc/{pid}/task/{tid}/comm").read_bytes().startswith(self.JIT_THREADS):
+                    out[(pid, int(tid))] = self._ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+            except OSError:
+                continue
         return out
 
     def _poll(self) -> None:
@@ -251,11 +282,29 @@ class CpuMeter:
         self.done.set()
         self.thread.join()
         self.last.update(self._read())
-        return sum(seconds - self.start.get(pid, 0.0) for pid, seconds in self.last.items())
+        return sum(self._used(key) for key in self.last if key[1] == 0)
+
+    def _used(self, key: tuple[int, int]) -> float:
+        return self.last[key] - self.start.get(key, 0.0)
+
+    @property
+    def split(self) -> dict[str, float]:
+        """CPU seconds per kind of process (after ``stop``); ``jit`` is part of ``spark_jvm``."""
+        out = dict.fromkeys(("driver", "spark_jvm", "jit", "python_workers"), 0.0)
+        for key in self.last:
+            kind = self.kinds.get(key[0], "python_workers") if key[1] == 0 else "jit"
+            out[kind] += self._used(key)
+        return {kind: round(seconds, 1) for kind, seconds in out.items()}
 
 
 def rate_line(run: dict[str, Any]) -> str:
-    return f"    {run['rows_per_second']:,.0f} frames/s, {run['cpu_us_per_frame']} us of CPU per frame"
+    split = ", ".join(
+        f"{kind} {seconds} s" for kind, seconds in run.get("cpu_seconds_by_process", {}).items()
+    )
+    return (
+        f"    {run['rows_per_second']:,.0f} frames/s, {run['cpu_us_per_frame']} us of CPU per frame "
+        f"(CPU: {split})"
+    )
 
 
 def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
@@ -275,6 +324,7 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
     summary = summarize(events)
     summary["cpu_seconds"] = round(cpu_seconds, 1)
     summary["cpu_us_per_frame"] = round(cpu_seconds / summary["rows"] * 1e6, 1) if summary["rows"] else None
+    summary["cpu_seconds_by_process"] = meter.split
     return summary
 
 
