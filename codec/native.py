@@ -63,10 +63,6 @@ MODULES: Final = (
 )
 
 
-def module_name(path: str) -> str:
-    return path.removesuffix(".py").replace("/", ".")
-
-
 def source_digest(path: str) -> str:
     return hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
 
@@ -76,7 +72,8 @@ def abi_tag() -> str:
     return str(sysconfig.get_config_var("EXT_SUFFIX"))
 
 
-def _disabled() -> bool:
+def disabled() -> bool:
+    """Whether ``KPMON_NATIVE`` asks for plain Python."""
     return os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")
 
 
@@ -99,7 +96,7 @@ def verdict(manifest: dict[str, Any] | None, digests: dict[str, str], abi: str) 
 @cache
 def status() -> tuple[bool, str]:
     """(whether the compiled modules are used, why): decided once per process."""
-    if _disabled():
+    if disabled():
         return False, f"{ENV}={os.environ[ENV]}: plain Python"
     try:
         manifest: dict[str, Any] | None = json.loads(MANIFEST.read_text())

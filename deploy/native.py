@@ -1,8 +1,9 @@
 """Build the compiled per-frame cores (``codec.native.MODULES``) with mypyc into ``build/native/``.
 
-``kpmon deploy native`` (``make native``, part of ``make setup``; or ``python -m deploy.native``) compiles the modules, then
-writes ``build/native/manifest.json``: the interpreter's extension ABI, the shared library's name and
-each module's source digest, which ``codec.native`` checks at import. It builds into a fresh
+``kpmon deploy native`` (``make native``, part of ``make setup``; or ``python -m deploy.native``)
+compiles the modules, then writes ``build/native/manifest.json``: the interpreter's extension ABI,
+the shared library's name and each module's source digest (taken before the build, so a source
+edited during it reads as stale), which ``codec.native`` checks at import. It builds into a fresh
 directory and swaps it in only when the build succeeded, so a failed build leaves the last good one
 (or none: plain Python). Nothing here runs on the hot path.
 
@@ -21,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from codec.native import BUILD_DIR, ENV, MANIFEST, MODULES, ROOT, abi_tag, source_digest, status
+from codec.native import BUILD_DIR, ENV, MANIFEST, MODULES, ROOT, abi_tag, disabled, source_digest, status
 
-#: Run in a child Python with the build directory as its working directory: setuptools reads the
-#: project's pyproject.toml from there otherwise, and mypyc writes its C files under it.
+#: Runs in a child Python whose working directory is a scratch directory: from the project root,
+#: setuptools would read the project's pyproject.toml, and mypyc writes its C files under the working
+#: directory.
 _SETUP = """
 import sys
 from setuptools import setup
@@ -46,6 +48,7 @@ class NativeBuildError(RuntimeError):
 
 def build(out: Path = BUILD_DIR) -> Path:
     """Compile ``MODULES`` into ``out``; return the manifest's path."""
+    digests = {path: source_digest(path) for path in MODULES}
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="native-", dir=out.parent))
     try:
@@ -68,7 +71,7 @@ def build(out: Path = BUILD_DIR) -> Path:
             "abi": abi_tag(),
             "group": groups[0],
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "modules": {path: source_digest(path) for path in MODULES},
+            "modules": digests,
         }
         (lib / MANIFEST.name).write_text(json.dumps(manifest, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)
@@ -88,7 +91,7 @@ def run(check: bool = False, clean: bool = False) -> int:
         shutil.rmtree(BUILD_DIR, ignore_errors=True)
         print(f"kpmon: removed {BUILD_DIR}")
         return 0
-    if status()[1].startswith(f"{ENV}="):
+    if disabled():
         print(f"kpmon: {ENV}={os.environ[ENV]}: not compiling the per-frame cores (plain Python)")
         return 0
     print(f"kpmon: compiling {len(MODULES)} modules with mypyc into {BUILD_DIR} (about a minute)", flush=True)

@@ -47,7 +47,7 @@ HOT_MODULES = (checks.engine, checks.rules.producers, codec.taprecord, streaming
 
 def test_the_set_up_build_is_what_runs() -> None:
     used, why = native.status()
-    if os.environ.get(native.ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    if native.disabled():
         assert not used
         assert not any(native.compiled(m) for m in HOT_MODULES)
         return
