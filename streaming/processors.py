@@ -82,10 +82,12 @@ LIST_KEYS_RATIO = 16
 class MapStateStore:
     """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string.
 
-    Every ``getValue`` is a round trip to the JVM's state server, and most of a busy bucket's lookups
-    are for keys it does not hold yet (new connections, new producers). ``begin`` lists the bucket's
-    keys in one round trip when a call brings many keys; ``get`` then asks the server only about keys
-    the bucket holds. What the stages read is the same either way; only the number of calls changes.
+    Every value read or written is a round trip to the JVM's state server (0.1-1 ms each on this
+    machine, docs/benchmarks.md), and most of a busy bucket's lookups are for keys it does not hold
+    yet (new connections, new producers). With a due index (stage two), ``get`` asks the server only
+    about keys the index names; without one (stage one), ``begin`` lists the bucket's keys in one
+    round trip when a call brings many keys, and ``get`` then asks only about keys the bucket holds.
+    What the stages read is the same either way; only the number of calls changes.
     """
 
     def __init__(self, state: MapState, index: ValueState | None = None) -> None:
@@ -105,13 +107,16 @@ class MapStateStore:
         self.known = None
         self.dues, self.dirty = None, False
         size = self.sizes.get(bucket)
-        if keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
+        # With a due index, ``get`` knows the bucket's keys without listing them.
+        if self.index is None and keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
             self.known = {key[0] for key in self.state.keys()}  # noqa: SIM118 (a MapState, not a dict)
             self.sizes[bucket] = len(self.known)
 
     def get(self, key: str) -> tuple[Any, ...] | None:
         if self.known is not None and key not in self.known:
             return None
+        if self.index is not None and key not in self._dues():
+            return None  # the index names every entry the bucket holds
         value = self.state.getValue((key,))
         return tuple(value) if value is not None else None
 

@@ -185,3 +185,21 @@ def test_a_bucket_without_an_index_gets_one_from_its_entries() -> None:
     assert store.due(25) == ([], None)
     store.finish()
     assert index.value is None
+
+
+def test_with_an_index_keys_the_bucket_does_not_hold_cost_no_round_trip() -> None:
+    """Stage two's lookups are mostly for route keys it has never seen (a new producer id per producer
+    session): the due index names every entry, so those cost no ``getValue`` and no listing."""
+    state = FakeMapState()
+    store = MapStateStore(state, FakeValueState())  # type: ignore[arg-type]
+    store.begin((0,), 0)
+    store.put("held", (b"s", b"", 10))
+    store.finish()
+    store.begin((0,), 10 * LIST_KEYS_AT)
+    state.calls.clear()
+    assert [store.get(f"new-{i}") for i in range(10 * LIST_KEYS_AT)] == [None] * (10 * LIST_KEYS_AT)
+    assert state.calls == []
+    assert store.get("held") == (b"s", b"", 10) and state.calls == ["getValue"]
+    store.put("new-0", (b"t", b"", 20))
+    store.remove("held")
+    assert store.get("new-0") == (b"t", b"", 20) and store.get("held") is None
