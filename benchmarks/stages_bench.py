@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
-import platform
 import pstats
 import sys
 import time
@@ -41,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 
 import codec  # noqa: E402
+from benchmarks.results_file import header, write  # noqa: E402
 from benchmarks.stream_bench import session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
@@ -189,30 +188,18 @@ def main() -> int:
         # The profiler's own cost inflates every figure above: a profiled run is never the record.
         print("profiled run: results not written")
     elif not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            json.dumps(
-                {
-                    "benchmark": "stages_bench",
-                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "machine": {
-                        "platform": platform.platform(),
-                        "cpus": os.cpu_count(),
-                        "python": sys.version.split()[0],
-                    },
-                    "load_average": {"before": load_before, "after": load_after},
-                    "frames": frames,
-                    "batch": args.batch,
-                    "buckets": StreamConfig().buckets,
-                    "worker_gc": worker_gc,
-                    "us_per_frame": {**us, "both_stages": stages_us, "full_decode_comparison": floor_us},
-                    "target_us_both_stages": TARGET_US,
-                    "verdict": verdict,
-                },
-                indent=1,
-            )
+        record = header("stages_bench")
+        record.update(
+            load_average={"before": load_before, "after": load_after},
+            frames=frames,
+            batch=args.batch,
+            buckets=StreamConfig().buckets,
+            worker_gc=worker_gc,
+            us_per_frame={**us, "both_stages": stages_us, "full_decode_comparison": floor_us},
+            target_us_both_stages=TARGET_US,
+            verdict=verdict,
         )
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        write(RESULTS, record, ROOT)
     return 0
 
 

@@ -23,9 +23,7 @@ Writes ``benchmarks/results/state_api_bench.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -46,6 +44,7 @@ from pyspark.sql.streaming.stateful_processor import (  # noqa: E402
 )
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType  # noqa: E402
 
+from benchmarks.results_file import header, write  # noqa: E402
 from kpmon.config import KpmonConfig  # noqa: E402
 from streaming.session import build_session  # noqa: E402
 
@@ -160,34 +159,17 @@ def main() -> int:
     print(f"    writes {write_ratio:.1f}x, reads {read_ratio:.1f}x")
     print(f"  load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            json.dumps(
-                {
-                    "benchmark": "state_api_bench",
-                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "machine": {
-                        "platform": platform.platform(),
-                        "cpus": os.cpu_count(),
-                        "python": platform.python_version(),
-                        "load_before": load_before,
-                        "load_after": load_after,
-                    },
-                    "keys": args.keys,
-                    "entry_bytes": args.size,
-                    "rounds": args.rounds,
-                    "median_seconds": seconds,
-                    "us_per_entry": per_key,
-                    "ratios": {
-                        "per_key_over_one_value_write": write_ratio,
-                        "per_key_over_one_value_read": read_ratio,
-                    },
-                },
-                indent=2,
-            )
-            + "\n"
+        record = header("state_api_bench")
+        record["machine"].update(load_before=load_before, load_after=load_after)
+        record.update(
+            keys=args.keys,
+            entry_bytes=args.size,
+            rounds=args.rounds,
+            median_seconds=seconds,
+            us_per_entry=per_key,
+            ratios={"per_key_over_one_value_write": write_ratio, "per_key_over_one_value_read": read_ratio},
         )
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        write(RESULTS, record, ROOT)
     return 0
 
 
