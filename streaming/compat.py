@@ -80,6 +80,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.sharding import ROUTE_SCHEME
     from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
     from streaming.job import BUCKET, BUCKET_SCHEME
+    from streaming.pages import PAGES_FORMAT
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
@@ -114,6 +115,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_buckets": config.stream.buckets,
         "bucket_scheme": BUCKET_SCHEME,
+        "state_layout": f"pages-{PAGES_FORMAT}",
         "state_format": STATE_FORMAT,
         "route_scheme": ROUTE_SCHEME,
         "stages": stages,
@@ -175,6 +177,13 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         problems.append(
             f"bucket grouping values changed (scheme {saved.get('bucket_scheme', 1)} -> "
             f"{new.get('bucket_scheme', 1)}): each bucket's state is stored under its grouping value"
+        )
+    # A shape without it was written when each connection and route key had a state entry of its own.
+    if saved.get("state_layout", "entries") != new.get("state_layout", "entries"):
+        problems.append(
+            f"bucket state layout changed ({saved.get('state_layout', 'entries')} -> "
+            f"{new.get('state_layout', 'entries')}): the checkpoint's state is kept in another layout, "
+            "which this build does not read; start from a new stream.checkpoint_dir"
         )
     if saved["state_format"] > new["state_format"]:
         problems.append(

@@ -2,10 +2,11 @@
 
 Both stages are grouped by a *bucket* (a hash of the connection, or of the route key, modulo
 ``stream.state_buckets``), so Spark makes one Python call per bucket and batch instead of one per
-connection or route key. Inside a bucket each connection or route key has its own entry in a
-``MapState``; the per-key steps in ``streaming.stages`` do the work. Each bucket arms one event-time
-timer, at or before the earliest entry that needs a call (TTL expiry, a rule's timer, routes waiting
-for the watermark).
+connection or route key. Inside a bucket each connection or route key has its own entry, and the
+entries are kept in a few pages (``streaming.pages``), so a call pays a state-server round trip per
+page it touches, not per key; the per-key steps in ``streaming.stages`` do the work. Each bucket arms
+one event-time timer, at or before the earliest entry that needs a call (TTL expiry, a rule's timer,
+routes waiting for the watermark).
 
 State lives in Spark's RocksDB state store. The shard state is bytes carrying their own format number
 (``checks.engine.STATE_FORMAT``), and the store's Avro encoding lets the columns evolve.
@@ -16,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import msgpack
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
@@ -26,10 +26,11 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
     ValueState,
 )
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from checks.settings import ChecksSettings
 from streaming.bundles import read_bundle
+from streaming.pages import PagedBucketStore
 from streaming.stages import (
     EVENT_TIME_MS,
     STAGE_ROW_FIELDS,
@@ -38,30 +39,17 @@ from streaming.stages import (
     connection_bucket_expired,
     keyed_bucket,
     keyed_bucket_expired,
-    split_due,
 )
 from streaming.workergc import tune_worker_gc
 
 #: Stage two's bucket for rows that are already final (findings, aggregates, counters): passed through.
 PASS_BUCKET = -1
 
-#: Map-state key of stage one (a connection) and of stage two (a route key).
-ENTRY_KEY = StructType([StructField("key", StringType())])
-#: Stage one's entry per connection: the shard's state (bytes) and when the connection expires.
-CONNECTION_ENTRY = StructType([StructField("shard", BinaryType()), StructField("expires", LongType())])
-#: Stage two's entry per route key: the shard's state (bytes), the routes waiting for the watermark (msgpack) and
-#: when the key next needs a call.
-KEYED_ENTRY = StructType(
-    [
-        StructField("shard", BinaryType()),
-        StructField("buffer", BinaryType()),
-        StructField("due", LongType()),
-    ]
-)
-#: A bucket's due index: ``{key: next call ms}`` of every entry, msgpack (``MapStateStore.due``).
-DUE_INDEX = StructType([StructField("dues", BinaryType())])
-#: The bucket's one armed timer.
-BUCKET_TIMER = StructType([StructField("timer", LongType())])
+#: A bucket's pages (``streaming.pages``): a map from page number to the page's entries (msgpack).
+PAGE_KEY = StructType([StructField("page", IntegerType())])
+PAGE = StructType([StructField("entries", BinaryType())])
+#: A bucket's meta (``streaming.pages``): page counts, every entry's next call and the armed timer.
+BUCKET_META = StructType([StructField("meta", BinaryType())])
 
 #: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
 STAGE_ROWS_DDL = (
@@ -72,137 +60,56 @@ STAGE_ROWS_DDL = (
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
 
 
-#: A call that brings at least this many connections or route keys lists the bucket's keys once
-#: (``MapStateStore.begin``) instead of asking the state server about each.
-LIST_KEYS_AT = 8
-#: ...unless the bucket held more than this many entries per key the call brings, last time it was listed.
-LIST_KEYS_RATIO = 16
+class SparkPages:
+    """``streaming.pages.PageBackend`` over a bucket's Spark state: a ``MapState`` of pages and a
+    ``ValueState`` for the meta. Each method is one round trip to the JVM's state server."""
 
+    def __init__(self, pages: MapState, meta: ValueState) -> None:
+        self.pages = pages
+        self.meta = meta
 
-class MapStateStore:
-    """``streaming.stages.BucketStore`` over a Spark ``MapState`` keyed by one string.
+    def read_meta(self) -> bytes | None:
+        value = self.meta.get()  # None when unset: no separate exists() round trip
+        return bytes(value[0]) if value and value[0] is not None else None
 
-    Every value read or written is a round trip to the JVM's state server (0.1-1 ms each on this
-    machine, docs/benchmarks.md), and most of a busy bucket's lookups are for keys it does not hold
-    yet (new connections, new producers). With a due index (stage two), ``get`` asks the server only
-    about keys the index names; without one (stage one), ``begin`` lists the bucket's keys in one
-    round trip when a call brings many keys, and ``get`` then asks only about keys the bucket holds.
-    What the stages read is the same either way; only the number of calls changes.
-    """
-
-    def __init__(self, state: MapState, index: ValueState | None = None) -> None:
-        self.state = state
-        #: The bucket's keys, when listed for this call; None: unknown, ask per key.
-        self.known: set[str] | None = None
-        #: How many entries each bucket held when last listed (a hint: per worker, never persisted).
-        self.sizes: dict[Any, int] = {}
-        #: The bucket's due index, kept in state (see ``due``); None: list the bucket instead.
-        self.index = index
-        #: This call's copy of the index ({key: next call ms}), read on first use; and whether it changed.
-        self.dues: dict[str, int | None] | None = None
-        self.dirty = False
-
-    def begin(self, bucket: Any, keys: int) -> None:
-        """Before a call on ``bucket`` (the grouping key Spark set) that will look up ``keys`` entries."""
-        self.known = None
-        self.dues, self.dirty = None, False
-        size = self.sizes.get(bucket)
-        # With a due index, ``get`` knows the bucket's keys without listing them.
-        if self.index is None and keys >= LIST_KEYS_AT and (size is None or size <= LIST_KEYS_RATIO * keys):
-            self.known = {key[0] for key in self.state.keys()}  # noqa: SIM118 (a MapState, not a dict)
-            self.sizes[bucket] = len(self.known)
-
-    def get(self, key: str) -> tuple[Any, ...] | None:
-        if self.known is not None and key not in self.known:
-            return None
-        if self.index is not None and key not in self._dues():
-            return None  # the index names every entry the bucket holds
-        value = self.state.getValue((key,))
-        return tuple(value) if value is not None else None
-
-    def put(self, key: str, value: tuple[Any, ...]) -> None:
-        self.state.updateValue((key,), value)
-        if self.known is not None:
-            self.known.add(key)
-        if self.index is not None:
-            dues = self._dues()
-            if dues.get(key, -1) != value[-1]:
-                dues[key] = value[-1]
-                self.dirty = True
-
-    def remove(self, key: str) -> None:
-        self.state.removeKey((key,))
-        if self.known is not None:
-            self.known.discard(key)
-        if self.index is not None and self._dues().pop(key, -1) != -1:
-            self.dirty = True
-
-    def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
-        # Read the whole bucket before the caller changes it: the iterator reads the store lazily.
-        return [(key[0], tuple(value)) for key, value in self.state.iterator()]
-
-    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
-        """``BucketStore.due``. Listing the bucket reads every entry with its shard and buffered routes,
-        on every timer fire, so its cost grows with the state held (producers live for days), not with
-        the traffic; with an index only the due entries are read."""
-        if self.index is None:
-            return split_due(self.items(), watermark_ms)
-        index = {key: (at,) for key, at in self._dues().items()}
-        keys, later = split_due(index.items(), watermark_ms)
-        ready: list[tuple[str, tuple[Any, ...]]] = []
-        for key, _ in keys:
-            value = self.state.getValue((key,))
-            if value is None:  # gone without the index knowing: nothing to do for it
-                self._dues().pop(key, None)
-                self.dirty = True
-                continue
-            ready.append((key, tuple(value)))
-        return ready, later
-
-    def finish(self) -> None:
-        """After the call: keep the index if it changed."""
-        if self.index is None or not self.dirty or self.dues is None:
-            return
-        if self.dues:
-            self.index.update((msgpack.packb(self.dues),))
+    def write_meta(self, data: bytes | None) -> None:
+        if data is None:
+            self.meta.clear()
         else:
-            self.index.clear()
-        self.dirty = False
+            self.meta.update((data,))
 
-    def _dues(self) -> dict[str, int | None]:
-        if self.dues is None:
-            saved = self.index.get() if self.index is not None else None
-            if saved is not None and saved[0] is not None:
-                self.dues = msgpack.unpackb(saved[0])
-            else:
-                # No index yet (a bucket from before it, or an empty one): made once from the entries.
-                self.dues = {key: value[-1] for key, value in self.items()}
-                self.dirty = bool(self.dues)
-        return self.dues
+    def read_page(self, page: int) -> bytes | None:
+        value = self.pages.getValue((page,))
+        return bytes(value[0]) if value and value[0] is not None else None
+
+    def write_page(self, page: int, data: bytes | None) -> None:
+        if data is None:
+            self.pages.removeKey((page,))
+        else:
+            self.pages.updateValue((page,), (data,))
+
+    def read_pages(self) -> Iterable[tuple[int, bytes]]:
+        # Read every page before the caller changes any: the iterator reads the store lazily.
+        return [(int(key[0]), bytes(value[0])) for key, value in self.pages.iterator()]
 
 
 class BucketTimer:
-    """The bucket's one event-time timer, kept in a value state so it can be moved without a lookup."""
+    """The bucket's one event-time timer; which one is armed is kept in the bucket's meta
+    (``PagedBucketStore.armed``), so moving it costs no lookup of its own."""
 
-    def __init__(self, handle: StatefulProcessorHandle, state: ValueState) -> None:
+    def __init__(self, handle: StatefulProcessorHandle, store: PagedBucketStore) -> None:
         self.handle = handle
-        self.state = state
-
-    def armed(self) -> int | None:
-        value = self.state.get()  # None when unset: no separate exists() round trip
-        return int(value[0]) if value and value[0] is not None else None
+        self.store = store
 
     def move(self, armed: int | None, wanted: int | None) -> None:
         """From ``armed`` (None: none armed, or the one that just fired) to ``wanted``."""
+        self.store.set_armed(wanted)
         if armed is not None and armed == wanted:
             return
         if armed is not None:
             self.handle.deleteTimer(armed)
-        if wanted is None:
-            self.state.clear()
-            return
-        self.handle.registerTimer(wanted)
-        self.state.update((wanted,))
+        if wanted is not None:
+            self.handle.registerTimer(wanted)
 
 
 def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
@@ -235,12 +142,9 @@ def _output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 class _BucketProcessor(StatefulProcessor):
-    """One bucket's map state and timer; subclasses say which step runs."""
+    """One bucket's pages, meta and timer; subclasses say which step runs."""
 
     STATE_NAME = ""
-    ENTRY: StructType
-    #: Keep a due index (``MapStateStore.due``) beside the entries.
-    KEEP_DUE_INDEX = False
 
     def __init__(self, config: ChecksSettings, tune_gc: bool = False) -> None:
         self.config = config
@@ -251,13 +155,19 @@ class _BucketProcessor(StatefulProcessor):
         if self.tune_gc:
             tune_worker_gc()
         # Spark allows state TTLs only in processing-time mode; idle entries expire by event-time timers.
-        index = handle.getValueState(f"{self.STATE_NAME}_due", DUE_INDEX) if self.KEEP_DUE_INDEX else None
-        self.store = MapStateStore(handle.getMapState(self.STATE_NAME, ENTRY_KEY, self.ENTRY), index)
-        self.timer = BucketTimer(handle, handle.getValueState(f"{self.STATE_NAME}_timer", BUCKET_TIMER))
+        pages = handle.getMapState(f"{self.STATE_NAME}_pages", PAGE_KEY, PAGE)
+        meta = handle.getValueState(f"{self.STATE_NAME}_meta", BUCKET_META)
+        self.store = PagedBucketStore(SparkPages(pages, meta))
+        self.timer = BucketTimer(handle, self.store)
+
+    def _begin(self) -> int | None:
+        """Before a call: the bucket's timer as armed now."""
+        self.store.begin()
+        return self.store.armed
 
     def _apply(self, armed: int | None, result: BucketResult) -> list[dict[str, Any]]:
-        self.store.finish()
         self.timer.move(armed, result.timer_ms)
+        self.store.finish()
         return result.rows
 
     def close(self) -> None:
@@ -269,8 +179,7 @@ class ConnectionProcessor(_BucketProcessor):
     (``streaming.bundles``). ``clocks``: stage two's bucket count, each sent the batch clock
     (``streaming.stages``)."""
 
-    STATE_NAME = "connections"
-    ENTRY = CONNECTION_ENTRY
+    STATE_NAME = "connection"
 
     def __init__(self, config: ChecksSettings, tune_gc: bool = False, clocks: int = 0) -> None:
         super().__init__(config, tune_gc)
@@ -282,8 +191,7 @@ class ConnectionProcessor(_BucketProcessor):
         records = [
             frame for pdf in rows for bundle in pdf["bundle"].tolist() for frame in read_bundle(bundle)
         ]
-        self.store.begin(key, len({r["conn"] for r in records}))
-        armed = self.timer.armed()
+        armed = self._begin()
         result = connection_bucket(
             self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.clocks
         )
@@ -294,8 +202,8 @@ class ConnectionProcessor(_BucketProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
+        self._begin()
         # The timer that fired is gone: nothing to delete.
-        self.store.begin(key, 0)
         out = self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
         if out:
             yield _stage_frame(out)
@@ -304,11 +212,7 @@ class ConnectionProcessor(_BucketProcessor):
 class KeyedProcessor(_BucketProcessor):
     """Stage two, grouped by a bucket of route keys (``"<key kind>|<state key>"``), plus ``PASS_BUCKET``."""
 
-    STATE_NAME = "route_keys"
-    ENTRY = KEYED_ENTRY
-    # Every route key holds state for its TTL (days for producers), and the bucket's timer fires in
-    # nearly every batch, as routes wait one lateness: a fire must read only the due keys.
-    KEEP_DUE_INDEX = True
+    STATE_NAME = "route_key"
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -318,8 +222,7 @@ class KeyedProcessor(_BucketProcessor):
             if records:
                 yield _output_frame(records)
             return
-        self.store.begin(key, len({r["route_key"] for r in records}))
-        armed = self.timer.armed()
+        armed = self._begin()
         result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
         out = self._apply(armed, result)
         if out:
@@ -329,7 +232,7 @@ class KeyedProcessor(_BucketProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
-        self.store.begin(key, 0)
+        self._begin()
         out = self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
         if out:
             yield _output_frame(out)

@@ -419,7 +419,12 @@ def keyed_step(
 
 
 class BucketStore(Protocol):
-    """One bucket's per-key state: Spark's ``MapState`` in the job, a dict in tests and benchmarks."""
+    """One bucket's per-key state: pages of Spark state in the job (``streaming.pages``), a dict in
+    tests and benchmarks. ``begin`` and ``finish`` come before and after each call on the bucket."""
+
+    def begin(self) -> None: ...
+
+    def finish(self) -> None: ...
 
     def get(self, key: str) -> tuple[Any, ...] | None: ...
 
@@ -456,6 +461,12 @@ class DictBucketStore:
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[Any, ...]] = {}
+
+    def begin(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
     def get(self, key: str) -> tuple[Any, ...] | None:
         return self.entries.get(key)
@@ -744,8 +755,8 @@ def keyed_bucket_expired(config: ChecksSettings, store: BucketStore, watermark_m
 class _LocalBuckets:
     """One bucketed stage's buckets as Spark keeps them: a store and one armed timer each."""
 
-    def __init__(self, buckets: int) -> None:
-        self.stores = [DictBucketStore() for _ in range(buckets)]
+    def __init__(self, buckets: int, store: Callable[[], BucketStore]) -> None:
+        self.stores = [store() for _ in range(buckets)]
         self.timers: list[int | None] = [None] * buckets
         self.calls = 0
 
@@ -766,14 +777,18 @@ class _LocalBuckets:
         out: list[dict[str, Any]] = []
         for b, bucket_rows in by_bucket.items():
             self.calls += 1
+            self.stores[b].begin()
             result = on_input(self.stores[b], bucket_rows, watermark_ms, self.timers[b])
+            self.stores[b].finish()
             self.timers[b] = result.timer_ms
             out.extend(result.rows)
         # A timer armed at or before the watermark by this batch's calls fires in the next batch.
         for b, armed in enumerate(self.timers):
             if armed is not None and armed <= watermark_ms:
                 self.calls += 1
+                self.stores[b].begin()
                 result = on_timer(self.stores[b], watermark_ms)
+                self.stores[b].finish()
                 self.timers[b] = result.timer_ms
                 out.extend(result.rows)
         return out
@@ -782,12 +797,16 @@ class _LocalBuckets:
 class LocalStages:
     """Both bucketed stages in one process, called the way Spark calls the job's processors: per
     micro-batch, each bucket with input once, then each bucket whose timer the watermark passed.
-    For tests and benchmarks; the job runs the same steps through ``streaming.processors``."""
+    For tests and benchmarks; the job runs the same steps through ``streaming.processors``.
+    ``store`` makes each bucket's store: a dict by default, or the job's pages over a
+    ``streaming.pages.DictPageBackend``."""
 
-    def __init__(self, config: ChecksSettings, buckets: int) -> None:
+    def __init__(
+        self, config: ChecksSettings, buckets: int, store: Callable[[], BucketStore] = DictBucketStore
+    ) -> None:
         self.config = config
-        self.one = _LocalBuckets(buckets)
-        self.two = _LocalBuckets(buckets)
+        self.one = _LocalBuckets(buckets, store)
+        self.two = _LocalBuckets(buckets, store)
 
     @property
     def calls(self) -> int:

@@ -135,6 +135,14 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
     hashed = {**shape, "bucket_scheme": 2}
     assert any("bucket grouping values changed (scheme 2 -> 3)" in p for p in check_compatible(hashed, shape))
 
+    # A checkpoint from before the paged bucket state (an entry per key) has no state layout: refused,
+    # with the reason, not only as the state variables it no longer declares.
+    entries = {k: v for k, v in shape.items() if k != "state_layout"}
+    assert any(
+        "bucket state layout changed (entries -> pages-1)" in p and "new stream.checkpoint_dir" in p
+        for p in check_compatible(entries, shape)
+    )
+
     # A checkpoint from before stage two was keyed by key kind has no route scheme: refused.
     older = {k: v for k, v in shape.items() if k != "route_scheme"}
     assert any("route keys changed" in p for p in check_compatible(older, shape))

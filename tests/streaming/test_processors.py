@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from streaming.processors import LIST_KEYS_AT, LIST_KEYS_RATIO, BucketTimer, MapStateStore, _records
-from streaming.stages import _event_ms, split_due
+from streaming.pages import PagedBucketStore
+from streaming.processors import BucketTimer, SparkPages, _records
+from streaming.stages import _event_ms
 
 
 def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
@@ -31,7 +32,7 @@ def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
 
 
 class FakeMapState:
-    """Spark's MapState surface the store uses: tuple keys and values, lazy iteration."""
+    """Spark's MapState surface the pages use: tuple keys and values, lazy iteration."""
 
     def __init__(self) -> None:
         self.data: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -42,75 +43,17 @@ class FakeMapState:
         self.calls.append("getValue")
         return self.data.get(key)
 
-    def keys(self) -> Any:
-        self.calls.append("keys")
-        return iter(list(self.data))
-
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self.calls.append("updateValue")
         self.data[key] = value
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
-        del self.data[key]
-
-    def data_items(self) -> list[tuple[str, tuple[Any, ...]]]:
-        return [(key[0], value) for key, value in self.data.items()]
+        self.calls.append("removeKey")
+        self.data.pop(key, None)
 
     def iterator(self) -> Any:
         self.calls.append("iterator")
         return iter(self.data.items())  # changing the dict while this runs would raise
-
-
-def test_map_state_store_can_be_changed_while_iterated() -> None:
-    store = MapStateStore(FakeMapState())  # type: ignore[arg-type]
-    store.put("a", ("s", 1))
-    store.put("b", ("t", 2))
-    assert store.get("a") == ("s", 1) and store.get("missing") is None
-    for key, _ in store.items():
-        store.remove(key)
-    assert list(store.items()) == []
-
-
-def test_a_call_with_many_keys_lists_the_bucket_once_and_reads_only_what_it_holds() -> None:
-    state = FakeMapState()
-    store = MapStateStore(state)  # type: ignore[arg-type]
-    store.put("held", ("s", 1))
-    wanted = ["held", *(f"new-{i}" for i in range(LIST_KEYS_AT))]
-    store.begin((0,), len(wanted))
-    state.calls.clear()
-    assert [store.get(k) for k in wanted] == [("s", 1), *([None] * LIST_KEYS_AT)]
-    assert state.calls == ["getValue"]  # the held key only; the new ones cost nothing
-    store.put("new-0", ("t", 2))
-    store.remove("held")
-    assert store.get("new-0") == ("t", 2) and store.get("held") is None
-    # A call with few keys asks per key, and so does a timer call (begin with 0).
-    for keys in (LIST_KEYS_AT - 1, 0):
-        store.begin((0,), keys)
-        state.calls.clear()
-        assert store.get("absent") is None and state.calls == ["getValue"]
-
-
-def test_a_bucket_much_larger_than_the_call_is_not_listed_again() -> None:
-    state = FakeMapState()
-    store = MapStateStore(state)  # type: ignore[arg-type]
-    for i in range(LIST_KEYS_RATIO * LIST_KEYS_AT + 1):
-        store.put(f"k{i}", ("s", i))
-    store.begin((1,), LIST_KEYS_AT)  # first call on the bucket: its size is unknown, so it is listed
-    assert state.calls.count("keys") == 1
-    store.begin((1,), LIST_KEYS_AT)  # now known to be too large for a call this small
-    assert state.calls.count("keys") == 1 and store.get("k3") == ("s", 3)
-    store.begin((2,), LIST_KEYS_AT)  # another bucket (Spark's grouping key) has its own size
-    assert state.calls.count("keys") == 2
-
-
-class FakeHandle:
-    def __init__(self) -> None:
-        self.timers: set[int] = set()
-
-    def registerTimer(self, ms: int) -> None:
-        self.timers.add(ms)
-
-    def deleteTimer(self, ms: int) -> None:
-        self.timers.remove(ms)
 
 
 class FakeValueState:
@@ -127,79 +70,105 @@ class FakeValueState:
         self.value = None
 
 
-def test_a_bucket_has_at_most_one_timer() -> None:
-    handle = FakeHandle()
-    timer = BucketTimer(handle, FakeValueState())  # type: ignore[arg-type]
-    assert timer.armed() is None
-    timer.move(None, 50)
-    timer.move(timer.armed(), 30)
-    assert handle.timers == {30} and timer.armed() == 30
-    timer.move(30, 30)
-    assert handle.timers == {30}
-    handle.timers.discard(30)  # it fired: Spark removed it
-    timer.move(None, None)
-    assert handle.timers == set() and timer.armed() is None
+class FakeHandle:
+    def __init__(self) -> None:
+        self.timers: set[int] = set()
+
+    def registerTimer(self, ms: int) -> None:
+        self.timers.add(ms)
+
+    def deleteTimer(self, ms: int) -> None:
+        self.timers.remove(ms)
 
 
-def test_a_timer_fire_reads_only_the_due_entries_through_the_index() -> None:
-    state, index = FakeMapState(), FakeValueState()
-    store = MapStateStore(state, index)  # type: ignore[arg-type]
-    store.begin((0,), 0)
-    for i in range(50):
+def spark_store(entries_per_page: int = 2) -> tuple[PagedBucketStore, FakeMapState, FakeValueState]:
+    pages, meta = FakeMapState(), FakeValueState()
+    backend = SparkPages(pages, meta)  # type: ignore[arg-type]
+    return PagedBucketStore(backend, entries_per_page), pages, meta
+
+
+def test_pages_in_spark_state_keep_entries_across_calls_and_splits() -> None:
+    store, pages, meta = spark_store()
+    store.begin()
+    for i in range(9):
+        store.put(f"k{i}", (b"shard", i))
+    store.finish()  # nine entries at two per page: the bucket split to eight pages
+    assert meta.value is not None and 2 <= len(pages.data) <= 8
+    assert all(isinstance(key[0], int) and isinstance(value[0], bytes) for key, value in pages.data.items())
+    store.begin()
+    assert [store.get(f"k{i}") for i in range(9)] == [(b"shard", i) for i in range(9)]
+    # A split reads every page while it rewrites them: the listing is read whole before any write.
+    for i in range(9, 40):
+        store.put(f"k{i}", (b"shard", i))
+    store.finish()
+    store.begin()
+    assert sorted(store.items()) == sorted((f"k{i}", (b"shard", i)) for i in range(40))
+    for i in range(40):
+        store.remove(f"k{i}")
+    store.finish()
+    assert pages.data == {} and meta.value is None  # an empty bucket keeps nothing
+
+
+def test_a_call_pays_a_round_trip_per_page_it_touches_not_per_key() -> None:
+    """Stage one touches every live connection of its bucket in every batch: 200 connections are
+    at most one read and one write per page, and keys the bucket does not hold cost nothing."""
+    store, pages, _ = spark_store(entries_per_page=32)
+    store.begin()
+    for i in range(200):
+        store.put(f"conn-{i}", (b"state", 10_000 + i))
+    store.finish()
+    page_count = len(pages.data)
+    assert page_count <= 16
+    store.begin()
+    pages.calls.clear()
+    for i in range(200):
+        saved = store.get(f"conn-{i}")
+        assert saved is not None
+        store.put(f"conn-{i}", (saved[0] + b"!", saved[1]))
+    assert all(store.get(f"new-{i}") is None for i in range(100))
+    store.finish()
+    assert pages.calls.count("getValue") == page_count and pages.calls.count("updateValue") == page_count
+    assert len(pages.calls) == 2 * page_count
+
+
+def test_a_timer_fire_reads_only_the_pages_of_due_entries() -> None:
+    store, pages, _ = spark_store(entries_per_page=4)
+    store.begin()
+    for i in range(64):
         store.put(f"k{i}", (b"shard", b"routes", 1_000 + i))
     store.put("unset", (b"shard", b"", None))
     store.finish()
-    assert index.value is not None
-    store.begin((0,), 0)
-    state.calls.clear()
+    store.begin()
+    pages.calls.clear()
     ready, later = store.due(1_002)
-    # The same answer as listing the bucket, from the index and three reads: nothing else was listed.
-    assert (ready, later) == split_due(state.data_items(), 1_002)
     assert sorted(key for key, _ in ready) == ["k0", "k1", "k2", "unset"] and later == 1_003
-    assert state.calls == ["getValue"] * 4
+    assert pages.calls == ["getValue"] * len(pages.calls) and 1 <= len(pages.calls) <= 4
     # Entries the call changes or removes are in the saved index afterwards.
     store.remove("k0")
     store.put("k1", (b"shard", b"", 5_000))
     store.finish()
-    store.begin((0,), 0)
+    store.begin()
     ready, later = store.due(1_002)
     assert sorted(key for key, _ in ready) == ["k2", "unset"] and later == 1_003
 
 
-def test_a_bucket_without_an_index_gets_one_from_its_entries() -> None:
-    """A bucket saved before the index (or by a build without it) is listed once, then indexed."""
-    state, index = FakeMapState(), FakeValueState()
-    state.data = {("a",): (b"s", b"", 10), ("b",): (b"s", b"", 20)}
-    store = MapStateStore(state, index)  # type: ignore[arg-type]
-    store.begin((0,), 0)
-    assert [key for key, _ in store.due(15)[0]] == ["a"]
-    assert state.calls.count("iterator") == 1
+def test_a_bucket_has_at_most_one_timer_and_keeps_it_in_its_meta() -> None:
+    handle = FakeHandle()
+    store, _, meta = spark_store()
+    timer = BucketTimer(handle, store)  # type: ignore[arg-type]
+    store.begin()
+    assert store.armed is None
+    timer.move(None, 50)
+    timer.move(store.armed, 30)
     store.finish()
-    store.begin((0,), 0)
-    state.calls.clear()
-    assert store.due(25)[0] == [("a", (b"s", b"", 10)), ("b", (b"s", b"", 20))]
-    assert "iterator" not in state.calls
-    # An index naming a key the bucket no longer holds forgets it; an empty bucket clears the index.
-    del state.data[("a",)]
-    store.remove("b")
-    assert store.due(25) == ([], None)
+    assert handle.timers == {30} and meta.value is not None
+    store.begin()  # the next call reads which timer is armed from the saved meta
+    assert store.armed == 30
+    timer.move(30, 30)
+    assert handle.timers == {30}
+    handle.timers.discard(30)  # it fired: Spark removed it
+    timer.move(None, None)
     store.finish()
-    assert index.value is None
-
-
-def test_with_an_index_keys_the_bucket_does_not_hold_cost_no_round_trip() -> None:
-    """Stage two's lookups are mostly for route keys it has never seen (a new producer id per producer
-    session): the due index names every entry, so those cost no ``getValue`` and no listing."""
-    state = FakeMapState()
-    store = MapStateStore(state, FakeValueState())  # type: ignore[arg-type]
-    store.begin((0,), 0)
-    store.put("held", (b"s", b"", 10))
-    store.finish()
-    store.begin((0,), 10 * LIST_KEYS_AT)
-    state.calls.clear()
-    assert [store.get(f"new-{i}") for i in range(10 * LIST_KEYS_AT)] == [None] * (10 * LIST_KEYS_AT)
-    assert state.calls == []
-    assert store.get("held") == (b"s", b"", 10) and state.calls == ["getValue"]
-    store.put("new-0", (b"t", b"", 20))
-    store.remove("held")
-    assert store.get("new-0") == (b"t", b"", 20) and store.get("held") is None
+    assert handle.timers == set() and meta.value is None
+    store.begin()
+    assert store.armed is None

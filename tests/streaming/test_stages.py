@@ -10,6 +10,7 @@ import pytest
 
 from codec.taprecord import TapFrame
 from streaming.frames import frame_row
+from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.stages import (
     PASS_KEY,
     STAGE_ROW_FIELDS,
@@ -104,9 +105,18 @@ def run_stages(frames: list[TapFrame], batch_size: int) -> list[dict[str, Any]]:
     return out
 
 
-def run_bucketed(frames: list[TapFrame], batch_size: int, buckets: int) -> tuple[list[dict[str, Any]], int]:
-    """``run_stages`` through the bucketed steps the job's processors run; the rows and the Python calls."""
-    stages = LocalStages(CONFIG, buckets)
+def paged_store() -> PagedBucketStore:
+    """The job's paged bucket store over memory, with pages so small that buckets split as they grow."""
+    return PagedBucketStore(DictPageBackend(), entries_per_page=2)
+
+
+def run_bucketed(
+    frames: list[TapFrame], batch_size: int, buckets: int, paged: bool = False
+) -> tuple[list[dict[str, Any]], int]:
+    """``run_stages`` through the bucketed steps the job's processors run; the rows and the Python calls.
+    ``paged``: each bucket's state kept in the job's pages (``streaming.pages``), read back from their
+    bytes at every call, instead of a dict."""
+    stages = LocalStages(CONFIG, buckets, paged_store if paged else DictBucketStore)
     out: list[dict[str, Any]] = []
     watermark_ms = 0
     max_ts = 0
@@ -249,18 +259,20 @@ def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
     assert [json.loads(r["payload"]) for r in result.rows] == [{"unknown_route_keys": 1, "dropped_routes": 1}]
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["dict", "paged"])
 @pytest.mark.parametrize("buckets", [1, 3, 16])
-def test_bucketed_stages_find_what_one_monitor_finds(buckets: int) -> None:
+def test_bucketed_stages_find_what_one_monitor_finds(buckets: int, paged: bool) -> None:
     frames = with_headers_only()
     expected = summary(single_run(frames))
     for batch_size in (1, 7, 1000):
-        rows, _ = run_bucketed(frames, batch_size, buckets)
+        rows, _ = run_bucketed(frames, batch_size, buckets, paged)
         assert findings_of(rows) == expected
 
 
-def test_bucketed_real_traffic() -> None:
+@pytest.mark.parametrize("paged", [False, True], ids=["dict", "paged"])
+def test_bucketed_real_traffic(paged: bool) -> None:
     frames = corpus_frames()
-    rows, _ = run_bucketed(frames, 9, 4)
+    rows, _ = run_bucketed(frames, 9, 4, paged)
     assert findings_of(rows) == summary(single_run(frames))
 
 
