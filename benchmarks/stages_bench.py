@@ -10,12 +10,18 @@ job's Python workers run, in micro-batches, with the job's default bucket count:
 2. **stage one**: ``streaming.stages.connection_bucket`` per bucket (plus its timers);
 3. **stage two**: ``streaming.stages.keyed_bucket`` per bucket (plus its timers).
 
+Each bucket's state is kept as the job keeps it: in pages (``streaming.pages``) over an in-memory
+backend that counts the state-server round trips the job would make, beside the count the per-key
+layout before it would make (an entry read, written or removed each; the due index and the timer per
+call). ``--store dict`` keeps plain dicts instead (the steps alone). ``--produces N`` makes each session
+N Produce exchanges long, so connections live across many micro-batches as a fleet's do.
+
 The comparison, measured in the same run on the same frames: one full codec decode per frame
 (``codec.decode_request`` / ``codec.decode_response``), the floor of any design that decodes a frame
 once. The issue's target for both stages together is 25 µs per frame.
 
-    python benchmarks/stages_bench.py [--sessions 2000] [--batch 20000] [--profile stage1|stage2|decode]
-                                      [--default-gc]
+    python benchmarks/stages_bench.py [--sessions 2000] [--produces 18] [--batch 20000]
+                                      [--store paged|dict] [--profile stage1|stage2|decode] [--default-gc]
 
 Writes ``benchmarks/results/stages_bench.json``.
 """
@@ -29,7 +35,7 @@ import pstats
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +51,8 @@ from checks.settings import ChecksSettings  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch, read_bundle  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
-from streaming.stages import LocalStages  # noqa: E402
+from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
+from streaming.stages import BucketStore, DictBucketStore, LocalStages  # noqa: E402
 from streaming.workergc import tune_worker_gc  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stages_bench.json"
@@ -53,12 +60,12 @@ TARGET_US = 25.0
 NS_PER_MS = 1_000_000
 
 
-def tap_records(sessions: int) -> list[tuple[dict[str, str], bytes, int, int]]:
+def tap_records(sessions: int, produces: int = 18) -> list[tuple[dict[str, str], bytes, int, int]]:
     """Sessions interleaved by time, as (headers, value, partition, offset) on two tap partitions."""
     out: list[tuple[int, dict[str, str], bytes, int]] = []
     start = 1_700_000_000 * 10**9
     for index in range(sessions):
-        for key, raw, headers in session(index, start + index * 2_000_000):
+        for key, raw, headers in session(index, start + index * 2_000_000, produces=produces):
             h = dict(headers)
             out.append((int(h["ts_ns"]), h, raw, zlib.crc32(key) % 2))
     out.sort(key=lambda item: item[0])
@@ -109,15 +116,109 @@ def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
     return time.perf_counter() - start
 
 
+class CountedDictStore:
+    """A dict store that counts the round trips the per-key layout before the pages made: an entry read
+    (of a key the due index names), written or removed each, and per call the due index and the timer
+    read, and each written when they changed (counted as written). (A wrapper: the compiled
+    ``DictBucketStore`` cannot be subclassed from interpreted code.)"""
+
+    def __init__(self) -> None:
+        self.store = DictBucketStore()
+        self.round_trips = 0
+
+    def begin(self) -> None:
+        self.round_trips += 4  # due index and timer: read, and (at most) written back
+
+    def finish(self) -> None:
+        pass
+
+    def get(self, key: str) -> tuple[Any, ...] | None:
+        found = self.store.get(key)
+        self.round_trips += found is not None
+        return found
+
+    def put(self, key: str, value: tuple[Any, ...]) -> None:
+        self.round_trips += 1
+        self.store.put(key, value)
+
+    def remove(self, key: str) -> None:
+        self.round_trips += key in self.store.entries
+        self.store.remove(key)
+
+    def items(self) -> Iterable[tuple[str, tuple[Any, ...]]]:
+        return self.store.items()
+
+    def due(self, watermark_ms: int) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+        ready, later = self.store.due(watermark_ms)
+        self.round_trips += len(ready)
+        return ready, later
+
+
+class RoundTrips:
+    """Each bucket's paged store, and the per-key layout's count beside it (``CountedDictStore``), fed
+    the same calls: the paged store's answers are the ones the stages get."""
+
+    def __init__(self, paged: bool) -> None:
+        self.paged = paged
+        self.backends: list[DictPageBackend] = []
+
+    def store(self) -> BucketStore:
+        if not self.paged:
+            return DictBucketStore()
+        backend = DictPageBackend()
+        self.backends.append(backend)
+        return PagedBucketStore(backend)
+
+    def paged_round_trips(self) -> int:
+        return sum(backend.round_trips for backend in self.backends)
+
+
+def count_per_key_round_trips(records: list[tuple[dict[str, str], bytes, int, int]], batch: int) -> int:
+    """The per-key layout's round trips for the same run (an untimed second pass over counted dicts)."""
+    stores: list[CountedDictStore] = []
+
+    def counted() -> BucketStore:
+        stores.append(CountedDictStore())
+        return stores[-1]
+
+    drive(records, batch, LocalStages(ChecksSettings(watermark_seconds=2.0), StreamConfig().buckets, counted))
+    return sum(store.round_trips for store in stores)
+
+
+def drive(
+    records: list[tuple[dict[str, str], bytes, int, int]],
+    batch: int,
+    stages: LocalStages,
+    timed: Callable[..., Any] | None = None,
+) -> None:
+    """Feed the records through ``stages`` in micro-batches as the job does, through ``timed`` parts."""
+
+    def untimed(part: str, work: Callable[..., Any], *args: Any) -> Any:
+        return work(*args)
+
+    step = timed or untimed
+    lateness_ms = int(stages.config.watermark_seconds * 1000)
+    watermark_ms, max_ms = 0, 0
+    for start in [*range(0, len(records), batch), len(records)]:
+        chunk = records[start : start + batch]
+        if not chunk:
+            watermark_ms = max_ms + 1  # the end: let the watermark pass everything
+        sources = source_batches(chunk)
+        rows = step("decode", unbundled, sources)
+        routed = step("stage1", stages.stage_one, rows, watermark_ms)
+        step("stage2", stages.stage_two, routed, watermark_ms)
+        if chunk:
+            max_ms = max(max_ms, max(int(r[0]["ts_ns"]) // NS_PER_MS for r in chunk))
+            watermark_ms = max(watermark_ms, max_ms - lateness_ms)
+
+
 def run(
-    records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None
+    records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None, trips: RoundTrips
 ) -> dict[str, float]:
     config = ChecksSettings(watermark_seconds=2.0)
-    stages = LocalStages(config, StreamConfig().buckets)
-    lateness_ms = int(config.watermark_seconds * 1000)
+    stages = LocalStages(config, StreamConfig().buckets, trips.store)
     seconds = {"decode": 0.0, "stage1": 0.0, "stage2": 0.0}
     profiler = cProfile.Profile() if profile else None
-    watermark_ms, max_ms = 0, 0
 
     def timed(part: str, work: Callable[..., Any], *args: Any) -> Any:
         if profiler is not None and part == profile:
@@ -129,17 +230,7 @@ def run(
             profiler.disable()
         return result
 
-    for start in [*range(0, len(records), batch), len(records)]:
-        chunk = records[start : start + batch]
-        if not chunk:
-            watermark_ms = max_ms + 1  # the end: let the watermark pass everything
-        sources = source_batches(chunk)
-        rows = timed("decode", unbundled, sources)
-        routed = timed("stage1", stages.stage_one, rows, watermark_ms)
-        timed("stage2", stages.stage_two, routed, watermark_ms)
-        if chunk:
-            max_ms = max(max_ms, max(int(r[0]["ts_ns"]) // NS_PER_MS for r in chunk))
-            watermark_ms = max(watermark_ms, max_ms - lateness_ms)
+    drive(records, batch, stages, timed)
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
@@ -148,7 +239,14 @@ def run(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=2000, help="client sessions (46 frames each)")
+    parser.add_argument("--sessions", type=int, default=2000, help="client sessions (43 frames each)")
+    parser.add_argument("--produces", type=int, default=18, help="Produce exchanges per session")
+    parser.add_argument(
+        "--store",
+        choices=["paged", "dict"],
+        default="paged",
+        help="each bucket's state: the job's pages (counting round trips), or plain dicts",
+    )
     parser.add_argument("--batch", type=int, default=20_000, help="frames per micro-batch")
     parser.add_argument("--profile", choices=["decode", "stage1", "stage2"], help="cProfile one part")
     parser.add_argument(
@@ -159,7 +257,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     print(f"building {args.sessions} sessions...", flush=True)
-    records = tap_records(args.sessions)
+    records = tap_records(args.sessions, args.produces)
     worker_gc = not args.default_gc and StreamConfig().worker_gc
     if worker_gc:
         # As the job's stateful workers run (streaming/workergc.py), after the imports and the input.
@@ -167,13 +265,23 @@ def main() -> int:
     frames = len(records)
     load_before = os.getloadavg()
     decode_s = full_decode(records)
-    seconds = run(records, args.batch, args.profile)
+    trips = RoundTrips(args.store == "paged")
+    seconds = run(records, args.batch, args.profile, trips)
     load_after = os.getloadavg()
+    round_trips = None
+    if trips.paged:
+        round_trips = {
+            "paged": trips.paged_round_trips(),
+            "per_key": count_per_key_round_trips(records, args.batch),
+        }
     us = {k: v / frames * 1e6 for k, v in seconds.items()}
     floor_us = decode_s / frames * 1e6
     stages_us = us["stage1"] + us["stage2"]
     gc_label = "worker settings" if worker_gc else "CPython defaults"
-    print(f"frames {frames}, batch {args.batch}, buckets {StreamConfig().buckets}, collector: {gc_label}")
+    print(
+        f"frames {frames} ({args.sessions} sessions of {args.produces} Produce exchanges), batch {args.batch}, "
+        f"buckets {StreamConfig().buckets}, store {args.store}, collector: {gc_label}"
+    )
     print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
     for name, label in (
         ("decode", "mapInArrow + bundle read"),
@@ -183,6 +291,12 @@ def main() -> int:
         print(f"  {label:31} {us[name]:7.1f} µs/frame  ({us[name] / floor_us:.2f}x a full decode)")
     verdict = "met" if stages_us <= TARGET_US else "missed"
     print(f"  both stages                     {stages_us:7.1f} µs/frame  target <= {TARGET_US}: {verdict}")
+    if round_trips is not None:
+        per_1k = {k: v / frames * 1000 for k, v in round_trips.items()}
+        print(
+            f"  state round trips per 1k frames: pages {per_1k['paged']:.1f}, "
+            f"an entry per key {per_1k['per_key']:.1f} ({round_trips['per_key'] / max(round_trips['paged'], 1):.1f}x)"
+        )
     print(f"  load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     if args.profile:
         # The profiler's own cost inflates every figure above: a profiled run is never the record.
@@ -192,6 +306,10 @@ def main() -> int:
         record.update(
             load_average={"before": load_before, "after": load_after},
             frames=frames,
+            sessions=args.sessions,
+            produces=args.produces,
+            store=args.store,
+            state_round_trips=round_trips,
             batch=args.batch,
             buckets=StreamConfig().buckets,
             worker_gc=worker_gc,

@@ -69,8 +69,9 @@ def _record(conn: str, seq: int, ts: int, direction: str, raw: bytes, api: tuple
     return conn.encode(), raw, headers
 
 
-def session(index: int, start_ns: int, zombie: bool = False) -> Iterator[tuple]:
-    """One client connection's frames, ~1 ms apart. ``zombie``: a write with an older epoch."""
+def session(index: int, start_ns: int, zombie: bool = False, produces: int = 18) -> Iterator[tuple]:
+    """One client connection's frames, ~1 ms apart: ``produces`` Produce exchanges after the handshake.
+    ``zombie``: the last write with an older epoch."""
     conn = f"bench-{index}"
     pid = 100_000 + index
     seq, corr, ts = 0, 0, start_ns
@@ -105,8 +106,8 @@ def session(index: int, start_ns: int, zombie: bool = False) -> Iterator[tuple]:
         {"TransactionalId": None, "TransactionTimeoutMs": 60000, "ProducerId": -1, "ProducerEpoch": -1},
         {"ErrorCode": 0, "ProducerId": pid, "ProducerEpoch": 1},
     )
-    for n in range(18):
-        epoch = 0 if zombie and n == 17 else 1
+    for n in range(produces):
+        epoch = 0 if zombie and n == produces - 1 else 1
         batch = build_record_batch(
             [(None, b"x" * 16)], producer_id=pid, producer_epoch=epoch, base_sequence=n
         )
