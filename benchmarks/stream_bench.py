@@ -19,6 +19,11 @@ All three throughput runs use ``availableNow`` over the same backlog and the sam
 ``maxOffsetsPerTrigger``; rates are rows over the sum of batch durations (start-up excluded).
 
     python benchmarks/stream_bench.py [--frames 2000000] [--latency-seconds 60] [--quick]
+                                      [--live-connections N]
+
+``--live-connections N`` preloads N long-lived connections written round-robin instead of short
+sessions one after another: every micro-batch then touches every connection's and producer's state,
+as a fleet's traffic does (the short sessions' state mostly lives and dies inside one batch).
 
 Writes ``benchmarks/results/stream_bench.json``.
 """
@@ -69,9 +74,11 @@ def _record(conn: str, seq: int, ts: int, direction: str, raw: bytes, api: tuple
     return conn.encode(), raw, headers
 
 
-def session(index: int, start_ns: int, zombie: bool = False, produces: int = 18) -> Iterator[tuple]:
-    """One client connection's frames, ~1 ms apart: ``produces`` Produce exchanges after the handshake.
-    ``zombie``: the last write with an older epoch."""
+def session(
+    index: int, start_ns: int, zombie: bool = False, produces: int = 18, step_ns: int = 1_000_000
+) -> Iterator[tuple]:
+    """One client connection's frames, an exchange every ``step_ns`` (1 ms): ``produces`` Produce
+    exchanges after the handshake. ``zombie``: the last write with an older epoch."""
     conn = f"bench-{index}"
     pid = 100_000 + index
     seq, corr, ts = 0, 0, start_ns
@@ -91,7 +98,7 @@ def session(index: int, start_ns: int, zombie: bool = False, produces: int = 18)
             (api, version, corr),
         )
         seq += 2
-        ts += 1_000_000
+        ts += step_ns
 
     yield from pair(18, 3, {"ClientSoftwareName": "bench", "ClientSoftwareVersion": "1.0"}, API_VERSIONS)
     yield from pair(
@@ -135,7 +142,37 @@ API_VERSIONS = {
 }
 
 
-def preload(bootstrap: str, topic: str, frames: int, start_ns: int) -> int:
+#: Event-time rate of a ``--live-connections`` backlog: a fleet that sends 20k frames/s.
+FLEET_FRAMES_PER_S = 20_000
+
+
+def fleet(frames: int, start_ns: int, live: int) -> Iterator[tuple]:
+    """The backlog's records in topic order. ``live`` 0: short sessions one after another (43 frames,
+    ~20 ms each), so a connection's state rarely outlives a micro-batch. ``live`` N: N long-lived
+    connections written round-robin, as a fleet's producers are (every micro-batch touches every
+    connection and every producer id), at ``FLEET_FRAMES_PER_S`` of event time between them."""
+    if not live:
+        index = 0
+        while True:
+            yield from session(index, start_ns + index * 200_000)
+            index += 1
+    per_session = -(-frames // live)
+    produces = max(1, (per_session - 7) // 2)
+    step_ns = live * 2 * 10**9 // FLEET_FRAMES_PER_S  # each connection's exchange interval
+    sessions = [
+        session(index, start_ns + index * step_ns // live, produces=produces, step_ns=step_ns)
+        for index in range(live)
+    ]
+    while sessions:
+        for running in list(sessions):
+            record = next(running, None)
+            if record is None:
+                sessions.remove(running)
+            else:
+                yield record
+
+
+def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 0) -> int:
     from confluent_kafka import Producer
 
     from kpmon.traffic.workload import create_topic
@@ -150,18 +187,18 @@ def preload(bootstrap: str, topic: str, frames: int, start_ns: int) -> int:
         }
     )
     written = 0
-    index = 0
-    while written < frames:
-        for key, value, headers in session(index, start_ns + index * 200_000):
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=value, headers=headers)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            written += 1
-        index += 1
-        if index % 2000 == 0:
+    for key, value, headers in fleet(frames, start_ns, live):
+        # Whole sessions: the short ones are written until the count is reached.
+        if written >= frames and (live or (headers[0][1] == "req" and headers[2][1] == "0")):
+            break
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        written += 1
+        if written % 100_000 == 0:
             producer.poll(0)
             print(f"  preloaded {written:,} frames", flush=True)
     producer.flush(120)
@@ -442,6 +479,14 @@ def main() -> int:
         help="frames/s offered in the latency run (default: half the whole job's measured rate); a fixed "
         "rate compares builds whose throughput differs",
     )
+    parser.add_argument(
+        "--live-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="backlog of N long-lived connections written round-robin (every batch touches each), instead "
+        "of short sessions one after another",
+    )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--progress", type=Path, help="write every batch's query progress (JSON) here")
@@ -471,7 +516,7 @@ def main() -> int:
         bootstrap = stack.bootstrap_servers
         topic = "kpmon.bench.tap"
         t0 = time.monotonic()
-        frames = preload(bootstrap, topic, args.frames, time.time_ns() - 3600 * 10**9)
+        frames = preload(bootstrap, topic, args.frames, time.time_ns() - 3600 * 10**9, args.live_connections)
         out["preload"] = {"frames": frames, "seconds": round(time.monotonic() - t0, 1)}
         print(f"preloaded {frames:,} frames in {out['preload']['seconds']} s")
         config = _config(home / "state", bootstrap, topic)
