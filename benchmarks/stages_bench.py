@@ -58,6 +58,8 @@ from streaming.workergc import tune_worker_gc  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "stages_bench.json"
 TARGET_US = 25.0
 NS_PER_MS = 1_000_000
+#: The checks' settings every run uses (the latency benchmark's lateness).
+SETTINGS = ChecksSettings(watermark_seconds=2.0)
 
 
 def tap_records(sessions: int, produces: int = 18) -> list[tuple[dict[str, str], bytes, int, int]]:
@@ -155,8 +157,9 @@ class CountedDictStore:
 
 
 class RoundTrips:
-    """Each bucket's paged store, and the per-key layout's count beside it (``CountedDictStore``), fed
-    the same calls: the paged store's answers are the ones the stages get."""
+    """Makes each bucket's store for the timed run: the job's pages over a counting backend (or plain
+    dicts), and adds up the round trips the pages made. The per-key layout's count for the same
+    records comes from a second, untimed pass (``count_per_key_round_trips``)."""
 
     def __init__(self, paged: bool) -> None:
         self.paged = paged
@@ -181,7 +184,7 @@ def count_per_key_round_trips(records: list[tuple[dict[str, str], bytes, int, in
         stores.append(CountedDictStore())
         return stores[-1]
 
-    drive(records, batch, LocalStages(ChecksSettings(watermark_seconds=2.0), StreamConfig().buckets, counted))
+    drive(records, batch, LocalStages(SETTINGS, StreamConfig().buckets, counted))
     return sum(store.round_trips for store in stores)
 
 
@@ -215,8 +218,7 @@ def drive(
 def run(
     records: list[tuple[dict[str, str], bytes, int, int]], batch: int, profile: str | None, trips: RoundTrips
 ) -> dict[str, float]:
-    config = ChecksSettings(watermark_seconds=2.0)
-    stages = LocalStages(config, StreamConfig().buckets, trips.store)
+    stages = LocalStages(SETTINGS, StreamConfig().buckets, trips.store)
     seconds = {"decode": 0.0, "stage1": 0.0, "stage2": 0.0}
     profiler = cProfile.Profile() if profile else None
 

@@ -54,7 +54,6 @@ from deploy.local.stack import LocalStack  # noqa: E402
 from kpmon.config import KpmonConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
-SESSION_FRAMES = 46
 
 
 def _record(conn: str, seq: int, ts: int, direction: str, raw: bytes, api: tuple[int, int, int]) -> tuple:
@@ -152,10 +151,14 @@ def fleet(frames: int, start_ns: int, live: int) -> Iterator[tuple]:
     connections written round-robin, as a fleet's producers are (every micro-batch touches every
     connection and every producer id), at ``FLEET_FRAMES_PER_S`` of event time between them."""
     if not live:
-        index = 0
-        while True:
-            yield from session(index, start_ns + index * 200_000)
+        # Whole sessions, until the count is reached.
+        index, written = 0, 0
+        while written < frames:
+            for record in session(index, start_ns + index * 200_000):
+                written += 1
+                yield record
             index += 1
+        return
     per_session = -(-frames // live)
     produces = max(1, (per_session - 7) // 2)
     step_ns = live * 2 * 10**9 // FLEET_FRAMES_PER_S  # each connection's exchange interval
@@ -163,12 +166,16 @@ def fleet(frames: int, start_ns: int, live: int) -> Iterator[tuple]:
         session(index, start_ns + index * step_ns // live, produces=produces, step_ns=step_ns)
         for index in range(live)
     ]
-    while sessions:
+    written = 0
+    while sessions and written < frames:
         for running in list(sessions):
-            record = next(running, None)
-            if record is None:
+            try:
+                record = next(running)
+            except StopIteration:
                 sessions.remove(running)
-            else:
+                continue
+            if written < frames:
+                written += 1
                 yield record
 
 
@@ -188,9 +195,6 @@ def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 
     )
     written = 0
     for key, value, headers in fleet(frames, start_ns, live):
-        # Whole sessions: the short ones are written until the count is reached.
-        if written >= frames and (live or (headers[0][1] == "req" and headers[2][1] == "0")):
-            break
         while True:
             try:
                 producer.produce(topic, key=key, value=value, headers=headers)

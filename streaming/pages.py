@@ -114,9 +114,10 @@ class PagedBucketStore:
     def __init__(self, backend: PageBackend, entries_per_page: int = ENTRIES_PER_PAGE) -> None:
         self.backend = backend
         self.entries_per_page = entries_per_page
-        self._begin_call()
+        self.begin()
 
-    def _begin_call(self) -> None:
+    def begin(self) -> None:
+        """Before a call: forget what the last call read (another bucket may have run in between)."""
         self._loaded = False
         #: Entries per page (its length is the page count, a power of two).
         self._counts: list[int] = [0]
@@ -127,10 +128,6 @@ class PagedBucketStore:
         self._meta_dirty = False
         self._pages: dict[int, dict[str, Entry]] = {}
         self._dirty: set[int] = set()
-
-    def begin(self) -> None:
-        """Before a call: forget what the last call read (another bucket may have run in between)."""
-        self._begin_call()
 
     # -- the meta ----------------------------------------------------------------------------------
 
