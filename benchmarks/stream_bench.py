@@ -209,6 +209,10 @@ def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 
     return written
 
 
+#: ``--spark-conf`` properties, applied to every query of the run (``stream.spark_conf``).
+SPARK_CONF: dict[str, str] = {}
+
+
 def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None) -> KpmonConfig:
     hooks: list[dict[str, Any]] = [{"kind": "log", "min_severity": "critical"}]
     if webhook:
@@ -223,6 +227,7 @@ def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None)
                 "shuffle_partitions": 2,
                 "metrics_port": None,
                 "max_offsets_per_trigger": 200_000,
+                "spark_conf": SPARK_CONF,
             },
             "checks": {"watermark_seconds": 2.0},
             "alerts": {"hooks": hooks},
@@ -491,12 +496,24 @@ def main() -> int:
         help="backlog of N long-lived connections written round-robin (every batch touches each), instead "
         "of short sessions one after another",
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra Spark property for the run's session (repeatable), e.g. JVM options to compare",
+    )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--progress", type=Path, help="write every batch's query progress (JSON) here")
     args = parser.parse_args()
     if args.quick:
         args.frames, args.latency_seconds = 50_000, 20.0
+    for item in args.spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("spark."):
+            parser.error(f"--spark-conf wants spark.KEY=VALUE, got {item!r}")
+        SPARK_CONF[key] = value
     from pyspark.sql import functions as F
 
     from streaming.hooks import AlertHooks
@@ -514,7 +531,8 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "load_before": os.getloadavg(),
-        }
+        },
+        "spark_conf": dict(SPARK_CONF),
     }
     try:
         bootstrap = stack.bootstrap_servers

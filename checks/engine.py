@@ -86,8 +86,10 @@ class Monitor:
         self.only_key = only_key
         self.observer = observer
         self.track_gaps = track_gaps
-        #: Report undecodable frames and count header-only ones. Off in a keyed shard: the connection
-        #: shard did both, and routes such a request on only for the rules that judge its header.
+        #: Count the frames and exchanges, report undecodable frames and count header-only ones and
+        #: unpaired answers. Off in a keyed shard: the connection shard did all of it for every frame,
+        #: and routes a frame on only for the rules that judge it (counted twice, the job's frame
+        #: counters were the sum over both stages).
         self.report_frames = report_frames
         self.states: dict[StateKey, State] = {}
         self.last_seen: dict[StateKey, int] = {}
@@ -116,7 +118,8 @@ class Monitor:
     def feed(self, frame: TapFrame) -> list[Finding]:
         """Accept one frame; return the findings that became final because of it."""
         ctx = self.ctx
-        ctx.stats.frames += 1
+        if self.report_frames:
+            ctx.stats.frames += 1
         ts = frame.ts_ns
         if ts < self.released_ts:
             ctx.stats.late_frames += 1
@@ -232,7 +235,8 @@ class Monitor:
             return
         request_frame = conn.answered(response.correlation_id)
         if request_frame is None or request_frame.request is None:
-            self.stats.unpaired_responses += 1
+            if self.report_frames:
+                self.stats.unpaired_responses += 1
             return
         # Nested payloads that need the request (Envelope inner responses, pre-v7 JoinGroup metadata).
         expand_response(response, request_frame.request)
@@ -260,7 +264,8 @@ class Monitor:
                     self._call(rule, key, "on_request", exchange, None)
 
     def _complete(self, exchange: Exchange) -> None:
-        self.stats.exchanges += 1
+        if self.report_frames:
+            self.stats.exchanges += 1
         self._dispatch("on_response", exchange)
 
     def _dispatch(self, hook: str, exchange: Exchange, envelope: Exchange | None = None) -> None:

@@ -182,6 +182,34 @@ def test_aggregates_count_frames_and_errors() -> None:
     )  # fenced zombie, duplicate
 
 
+#: Engine counters that describe the frames themselves: the connection shard counts each frame once.
+FRAME_COUNTERS = ("frames", "exchanges", "unpaired_responses", "decode_errors", "header_only")
+
+
+def _counted(rows: list[dict[str, Any]]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r["kind"] == "stat":
+            for name, n in json.loads(r["payload"]).items():
+                totals[name] += n
+    return {name: totals[name] for name in FRAME_COUNTERS}
+
+
+@pytest.mark.parametrize("frames", [corpus_frames(), with_headers_only(), headers_only(SECOND_NS)])
+def test_stage_counters_count_each_frame_once(frames: list[TapFrame]) -> None:
+    """The per-batch counters (``kpmon_stream_engine_events_total``) match one monitor's: a frame routed
+    on to stage two is not counted again there."""
+    import checks
+
+    monitor = checks.new_monitor(CONFIG)
+    monitor.feed_all(frames)
+    monitor.flush()
+    expected = {name: getattr(monitor.stats, name) for name in FRAME_COUNTERS}
+    assert expected["frames"] == len(frames) and expected["exchanges"] > 0
+    assert _counted(run_stages(frames, 7)) == expected
+    assert _counted(run_bucketed(frames, 7, 4)[0]) == expected
+
+
 def test_join_group_answer_without_protocol_type_is_counted() -> None:
     from tests.checks import test_groups as gr
     from tests.checks.builders import SECOND, Conversation
