@@ -243,15 +243,20 @@ class PagedBucketStore:
             self._meta_dirty = False
 
     def _all_pages(self) -> dict[int, dict[str, Entry]]:
+        return self._listing()[0]
+
+    def _listing(self) -> tuple[dict[int, dict[str, Entry]], set[int]]:
+        """Every page, merged with what this call changed; and the pages the backend holds."""
         self._meta()
         pages = {page: _unpack_page(data) for page, data in self.backend.read_pages()}
+        saved = set(pages)
         pages.update(self._pages)  # what this call read and changed wins over what is saved
         self._pages = pages
-        return pages
+        return pages, saved
 
     def _split(self) -> None:
         """Double the page count until the entries fit: every page is read once and written once."""
-        pages = self._all_pages()
+        pages, saved = self._listing()
         entries = {key: value for page in pages.values() for key, value in page.items()}
         size = len(self._counts)
         while len(entries) > self.entries_per_page * size:
@@ -260,8 +265,9 @@ class PagedBucketStore:
         for key, value in entries.items():
             split[page_hash(key) & (size - 1)][key] = value
         self._counts = [len(split[page]) for page in range(size)]
-        # A page that held entries before and none now must be dropped too.
-        held = {page for page, old in pages.items() if old}
-        self._dirty = {page for page in range(size) if split[page]} | held
+        # A saved page that holds no entry now must be dropped too, including one this call emptied
+        # before the split (judged by what is saved, not by this call's copy of the page, which is
+        # already empty: such a page was left behind and its entries came back).
+        self._dirty = {page for page in range(size) if split[page]} | saved
         self._pages = split
         self._meta_dirty = True

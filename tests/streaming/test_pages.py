@@ -66,6 +66,25 @@ def test_pages_answer_as_the_dict_does_across_calls_and_splits(
         assert backend.pages == {} and backend.meta is None
 
 
+def test_a_page_emptied_before_a_split_is_dropped() -> None:
+    """Hypothesis found it in CI: a call empties a saved page, then its puts make the bucket split. The
+    emptied page must be deleted, or the removed entry comes back in the next listing."""
+    backend = DictPageBackend()
+    store = PagedBucketStore(backend, entries_per_page=1)
+    for key in ("key-1", "key-3", "key-4", "key-16"):
+        store.put(key, (b"", None))
+    store.finish()
+    assert len(backend.pages) == 3  # key-16 alone in its page
+    store = PagedBucketStore(backend, entries_per_page=1)
+    store.put("key-0", (b"", None))
+    store.put("key-2", (b"", None))
+    store.remove("key-16")
+    store.finish()
+    listed = sorted(key for key, _ in PagedBucketStore(backend, entries_per_page=1).items())
+    assert listed == ["key-0", "key-1", "key-2", "key-3", "key-4"]
+    assert sum(len(msgpack.unpackb(page)) for page in backend.pages.values()) == 5
+
+
 def test_the_page_count_doubles_as_the_bucket_grows_and_pages_stay_small() -> None:
     backend = DictPageBackend()
     store = PagedBucketStore(backend, entries_per_page=8)
