@@ -174,9 +174,10 @@ def fleet(frames: int, start_ns: int, live: int) -> Iterator[tuple]:
             except StopIteration:
                 sessions.remove(running)
                 continue
-            if written < frames:
-                written += 1
-                yield record
+            yield record
+            written += 1
+            if written >= frames:
+                return
 
 
 def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 0) -> int:
