@@ -76,10 +76,8 @@ def main() -> int:
         for n in range(args.rounds):
             this: dict[str, Any] = {}
             for name, columns, headers in READS:
-                reader = spark.readStream.format("kafka")
-                for key, value in {**source_options(config), "includeHeaders": str(headers).lower()}.items():
-                    reader = reader.option(key, value)
-                df = reader.load().select(*columns)
+                options = {**source_options(config), "includeHeaders": str(headers).lower()}
+                df = spark.readStream.format("kafka").options(**options).load().select(*columns)
                 this[name] = stream_bench.run_available_now(df, count, home / f"ck-{n}-{name}")
                 print(
                     f"round {n + 1}/{args.rounds} {name:16}{stream_bench.rate_line(this[name])}", flush=True

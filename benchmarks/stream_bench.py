@@ -549,15 +549,10 @@ def main() -> int:
         def count(df: Any, batch_id: int) -> None:
             totals[str(batch_id)] = df.count()
 
-        raw = spark.readStream.format("kafka")
-        from streaming.job import source_options
+        from streaming.job import source_rows
 
-        for key, value in source_options(config).items():
-            raw = raw.option(key, value)
         print("1/3 raw read ...", flush=True)
-        out["raw"] = run_available_now(
-            raw.load().select("value", "headers", "partition", "offset"), count, home / "ck-raw"
-        )
+        out["raw"] = run_available_now(source_rows(spark, config), count, home / "ck-raw")
         print(rate_line(out["raw"]))
         print("2/3 raw + tap-record bundles ...", flush=True)
         rows = frame_bundles(spark, config).select(F.col("bucket"), F.col("frames"))
