@@ -212,6 +212,8 @@ def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 
 
 #: ``--spark-conf`` properties, applied to every query of the run (``stream.spark_conf``).
 SPARK_CONF: dict[str, str] = {}
+#: ``--state-buckets``: ``stream.state_buckets`` for every query of the run (None: the job's default).
+STATE_BUCKETS: dict[str, int] = {}
 
 
 def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None) -> KpmonConfig:
@@ -229,6 +231,7 @@ def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None)
                 "metrics_port": None,
                 "max_offsets_per_trigger": 200_000,
                 "spark_conf": SPARK_CONF,
+                **STATE_BUCKETS,
             },
             "checks": {"watermark_seconds": 2.0},
             "alerts": {"hooks": hooks},
@@ -504,6 +507,12 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="an extra Spark property for the run's session (repeatable), e.g. JVM options to compare",
     )
+    parser.add_argument(
+        "--state-buckets",
+        type=int,
+        metavar="N",
+        help="stream.state_buckets for the run (default: the job's default, 4 x shuffle partitions)",
+    )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--progress", type=Path, help="write every batch's query progress (JSON) here")
@@ -515,6 +524,8 @@ def main() -> int:
         if not sep or not key.startswith("spark."):
             parser.error(f"--spark-conf wants spark.KEY=VALUE, got {item!r}")
         SPARK_CONF[key] = value
+    if args.state_buckets is not None:
+        STATE_BUCKETS["state_buckets"] = args.state_buckets
     from pyspark.sql import functions as F
 
     from streaming.hooks import AlertHooks
@@ -534,6 +545,7 @@ def main() -> int:
             "load_before": os.getloadavg(),
         },
         "spark_conf": dict(SPARK_CONF),
+        "state_buckets": STATE_BUCKETS.get("state_buckets"),
     }
     try:
         bootstrap = stack.bootstrap_servers
