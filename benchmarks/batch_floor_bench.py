@@ -63,6 +63,8 @@ class MinimalBucket(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
+        # Never read: declared so the stage registers the job's state variables (a map of pages beside the
+        # meta), whose encoders the state server builds in every task.
         self.pages = handle.getMapState("pages", PAGE_KEY, BLOB)
         self.meta = handle.getValueState("meta", BLOB)
 
