@@ -40,6 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_file import machine  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "codec_bench.json"
 DEFAULT_KIO_PURE = Path(os.environ.get("KPMON_HOME", REPO / ".kpmon")) / "bench" / "kio-0.5.0"
@@ -854,21 +859,12 @@ def ratio_on_intersection(
 
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "platform": platform.platform(),
+        **machine(),
         "machine": platform.machine(),
         "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
-        "load_average_1_5_15": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info["load_average_1_5_15"] = info.pop("load_before")
     return info
 
 

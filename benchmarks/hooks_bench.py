@@ -22,8 +22,6 @@ import argparse
 import json
 import logging
 import multiprocessing
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_file import machine  # noqa: E402
 from kpmon.config import KpmonConfig  # noqa: E402
 from streaming.hooks import AlertHooks  # noqa: E402
 from tests.streaming.hooks.builders import alert  # noqa: E402
@@ -247,11 +246,7 @@ def main() -> None:
         json.dumps(
             {
                 "args": vars(args),
-                "machine": {
-                    "python": platform.python_version(),
-                    "cpus": os.cpu_count(),
-                    "load": os.getloadavg(),
-                },
+                "machine": machine(),
                 "summary": summary,
                 "rounds": rounds,
             },

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 import codec  # noqa: E402
+from benchmarks.results_file import machine  # noqa: E402
 from checks.model import Finding, Severity  # noqa: E402
 from kpmon.config import QualityConfig  # noqa: E402
 from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS  # noqa: E402
@@ -398,10 +398,7 @@ def machine_info() -> dict[str, Any]:
     from importlib.metadata import version
 
     return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "load_average_1_5_15": os.getloadavg(),
+        **machine(),
         "great_expectations": version("great_expectations"),
         "pyspark": version("pyspark"),
         "pandas": version("pandas"),

@@ -36,6 +36,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import stream_bench  # noqa: E402
 
+from benchmarks.results_file import machine  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "source_bench.json"
@@ -61,7 +62,7 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="kpmon-source-bench-"))
     stack = LocalStack(home / "stack")
     stack.up()
-    out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}}
+    out: dict[str, Any] = {"machine": machine()}
     try:
         bootstrap = stack.bootstrap_servers
         frames = stream_bench.preload(bootstrap, TOPIC, args.frames, time.time_ns() - 3600 * 10**9)

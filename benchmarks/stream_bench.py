@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import codec  # noqa: E402
+from benchmarks.results_file import machine  # noqa: E402
 from codec.records import build_record_batch  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
 from kpmon.config import KpmonConfig  # noqa: E402
@@ -539,11 +539,7 @@ def main() -> int:
     stack = LocalStack(home / "stack")
     stack.up()
     out: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_before": os.getloadavg(),
-        },
+        "machine": machine(),
         "spark_conf": dict(SPARK_CONF),
         "state_buckets": STATE_BUCKETS.get("state_buckets"),
     }

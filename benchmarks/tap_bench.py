@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -56,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_file import machine  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
 from deploy.local.tools import run_tool  # noqa: E402
 from deploy.versions import KAFKA_LATEST, KAFKA_LEGACY  # noqa: E402
@@ -636,12 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "tap_bench",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "duration_s": round(time.monotonic() - started),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_at_end": os.getloadavg(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": {**machine(), "loadavg_at_end": os.getloadavg()},
         "params": {
             "seconds_per_run": args.seconds,
             "records_per_run": records,
