@@ -211,7 +211,9 @@ class FieldProjection:
 
 _FULL = FieldProjection(None)
 #: Caller's ``fields`` value (as given when hashable, else as a frozenset) → its FieldProjection.
-_projections: dict[Hashable, FieldProjection] = {None: _FULL}
+#: Every ``fields=`` value seen, and every projection under itself: ``decode_request`` and
+#: ``decode_response`` resolve None, a frozenset of paths and a projection in the same one lookup.
+_projections: dict[Hashable, FieldProjection] = {None: _FULL, _FULL: _FULL}
 _by_paths: dict[frozenset[str], FieldProjection] = {}
 #: (id(segment), version, projection key) → body plan, shared by every projection normalising to it.
 _body_plans: dict[tuple[int, int, Any], BodyPlan] = {}
@@ -238,6 +240,7 @@ def projection(fields: Iterable[str] | FieldProjection | None) -> FieldProjectio
         found = _by_paths.get(paths)
         if found is None:
             found = _by_paths[paths] = FieldProjection(paths)
+            _projections[found] = found
         _projections[key] = found
     return found
 
@@ -382,12 +385,11 @@ def decode_request(
     data = buf if type(buf) is bytes else bytes(buf)
     if len(data) < 4:
         raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
-    if type(fields) is FieldProjection:
-        proj = fields
-    else:
-        # projection()'s commonest case inline: a frozenset (or None) already seen, one lookup.
-        found = _projections.get(fields) if fields is None or type(fields) is frozenset else None
-        proj = found if found is not None else projection(fields)
+    try:
+        # projection()'s commonest case inline, the same one lookup for a full and a projected decode.
+        proj = _projections[fields]  # type: ignore[index]
+    except (KeyError, TypeError):  # first seen, or unhashable (a set, a list)
+        proj = projection(fields)
     (head,) = _REQUEST_KEY.unpack_from(data, 0)
     plan = proj.requests.get(head if header_version is None else (head, header_version))
     if plan is None:
@@ -428,12 +430,11 @@ def decode_response(
     (an Envelope's inner response; consumer-protocol assignments before JoinGroup v7).
     """
     data = buf if type(buf) is bytes else bytes(buf)
-    if type(fields) is FieldProjection:
-        proj = fields
-    else:
-        # projection()'s commonest case inline: a frozenset (or None) already seen, one lookup.
-        found = _projections.get(fields) if fields is None or type(fields) is frozenset else None
-        proj = found if found is not None else projection(fields)
+    try:
+        # projection()'s commonest case inline, the same one lookup for a full and a projected decode.
+        proj = _projections[fields]  # type: ignore[index]
+    except (KeyError, TypeError):  # first seen, or unhashable (a set, a list)
+        proj = projection(fields)
     plan = proj.responses.get(
         (api_key, api_version) if header_version is None else (api_key, api_version, header_version)
     )

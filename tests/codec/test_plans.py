@@ -77,8 +77,9 @@ def test_every_form_of_fields_maps_to_one_resolved_projection() -> None:
         assert projection(form) is resolved
     assert projection(None) is projection(None)
     frame = _produce_v9_frame()
-    bodies = [codec.decode_request(frame, fields=form).body for form in (set(paths), tuple(paths), resolved)]
-    assert bodies[0] == bodies[1] == bodies[2] == {"TransactionalId": "txn-1", "Acks": -1}
+    forms = (set(paths), tuple(paths), list(paths), iter(paths), frozenset(paths), resolved)
+    bodies = [codec.decode_request(frame, fields=form).body for form in forms]
+    assert all(body == {"TransactionalId": "txn-1", "Acks": -1} for body in bodies)
 
 
 def test_repeated_decodes_reuse_their_plan() -> None:
