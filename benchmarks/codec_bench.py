@@ -14,7 +14,9 @@ re-exported from it) and ships no pure-Python parser. Its last pure-Python relea
 
     .venv/bin/python -m benchmarks.codec_bench              # ~2-3 minutes
     .venv/bin/python -m benchmarks.codec_bench --quick      # smoke run, ~20 seconds
-    .venv/bin/pip install --no-deps --target .kpmon/bench/kio-0.5.0 kio==0.5.0   # once, for kio-pure
+
+The first run installs kio 0.5.0 from PyPI into ``.kpmon/bench/kio-0.5.0`` (once; ``--kio-pure-path``
+names another place), outside the venv, where the native 0.6 release lives.
 """
 
 from __future__ import annotations
@@ -773,12 +775,29 @@ def _apply_gc(mode: str) -> None:
         tune_worker_gc()
 
 
+KIO_PURE_RELEASE = "kio==0.5.0"
+
+
+def ensure_kio_pure(path: Path) -> str | None:
+    """Install kio's last pure-Python release into ``path`` unless it is there (pip, from PyPI, once);
+    None when it is ready, else why it is not."""
+    if (path / "kio" / "serial" / "_parse.py").exists():
+        return None
+    print(f"installing {KIO_PURE_RELEASE} into {path} (once)...", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(path), KIO_PURE_RELEASE]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not (path / "kio" / "serial" / "_parse.py").exists():
+        return f"could not install {KIO_PURE_RELEASE} at {path}: {done.stderr.strip()[-300:]}"
+    return None
+
+
 def run_kio_pure(
     path: Path, frames: Sequence[FrameSpec], seconds: float, reps: int, gc_mode: str = "default"
 ) -> dict[str, Any]:
     """kio's pure-Python release, in a child process so it cannot meet the native one."""
-    if not (path / "kio" / "serial" / "_parse.py").exists():
-        return {"_unavailable": f"no kio pure-Python release at {path}"}
+    missing = ensure_kio_pure(path)
+    if missing is not None:
+        return {"_unavailable": missing}
     with tempfile.TemporaryDirectory() as tmp:
         blob = Path(tmp) / "frames.pickle"
         blob.write_bytes(pickle.dumps([spec.data for spec in frames]))

@@ -581,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     started = time.monotonic()
+    host = machine()  # the load average as the run starts
 
     args.tap_port = _free_port()
     home = Path(tempfile.mkdtemp(prefix="kpmon-tap-bench-"))
@@ -636,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "tap_bench",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "duration_s": round(time.monotonic() - started),
-        "machine": {**machine(), "loadavg_at_end": os.getloadavg()},
+        "machine": {**host, "loadavg_at_end": os.getloadavg()},
         "params": {
             "seconds_per_run": args.seconds,
             "records_per_run": records,

@@ -12,12 +12,14 @@ from typing import Any
 from codec.compiler import CompiledSchema, Decoder, Projection, normalize_projection, projection_key
 from codec.errors import DecodeError
 from codec.nested import REQUESTS_WITH_NESTED, RESPONSES_WITH_NESTED, expand_request, expand_response
+from codec.protocol import ApiKey, ErrorCode
 from codec.schema import MessageSpec, Segment, load_table
 from codec.wire import TAG_EXTRAS, EncodeError
 
-API_VERSIONS = 18
-CONTROLLED_SHUTDOWN = 7
-UNSUPPORTED_VERSION = 35
+#: Plain ints from ``codec.protocol``: compared on the decode path, where an enum member costs more.
+API_VERSIONS = int(ApiKey.API_VERSIONS)
+CONTROLLED_SHUTDOWN = int(ApiKey.CONTROLLED_SHUTDOWN)
+UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 
 _HEAD = struct.Struct(">hh")
 _INT16 = struct.Struct(">h")

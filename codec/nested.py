@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import codec.api as _api  # circular (api imports this module): only used at call time
 from codec.errors import DecodeError
+from codec.protocol import ApiKey
 
 if TYPE_CHECKING:
     from codec.api import Request, Response
 
-ENVELOPE = 58
-JOIN_GROUP = 11
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
+#: Plain ints from ``codec.protocol`` (compared per decoded frame).
+ENVELOPE = int(ApiKey.ENVELOPE)
+JOIN_GROUP = int(ApiKey.JOIN_GROUP)
+SYNC_GROUP = int(ApiKey.SYNC_GROUP)
+DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
 CONSUMER = "consumer"
 #: APIs whose requests / responses can carry a payload that ``expand_request``/``expand_response``
 #: decode; decode plans skip the expansion call for every other API.
