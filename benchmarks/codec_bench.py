@@ -42,12 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from benchmarks.results_file import machine  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "codec_bench.json"
 DEFAULT_KIO_PURE = Path(os.environ.get("KPMON_HOME", REPO / ".kpmon")) / "bench" / "kio-0.5.0"
 

@@ -11,16 +11,27 @@ from typing import Any
 
 
 def cpu_model() -> str | None:
-    """The CPU's model name from ``/proc/cpuinfo`` (None where there is none). Sessions have run on
+    """The CPU as ``/proc/cpuinfo`` names it: model name, family and model numbers, clock and cache
+    (None where there is none). A virtual machine may only say "AMD EPYC", and sessions have run on
     different hosts behind the same "2 cores" (a full codec decode took 2.6 µs on one and 4.5-8.9 on
-    another), so a figure is only comparable with figures from the same model."""
+    another), so a figure is only comparable with figures from the same CPU."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return None
+        return None
+    first = text.split("\n\n", 1)[0]
+    fields = dict(
+        (key.strip(), value.strip()) for key, _, value in (line.partition(":") for line in first.splitlines())
+    )
+    name = fields.get("model name")
+    if name is None:
+        return None
+    details = [
+        f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}",
+        f"{float(fields['cpu MHz']):.0f} MHz" if "cpu MHz" in fields else None,
+        f"cache {fields['cache size']}" if "cache size" in fields else None,
+    ]
+    return f"{name} ({', '.join(d for d in details if d)})"
 
 
 def machine() -> dict[str, Any]:
