@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("codec", "checks", "tap", "streaming", "kpmon", "airflow_dags", "deploy")
 #: Files that still spell protocol numbers out, and why. An entry that is no longer true fails the test,
 #: so the list only shrinks.
-#: Files allowed to write a protocol constant out (none left: every one imports ``codec.protocol``).
 KNOWN_LEFTOVERS: dict[str, set[str]] = {}
 
 
