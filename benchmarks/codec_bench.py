@@ -780,12 +780,13 @@ KIO_PURE_RELEASE = "kio==0.5.0"
 def ensure_kio_pure(path: Path) -> str | None:
     """Install kio's last pure-Python release into ``path`` unless it is there (pip, from PyPI, once);
     None when it is ready, else why it is not."""
-    if (path / "kio" / "serial" / "_parse.py").exists():
+    parser = path / "kio" / "serial" / "_parse.py"  # only the pure-Python release has it
+    if parser.exists():
         return None
     print(f"installing {KIO_PURE_RELEASE} into {path} (once)...", file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(path), KIO_PURE_RELEASE]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not (path / "kio" / "serial" / "_parse.py").exists():
+    if done.returncode != 0 or not parser.exists():
         return f"could not install {KIO_PURE_RELEASE} at {path}: {done.stderr.strip()[-300:]}"
     return None
 
