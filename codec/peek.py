@@ -53,3 +53,67 @@ def peek_correlation_id(buf: bytes | bytearray | memoryview) -> int:
         raise DecodeError(f"response header needs 4 bytes, frame has {len(buf)}", 0, what="ResponseHeader")
     corr: int = _INT32.unpack_from(buf, 0)[0]
     return corr
+
+
+_INT16 = struct.Struct(">h")
+#: Per Produce version: whether strings are compact (flexible), and how many strings precede ``Acks``
+#: (None: a field of another type does, so the peek cannot skip it cheaply).
+_ACKS_LAYOUTS: dict[int, tuple[bool, int] | None] = {}
+
+
+def _acks_layout(api_version: int) -> tuple[bool, int] | None:
+    """The Produce request body's fields before ``Acks`` at ``api_version``, from the schema table."""
+    if api_version in _ACKS_LAYOUTS:
+        return _ACKS_LAYOUTS[api_version]
+    from codec.protocol import ApiKey
+    from codec.schema import load_table
+
+    spec = load_table().requests.get(ApiKey.PRODUCE)
+    segment = spec.segment(api_version) if spec is not None else None
+    layout: tuple[bool, int] | None = None
+    if segment is not None:
+        strings = 0
+        for field in segment.fields:
+            if not field.present(api_version) or field.tagged_at(api_version):
+                continue
+            if field.name == "Acks":
+                layout = (segment.flexible_at(api_version), strings)
+                break
+            if field.type != "string":
+                break
+            strings += 1
+    if -(1 << 15) <= api_version < (1 << 15):
+        _ACKS_LAYOUTS[api_version] = layout
+    return layout
+
+
+def peek_produce_acks(buf: bytes | bytearray | memoryview, api_version: int, body: int) -> int | None:
+    """A Produce request's ``Acks``, read at the body offset ``body`` (after the request header) without
+    decoding the rest: the tap must know at once whether a response will ever come. None when the
+    bytes do not say (too short, a layout the peek does not skip)."""
+    layout = _acks_layout(api_version)
+    if layout is None:
+        return None
+    compact, strings = layout
+    pos = body
+    for _ in range(strings):
+        if compact:
+            length = shift = 0
+            while True:
+                if pos >= len(buf) or shift > 28:
+                    return None
+                byte = buf[pos]
+                pos += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+            pos += max(length - 1, 0)
+        else:
+            if pos + 2 > len(buf):
+                return None
+            pos += 2 + max(_INT16.unpack_from(buf, pos)[0], 0)
+    if pos + 2 > len(buf):
+        return None
+    acks: int = _INT16.unpack_from(buf, pos)[0]
+    return acks

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final
+
+import msgpack
 
 from codec import facts
 from codec.api import Request, Response, decode_request, decode_response
@@ -63,10 +66,12 @@ class Header:
     ERROR: Final = "error"
 
 
-#: Every header name (tests check the tap writes only these).
+#: Every header name of a schema-1 record (tests check nothing else writes them).
 HEADERS: Final = tuple(v for k, v in vars(Header).items() if k.isupper())
-#: The value of the ``schema`` header this contract describes.
-SCHEMA_VERSION: Final = "1"
+#: The schema a tap writes today: 2, one record per exchange, metadata packed in the value.
+SCHEMA_VERSION: Final = "2"
+#: The ``schema`` header of a schema-1 record (one record per frame, metadata in Kafka headers).
+SCHEMA_1: Final = "1"
 
 REQ: Final = "req"
 RESP: Final = "resp"
@@ -435,3 +440,264 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     if not decode or raw is None:
         return frame
     return decode_frame(frame, bytes(raw))
+
+
+# --- schema 2: one record per exchange, metadata packed in the value ------------------------------------
+#
+# A schema-2 record has no Kafka headers. Its key is the connection id, as in schema 1, and its value is
+#
+#     MAGIC (4 bytes) | meta length (uint32, big-endian) | meta (msgpack) | payload | payload ...
+#
+# ``meta`` is ``[kind, seq, static, parts]``: ``kind`` is ``EXCHANGE`` (a request and its response),
+# ``req``, ``resp`` (a frame without its partner), ``open`` or ``close``; ``seq`` numbers the
+# connection's records from 1 in the order the tap writes them, so a dropped record is a gap and the
+# frames of one exchange share a number; ``static`` is the connection's constant metadata, packed once
+# per connection by the tap (``pack_static``), read once per distinct value by readers; ``parts`` is one
+# ``[dir, ts_ns, api_key, api_version, corr_id, redacted, flags, length]`` per frame (or lifecycle
+# event), whose ``length`` bytes follow in order. A frame's flags are those schema 1 sent as headers.
+#
+# MAGIC starts with 0xFF: a Kafka request starts with its int16 api key (< 256: a 0x00 byte), a
+# lifecycle value with ``{``; only a schema-1 response whose correlation id is negative could begin
+# the same way, and schema-1 records carry a ``dir`` header, which a schema-2 record never has.
+
+#: The first bytes of every schema-2 value (the last one is the schema number).
+MAGIC: Final = b"\xffKT\x02"
+#: The kind of a record holding a request and its response.
+EXCHANGE: Final = "ex"
+#: Every record kind of schema 2.
+KINDS: Final = (EXCHANGE, *DIRECTIONS)
+_PREFIX: Final = struct.Struct(">4sI")
+#: The connection's constant fields, in ``static``'s order.
+STATIC_FIELDS: Final = ("conn", "client", "broker", "broker_id", "listener", "tap", "capture")
+
+
+class RecordError(ValueError):
+    """A value that claims schema 2 (it starts with ``MAGIC``) but does not follow it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One frame (or lifecycle event) of a tap record, as mirrored: its metadata and bytes, not decoded."""
+
+    direction: str
+    ts_ns: int
+    api_key: int | None
+    api_version: int | None
+    correlation_id: int | None
+    value: bytes | None
+    #: Names of the fields the tap blanked (``SASL_TOKEN`` for a raw SASL token).
+    redacted: tuple[str, ...] = ()
+    #: ``truncated``, ``orig_size``, ``redaction_failed``, ``capture_fallback``, ``header_error``,
+    #: ``error`` (on a close after a failure): what schema 1 sent as flag headers.
+    flags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def header_only(self) -> bool:
+        """Mirrored without its body (too large, a redaction that could not be done, a fallback to
+        ``meta``, a raw SASL token): not a decode error."""
+        for name in HEADER_ONLY_FLAGS:
+            if self.flags.get(name):
+                return True
+        return SASL_TOKEN in self.redacted
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """The constant metadata of a tapped connection."""
+
+    conn: str
+    client: str = ""
+    broker: str = ""
+    broker_id: int | None = None
+    listener: str | None = None
+    tap: str = ""
+    capture: str = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class TapRecord:
+    """One tap-topic record of either schema, parsed but not decoded: what every reader starts from."""
+
+    schema: int
+    kind: str
+    seq: int
+    connection: Connection
+    parts: tuple[Part, ...]
+
+
+def pack_static(connection: Connection) -> bytes:
+    """The ``static`` element of a connection's records (the tap packs it once per connection)."""
+    return msgpack.packb([getattr(connection, name) for name in STATIC_FIELDS], use_bin_type=True)
+
+
+def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part]) -> bytes:
+    """A schema-2 record value."""
+    meta = msgpack.packb(
+        [
+            kind,
+            seq,
+            static,
+            [
+                [
+                    p.direction, p.ts_ns, p.api_key, p.api_version, p.correlation_id,
+                    ",".join(p.redacted), dict(p.flags) or None, len(p.value or b""),
+                ]
+                for p in parts
+            ],
+        ],
+        use_bin_type=True,
+    )  # fmt: skip
+    return b"".join((_PREFIX.pack(MAGIC, len(meta)), meta, *(p.value or b"" for p in parts)))
+
+
+def is_schema_2(value: bytes | None) -> bool:
+    return value is not None and value[:4] == MAGIC
+
+
+#: ``static`` values already read: a connection's records all carry the same bytes.
+_STATICS: dict[bytes, Connection] = {}
+_MAX_STATICS: Final = 65_536
+
+
+def _static(data: bytes) -> Connection:
+    found = _STATICS.get(data)
+    if found is not None:
+        return found
+    values = msgpack.unpackb(data, raw=False)
+    if not isinstance(values, list) or len(values) < len(STATIC_FIELDS):
+        raise RecordError("connection metadata is not a list of its fields")
+    conn, client, broker, broker_id, listener, tap, capture = values[: len(STATIC_FIELDS)]
+    connection = Connection(
+        str(conn or ""),
+        str(client or ""),
+        str(broker or ""),
+        broker_id if isinstance(broker_id, int) else None,
+        str(listener) if listener else None,
+        str(tap or ""),
+        str(capture or "full"),
+    )
+    if len(_STATICS) >= _MAX_STATICS:
+        _STATICS.clear()
+    _STATICS[data] = connection
+    return connection
+
+
+def _opt(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_record_2(value: bytes) -> TapRecord:
+    """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
+    if len(value) < _PREFIX.size:
+        raise RecordError("shorter than its prefix")
+    _, length = _PREFIX.unpack_from(value)
+    start = _PREFIX.size
+    end = start + length
+    if end > len(value):
+        raise RecordError(f"metadata of {length} bytes overruns the {len(value)}-byte value")
+    try:
+        meta = msgpack.unpackb(value[start:end], raw=False)
+        kind, seq, static, raw_parts = meta
+        connection = _static(static)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise RecordError(f"unreadable metadata: {exc}") from exc
+    if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
+        raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
+    parts: list[Part] = []
+    pos = end
+    for raw in raw_parts:
+        if not isinstance(raw, list) or len(raw) < 8:
+            raise RecordError("a frame's metadata is not a list of its fields")
+        direction, ts_ns, api_key, api_version, corr, redacted, flags, size = raw[:8]
+        if direction not in DIRECTIONS or not isinstance(size, int) or size < 0 or pos + size > len(value):
+            raise RecordError(f"frame {len(parts)}: bad direction {direction!r} or length {size!r}")
+        parts.append(
+            Part(
+                direction,
+                _opt(ts_ns) or 0,
+                _opt(api_key),
+                _opt(api_version),
+                _opt(corr),
+                value[pos : pos + size],
+                tuple(redacted.split(",")) if isinstance(redacted, str) and redacted else (),
+                {str(k): str(v) for k, v in flags.items()} if isinstance(flags, dict) else {},
+            )
+        )
+        pos += size
+    if pos != len(value):
+        raise RecordError(f"{len(value) - pos} bytes after the last frame")
+    return TapRecord(2, kind, seq, connection, tuple(parts))
+
+
+def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1) -> TapRecord:
+    """A record of either schema: a ``dir`` header means schema 1 (one frame, metadata in headers), a
+    value starting with ``MAGIC`` means schema 2. Raises ``RecordError`` for a record of neither or a
+    broken schema-2 value (readers turn that into a decode-error frame: ``frames_from_record``)."""
+    headers = headers or {}
+    direction = headers.get(Header.DIR)
+    if direction is None and is_schema_2(value):
+        assert value is not None
+        return parse_record_2(value)
+    if direction not in DIRECTIONS:
+        raise RecordError(f"not a tap record: {Header.DIR} header {direction!r} and no schema-2 prefix")
+    frame = frame_from_headers(headers, partition)
+    flags = {name: headers[name] for name in _FLAG_HEADERS if headers.get(name)}
+    redacted = headers.get(Header.REDACTED) or ""
+    part = Part(
+        direction,
+        frame.ts_ns,
+        frame.api_key,
+        frame.api_version,
+        frame.correlation_id,
+        value,
+        tuple(redacted.split(",")) if redacted else (),
+        flags,
+    )
+    connection = Connection(
+        frame.conn, frame.client, frame.broker, frame.broker_id, frame.listener,
+        headers.get(Header.TAP, ""), frame.capture,
+    )  # fmt: skip
+    return TapRecord(1, direction, frame.seq, connection, (part,))
+
+
+#: The flag headers of schema 1, kept as a part's ``flags``.
+_FLAG_HEADERS: Final = (*HEADER_ONLY_FLAGS, Header.ORIG_SIZE, Header.HEADER_ERROR, Header.ERROR)
+
+
+def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> list[tuple[TapFrame, Part]]:
+    """Each part of a record as a frame's tap metadata (not decoded) with the part it came from."""
+    c = record.connection
+    conn = connection_of(c.conn, partition)
+    return [
+        (
+            TapFrame(
+                conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
+                c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
+            ),
+            p,
+        )
+        for p in record.parts
+    ]  # fmt: skip
+
+
+def frames_from_record(
+    headers: Mapping[str, str] | None,
+    value: bytes | None,
+    partition: int = -1,
+    offset: int = -1,
+    fields: Iterable[str] | None = None,
+) -> list[TapFrame]:
+    """Every frame of one tap record of either schema, decoded. Never raises for bad input: a record
+    that follows no schema becomes one undecodable request on its connection (or on
+    ``untracked-p<partition>``), so it is reported, not ignored."""
+    try:
+        record = parse_record(headers, value, partition)
+    except RecordError as exc:
+        conn = (headers or {}).get(Header.CONN)
+        frame = TapFrame(connection_of(conn, partition), 0, 0, REQ, partition=partition, offset=offset)
+        frame.error = DecodeError(str(exc), 0)
+        return [frame]
+    return [
+        decode_frame(frame, part.value, truncated=part.header_only, fields=fields)
+        for frame, part in record_frames(record, partition, offset)
+    ]

@@ -34,13 +34,18 @@ from codec.taprecord import (
     HEADER_ONLY_FLAGS,
     HEADER_ONLY_READS,
     HEADERS,
+    MAGIC,
     ROW_KEYS,
     SASL_TOKEN,
     Header,
+    RecordError,
     connection_of,
     header_only,
     header_text,
     int_header,
+    is_schema_2,
+    parse_record_2,
+    record_frames,
 )
 
 FRAME_ROW_SCHEMA = pa.schema(
@@ -217,16 +222,99 @@ def _per_distinct(values: pa.Array, read: Callable[[Any], Any], type_: pa.DataTy
     )
 
 
+def record_rows(
+    headers: dict[str, str], value: bytes | None, partition: int, offset: int
+) -> list[dict[str, Any]]:
+    """One tap record of either schema as its frames' rows: a schema-1 record is one frame
+    (``frame_row``), a schema-2 record one row per part, each with the record's ``seq``. A value
+    that claims schema 2 but breaks it is one row with no ``dir``, which stage one reports as not a
+    tap record."""
+    if headers.get(Header.DIR) is not None or not is_schema_2(value):
+        return [frame_row(headers, value, partition, offset)]
+    assert value is not None
+    try:
+        record = parse_record_2(value)
+    except RecordError:
+        return [frame_row({}, value, partition, offset)]
+    c = record.connection
+    rows: list[dict[str, Any]] = []
+    for frame, part in record_frames(record, partition, offset):
+        rows.append(
+            {
+                Header.CONN: frame.conn,
+                Header.SEQ: _fitting(Header.SEQ, frame.seq),
+                Header.TS_NS: _fitting(Header.TS_NS, frame.ts_ns),
+                Header.DIR: frame.direction,
+                Header.API_KEY: _fitting(Header.API_KEY, frame.api_key),
+                Header.API_VERSION: _fitting(Header.API_VERSION, frame.api_version),
+                Header.CORR_ID: _fitting(Header.CORR_ID, frame.correlation_id),
+                Header.CLIENT: c.client,
+                Header.BROKER: c.broker,
+                Header.BROKER_ID: _fitting(Header.BROKER_ID, c.broker_id),
+                Header.LISTENER: c.listener,
+                Header.TAP: c.tap,
+                Header.CAPTURE: c.capture,
+                Header.TRUNCATED: part.header_only,
+                ROW_KEYS["partition"]: partition,
+                ROW_KEYS["offset"]: offset,
+                "size": len(part.value) if part.value is not None else None,
+                "value": part.value,
+            }
+        )
+    return rows
+
+
 def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → tap-record rows, exactly
-    ``frame_row``'s, column by column: the headers are flattened once and each column is found with
-    Arrow kernels. Python runs only per distinct value the kernels cannot read as ``codec.taprecord``
-    does (ints not written plainly, invalid UTF-8, a record without ``conn``, header-only flags)."""
-    headers = _Headers(batch.column("headers"))
-    partition = batch.column("partition").cast(pa.int32())
+    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → tap-record rows, one per
+    frame, exactly ``record_rows``'s. Schema-1 records go column by column: the headers are flattened
+    once and each column is found with Arrow kernels; Python runs only per distinct value the kernels
+    cannot read as ``codec.taprecord`` does (ints not written plainly, invalid UTF-8, a record without
+    ``conn``, header-only flags). Schema-2 records (one per exchange, metadata packed in the value)
+    are read per record, through ``codec.taprecord``. Rows keep the records' order."""
     value = batch.column("value")
     if value.type != pa.binary():
         value = value.cast(pa.binary())
+    headers = _Headers(batch.column("headers"))
+    packed = pc.and_(
+        pc.starts_with(value, pattern=MAGIC).fill_null(False),
+        pa.array(headers.index[_LOOKED_UP.index(Header.DIR)] < 0),
+    )
+    if not pc.any(packed).as_py():
+        return _schema_1_columns(batch, headers, value)
+    new_rows, origins = _schema_2_rows(
+        batch.filter(packed), np.flatnonzero(packed.to_numpy(zero_copy_only=False))
+    )
+    old = pc.invert(packed)
+    if not pc.any(old).as_py():
+        return new_rows
+    kept = batch.filter(old)
+    old_rows = _schema_1_columns(kept, _Headers(kept.column("headers")), value.filter(old))
+    both = pa.Table.from_batches([old_rows, new_rows]).combine_chunks()
+    origin = np.concatenate([np.flatnonzero(old.to_numpy(zero_copy_only=False)), origins])
+    # A stable sort on the source row: the records' order, and each record's frames in theirs.
+    order = pc.sort_indices(pa.array(origin))
+    return both.take(order).to_batches()[0] if both.num_rows else new_rows
+
+
+def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The frames' rows of schema-2 records, and each row's source row (``sources[i]`` of record i)."""
+    rows: list[dict[str, Any]] = []
+    origins: list[int] = []
+    for value, partition, offset, source in zip(
+        batch.column("value").to_pylist(),
+        batch.column("partition").to_pylist(),
+        batch.column("offset").to_pylist(),
+        sources.tolist(),
+        strict=True,
+    ):
+        made = record_rows({}, value, partition, offset)
+        rows.extend(made)
+        origins.extend([source] * len(made))
+    return pa.RecordBatch.from_pylist(rows, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
+
+
+def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array) -> pa.RecordBatch:
+    partition = batch.column("partition").cast(pa.int32())
     columns: dict[str, pa.Array] = {name: headers.text(name) for name in _TEXTS}
     columns[Header.DIR] = columns[Header.DIR].fill_null("")
     columns[Header.CONN] = _connections(columns[Header.CONN], partition)

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from codec.taprecord import Part
+
 _INT32 = struct.Struct(">i")
 
 #: Kafka's own default cap is socket.request.max.bytes = 100 MiB; responses (fetch) can be larger,
@@ -106,49 +108,174 @@ class Pending:
     forwarded_ns: int
     #: The response must be mirrored header-only (e.g. an Envelope around a secret-bearing request).
     sensitive: bool = False
+    #: The request as it will be mirrored, held until its response completes the exchange record
+    #: (None: not held, or already written alone).
+    held: Part | None = None
+    #: Bytes ``held`` counts against the bounds.
+    held_bytes: int = 0
+
+
+#: Why a frame went out as a record of its own instead of in an exchange (``Unpaired.reason``).
+LONE_REASONS: tuple[str, ...] = ("no_response", "unanswered", "in_flight_cap", "held_bytes", "held_age", "closed")
+
+
+@dataclass(frozen=True, slots=True)
+class Unpaired:
+    """A held request written alone: its exchange could not be completed, or a bound was hit."""
+
+    held: Part
+    reason: str
+
+
+class HeldBudget:
+    """Bytes of held requests, shared by every connection of a tap: the bound on the whole tap."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+@dataclass(frozen=True, slots=True)
+class HoldLimits:
+    """Bounds on the requests a connection holds while their responses are due."""
+
+    #: In-flight requests per connection (Kafka clients pipeline at most a handful).
+    max_in_flight: int = 1_000
+    #: Held bytes per connection.
+    max_bytes: int = 8 * 1024 * 1024
+    #: How long a request is held before it is written alone (its response may still come).
+    max_age_ns: int = 30_000_000_000
 
 
 class Correlations:
-    """Per-connection map of in-flight requests, so each response gets its request's API and version.
+    """Per-connection map of in-flight requests: each response gets its request's API and version, and
+    the request frame held for the exchange record (sans-I/O: the caller writes what it is handed).
 
     A broker answers one connection's requests in order, and never answers an acks=0 produce; so when
-    a response arrives, entries queued before its correlation id are orphans and are dropped. The map
-    is also capped, so a client that pipelines without end cannot grow it.
+    a response arrives, entries queued before its correlation id are orphans and are dropped (their
+    held frames handed back, reason ``unanswered``). Every bound hands held frames back rather than
+    losing them: the in-flight count (the oldest entry is evicted), the connection's held bytes and the
+    tap's (``HeldBudget``), and the age of a held frame (``expire``).
     """
 
-    __slots__ = ("_cap", "_next", "_pending")
+    __slots__ = ("_budget", "_bytes", "_limits", "_next", "_pending")
 
-    def __init__(self, cap: int = 10_000) -> None:
+    def __init__(self, limits: HoldLimits | None = None, budget: HeldBudget | None = None) -> None:
         self._pending: OrderedDict[int, tuple[int, Pending]] = OrderedDict()
-        self._cap = cap
+        self._limits = limits or HoldLimits()
+        self._budget = budget or HeldBudget(1 << 62)
+        self._bytes = 0
         self._next = 0
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, corr: int, pending: Pending) -> None:
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def add(self, corr: int, pending: Pending) -> list[Unpaired]:
+        """Track a request; hold ``pending.held`` while the bounds allow. Returns what must be written
+        alone now: evicted or displaced entries' frames, or this request's own when it cannot be held."""
+        out: list[Unpaired] = []
         self._next += 1
-        self._pending.pop(corr, None)  # a reused id moves to the back: it is the newest request
+        old = self._pending.pop(corr, None)  # a reused id moves to the back: it is the newest request
+        if old is not None:
+            self._release(old[1], "unanswered", out)
+        held = pending.held
+        if held is not None:
+            size = len(held.value or b"")
+            limits = self._limits
+            while self._bytes + size > limits.max_bytes and self._release_oldest_held(out, "held_bytes"):
+                pass
+            if self._bytes + size > limits.max_bytes or not self._budget.take(size):
+                pending.held = None
+                out.append(Unpaired(held, "held_bytes"))
+            else:
+                pending.held_bytes = size
+                self._bytes += size
         self._pending[corr] = (self._next, pending)
-        if len(self._pending) > self._cap:
-            self._pending.popitem(last=False)
+        if len(self._pending) > self._limits.max_in_flight:
+            _, (_, evicted) = self._pending.popitem(last=False)
+            self._release(evicted, "in_flight_cap", out)
+        return out
 
     def peek(self, corr: int) -> Pending | None:
         entry = self._pending.get(corr)
         return None if entry is None else entry[1]
 
-    def match(self, corr: int) -> Pending | None:
+    def match(self, corr: int) -> tuple[Pending | None, list[Unpaired]]:
+        """The request ``corr`` answers (its held frame, in ``held``, is the caller's now and no longer
+        counted), and the older requests that will never be answered."""
         entry = self._pending.pop(corr, None)
         if entry is None:
-            return None
+            return None, []
         order, found = entry
+        orphans: list[Unpaired] = []
         # Responses come in request order: anything older than this one will never be answered.
         while self._pending:
-            oldest_corr, (oldest_order, _) = next(iter(self._pending.items()))
+            oldest_corr, (oldest_order, oldest) = next(iter(self._pending.items()))
             if oldest_order > order:
                 break
             del self._pending[oldest_corr]
-        return found
+            self._release(oldest, "unanswered", orphans)
+        if found.held is not None:
+            # No longer counted against the bounds; the caller takes the frame from ``found.held``.
+            self._bytes -= found.held_bytes
+            self._budget.give(found.held_bytes)
+            found.held_bytes = 0
+        return found, orphans
+
+    def expire(self, now_ns: int) -> list[Unpaired]:
+        """Held frames older than the age bound, handed back (their entries stay, so a late response
+        still gets its API and version)."""
+        out: list[Unpaired] = []
+        cutoff = now_ns - self._limits.max_age_ns
+        for _, pending in self._pending.values():
+            if pending.forwarded_ns > cutoff:
+                break
+            if pending.held is not None:
+                out.append(Unpaired(pending.held, "held_age"))
+                self._unhold(pending)
+        return out
+
+    def drain(self) -> list[Unpaired]:
+        """Every held frame, oldest first, and nothing tracked any more (the connection closed)."""
+        out: list[Unpaired] = []
+        for _, pending in self._pending.values():
+            self._release(pending, "closed", out)
+        self._pending.clear()
+        return out
+
+    def _unhold(self, pending: Pending) -> None:
+        self._bytes -= pending.held_bytes
+        self._budget.give(pending.held_bytes)
+        pending.held = None
+        pending.held_bytes = 0
+
+    def _release(self, pending: Pending, reason: str, out: list[Unpaired]) -> None:
+        held = pending.held
+        if held is not None:
+            self._unhold(pending)
+            out.append(Unpaired(held, reason))
+
+    def _release_oldest_held(self, out: list[Unpaired], reason: str) -> bool:
+        for _, pending in self._pending.values():
+            if pending.held is not None:
+                self._release(pending, reason, out)
+                return True
+        return False
 
 
 #: How many raw tokens each side sends after a SaslHandshake v0, per mechanism. The broker answers

@@ -103,6 +103,12 @@ class TapMetrics:
             ["result"],
             registry=r,
         )
+        self.lone_frames = Counter(
+            "kpmon_tap_lone_frames",
+            "Frames mirrored as a record of their own instead of in a request/response exchange, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.truncated = Counter(
             "kpmon_tap_mirror_truncated", "Frames mirrored truncated to their header", registry=r
         )

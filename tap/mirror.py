@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Headers = list[tuple[str, str | bytes | None]]
-
 
 @dataclass(frozen=True, slots=True)
 class MirrorRecord:
+    """A tap record as produced: the connection id and the value ``codec.taprecord.pack_record`` made
+    (schema 2 has no Kafka headers)."""
+
     key: bytes
     value: bytes
-    headers: Headers
 
 
 class MirrorSink(Protocol):
@@ -127,7 +127,7 @@ class KafkaMirror:
     def offer(self, record: MirrorRecord) -> bool:
         try:
             self._producer.produce(
-                self.topic, record.value, record.key, headers=record.headers, on_delivery=self._delivered
+                self.topic, record.value, record.key, on_delivery=self._delivered
             )
         except BufferError:
             return False

@@ -34,8 +34,11 @@ from tap.framing import (
     Correlations,
     FrameError,
     FrameSplitter,
+    HeldBudget,
+    HoldLimits,
     Pending,
     SaslState,
+    Unpaired,
     WireFrame,
 )
 from tap.listeners import (
@@ -47,14 +50,13 @@ from tap.listeners import (
     client_common_name,
 )
 from tap.metrics import TapMetrics
-from tap.mirror import Headers, MirrorRecord, MirrorSink, NullMirror
+from tap.mirror import MirrorRecord, MirrorSink, NullMirror
 from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_response
 
 log = logging.getLogger("kpmon.tap")
 
-_SCHEMA_VERSION = taprecord.SCHEMA_VERSION.encode()
 # Plain ints for the per-frame comparisons: an IntEnum member lookup costs ~100 ns each on this path.
-_ENVELOPE, _SASL_HANDSHAKE = int(ApiKey.ENVELOPE), int(ApiKey.SASL_HANDSHAKE)
+_ENVELOPE, _SASL_HANDSHAKE, _PRODUCE = int(ApiKey.ENVELOPE), int(ApiKey.SASL_HANDSHAKE), int(ApiKey.PRODUCE)
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 #: Rewritten responses are held whole; anything bigger than this is forwarded untouched.
@@ -95,6 +97,10 @@ class TapSettings:
     #: ...on a port of this inclusive range (None: an ephemeral port), at most this many.
     dynamic_listener_ports: tuple[int, int] | None = None
     max_dynamic_listeners: int = 256
+    #: Bounds on the requests each connection holds until their responses complete the exchange.
+    hold_limits: HoldLimits = field(default_factory=HoldLimits)
+    #: Bytes of held requests across every connection of the tap.
+    max_held_bytes: int = 256 * 1024 * 1024
 
 
 def _tls_info(transport: asyncio.BaseTransport) -> dict[str, object] | None:
@@ -161,7 +167,7 @@ class TapConnection:
             retain = 65_536
         self.req_split = FrameSplitter(retain, settings.max_frame_bytes)
         self.resp_split = FrameSplitter(retain, settings.max_frame_bytes)
-        self.correlations = Correlations()
+        self.correlations = Correlations(settings.hold_limits, tap.held)
         self.sasl = SaslState()
         self.seq = 0
         self.client_t: asyncio.Transport | None = None
@@ -174,7 +180,7 @@ class TapConnection:
         self.close_error = False
         self.client_addr = "?"
         self.client_name: bytes = b""
-        self._static: Headers = []
+        self._static = b""
         # Response rewriting (opt-in): frames of these APIs are held whole, rewritten, re-framed.
         self.hold_apis = held_apis(settings.rewrite_broker_addresses, settings.clamp_api_versions)
         self._resolve = (
@@ -199,16 +205,17 @@ class TapConnection:
             except OSError:
                 pass
         spec = self.spec
-        self._static = [
-            (Header.CONN, self.key),
-            (Header.CLIENT, self.client_addr.encode()),
-            (Header.BROKER, spec.broker.encode()),
-            (Header.BROKER_ID, b"" if spec.broker_id is None else str(spec.broker_id).encode()),
-            (Header.LISTENER, spec.listener_name.encode()),
-            (Header.TAP, self.tap.settings.instance_id.encode()),
-            (Header.CAPTURE, self.tap.settings.capture.encode()),
-            (Header.SCHEMA, _SCHEMA_VERSION),
-        ]
+        self._static = taprecord.pack_static(
+            taprecord.Connection(
+                self.conn_id,
+                self.client_addr,
+                spec.broker,
+                spec.broker_id,
+                spec.listener_name,
+                self.tap.settings.instance_id,
+                self.tap.settings.capture,
+            )
+        )
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
         self.tap.connections.add(self)
@@ -302,6 +309,8 @@ class TapConnection:
                 t.close()
         self.metrics.connections.dec()
         self.tap.connections.discard(self)
+        # Requests still waiting for their responses go out alone, before the close record.
+        self._write_unpaired(self.correlations.drain())
         info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
         if self.close_error:
             info["error"] = self.close_reason
@@ -430,14 +439,14 @@ class TapConnection:
         metrics = self.metrics
         if self.sasl.client_frame_is_token():
             metrics.frame("req", None, None, frame.size + 4)
-            self._mirror(taprecord.REQ, frame, None, None, None, sasl_token=True)
+            self._write_lone(self._part(taprecord.REQ, frame, None, None, None, sasl_token=True), "sasl_token")
             return
         try:
             peek = codec.peek.peek_request_header(frame.head)
         except codec.DecodeError:
             # Not a Kafka request; the broker will judge it. Mirror it so checks can see it.
             metrics.frame("req", None, None, frame.size + 4)
-            self._mirror(taprecord.REQ, frame, None, None, None)
+            self._write_lone(self._part(taprecord.REQ, frame, None, None, None), "not_a_request")
             return
         api_key, api_version = peek.api_key, peek.api_version
         metrics.frame("req", api_key, api_version, frame.size + 4)
@@ -454,25 +463,36 @@ class TapConnection:
             self.sasl.on_handshake_v0(mechanism)
         elif api_key == _ENVELOPE:
             sensitive = not frame.complete or request_is_sensitive_envelope(frame.head)
-        self.correlations.add(
-            peek.correlation_id, Pending(api_key, api_version, time.monotonic_ns(), sensitive)
-        )
-        self._mirror(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
+        part = self._part(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
+        if api_key == _PRODUCE and _no_response(frame.head, api_version):
+            # acks=0: the broker never answers, so the request is a record of its own at once.
+            self._write_lone(part, "no_response")
+            return
+        now = time.monotonic_ns()
+        pending = Pending(api_key, api_version, now, sensitive, part)
+        self._write_unpaired(self.correlations.add(peek.correlation_id, pending))
+        self._write_unpaired(self.correlations.expire(now))
 
     def _on_response(self, frame: WireFrame, inside: float) -> None:
         metrics = self.metrics
         if self.sasl.server_frame_is_token():
             metrics.frame("resp", None, None, frame.size + 4)
-            self._mirror(taprecord.RESP, frame, None, None, None, sasl_token=True)
+            self._write_lone(
+                self._part(taprecord.RESP, frame, None, None, None, sasl_token=True), "sasl_token"
+            )
             return
         corr: int | None = None
         pending: Pending | None = None
+        held: taprecord.Part | None = None
         if len(frame.head) >= 4:
             corr = codec.peek.peek_correlation_id(frame.head)
-            pending = self.correlations.match(corr)
+            pending, orphans = self.correlations.match(corr)
+            self._write_unpaired(orphans)
+            if pending is not None:
+                held = pending.held
         if pending is None:
             metrics.frame("resp", None, None, frame.size + 4)
-            self._mirror(taprecord.RESP, frame, None, None, corr)
+            self._write_lone(self._part(taprecord.RESP, frame, None, None, corr), "unknown_request")
             return
         api_key, api_version = pending.api_key, pending.api_version
         metrics.frame("resp", api_key, api_version, frame.size + 4)
@@ -491,10 +511,15 @@ class TapConnection:
                 metrics.response_error(api_key, error_code)
         if api_key == _SASL_HANDSHAKE:
             self.sasl.on_handshake_response(error_code)
-        self._mirror(taprecord.RESP, frame, api_key, api_version, corr, sensitive=pending.sensitive)
+        part = self._part(taprecord.RESP, frame, api_key, api_version, corr, sensitive=pending.sensitive)
+        if held is None or part is None:
+            # Its request already went out alone (a bound was hit): the response follows it alone.
+            self._write_lone(part, "request_written")
+        else:
+            self._write(taprecord.EXCHANGE, (held, part))
 
     # --- mirroring -------------------------------------------------------------------------
-    def _mirror(
+    def _part(
         self,
         direction: str,
         frame: WireFrame,
@@ -503,46 +528,63 @@ class TapConnection:
         corr: int | None,
         sasl_token: bool = False,
         sensitive: bool = False,
-    ) -> None:
-        self.seq += 1  # assigned even when the record is dropped, so drops leave a gap
+    ) -> taprecord.Part | None:
+        """The frame as it will be mirrored (None when mirroring is off): captured by the policy,
+        redacted, stamped with the tap's clock."""
         tap = self.tap
         if not tap.settings.mirror:
-            return
+            return None
         info = FrameInfo(
             "req" if direction == "req" else "resp", frame.size, api_key, api_version, sasl_token, sensitive
         )
         cap = capture(frame.head, info, tap.settings.capture, tap.settings.max_mirrored_frame_bytes)
-        headers: Headers = [
-            (Header.DIR, direction.encode()),
-            (Header.SEQ, str(self.seq).encode()),
-            (Header.TS_NS, str(time.time_ns()).encode()),
-            (Header.API_KEY, b"" if api_key is None else str(api_key).encode()),
-            (Header.API_VERSION, b"" if api_version is None else str(api_version).encode()),
-            (Header.CORR_ID, b"" if corr is None else str(corr).encode()),
-            (Header.REDACTED, ",".join(cap.redacted).encode()),
-            *self._static,
-        ]
-        if cap.flags:
-            headers.extend((k, v.encode()) for k, v in cap.flags.items())
-            if Header.TRUNCATED in cap.flags:
-                tap.metrics.truncated.inc()
-        tap.offer(MirrorRecord(self.key, cap.value, headers))
+        if Header.TRUNCATED in cap.flags:
+            tap.metrics.truncated.inc()
+        return taprecord.Part(
+            direction, time.time_ns(), api_key, api_version, corr, cap.value, cap.redacted, cap.flags
+        )
 
-    def _mirror_lifecycle(self, direction: str, info: dict[str, object]) -> None:
-        self.seq += 1
+    def _write_lone(self, part: taprecord.Part | None, reason: str) -> None:
+        """A frame that is a record of its own (no partner to wait for, or none will come); None when
+        mirroring is off."""
+        if part is None:
+            self.seq += 1
+            return
+        self.tap.metrics.lone_frames.labels(reason).inc()
+        self._write(part.direction, (part,))
+
+    def expire_held(self, now_ns: int) -> None:
+        """Write alone the requests held past the age bound (``Tap``'s sweep, for quiet connections)."""
+        self._write_unpaired(self.correlations.expire(now_ns))
+
+    def _write_unpaired(self, unpaired: list[Unpaired]) -> None:
+        for item in unpaired:
+            self._write_lone(item.held, item.reason)
+
+    def _write(self, kind: str, parts: tuple[taprecord.Part | None, ...]) -> None:
+        self.seq += 1  # assigned even when the record is dropped, so drops leave a gap
         if not self.tap.settings.mirror:
             return
-        headers: Headers = [
-            (Header.DIR, direction.encode()),
-            (Header.SEQ, str(self.seq).encode()),
-            (Header.TS_NS, str(time.time_ns()).encode()),
-            (Header.REDACTED, b""),
-            *self._static,
-        ]
-        if info.get("error"):
-            headers.append((Header.ERROR, str(info["error"]).encode()))
+        kept = tuple(p for p in parts if p is not None)
+        value = taprecord.pack_record(kind, self.seq, self._static, kept)
+        self.tap.offer(MirrorRecord(self.key, value))
+
+    def _mirror_lifecycle(self, direction: str, info: dict[str, object]) -> None:
+        if not self.tap.settings.mirror:
+            self.seq += 1
+            return
+        flags = {Header.ERROR: str(info["error"])} if info.get("error") else {}
         value = json.dumps({"client": self.client_addr, "broker": self.spec.broker, **info}).encode()
-        self.tap.offer(MirrorRecord(self.key, value, headers))
+        self._write(direction, (taprecord.Part(direction, time.time_ns(), None, None, None, value, (), flags),))
+
+
+def _no_response(head: bytes, api_version: int) -> bool:
+    """A Produce request with acks=0, which the broker never answers."""
+    try:
+        body = header_end(head, FrameInfo("req", len(head), _PRODUCE, api_version))
+    except codec.DecodeError:
+        return False
+    return codec.peek.peek_produce_acks(head, api_version, body) == 0
 
 
 class Tap:
@@ -562,6 +604,8 @@ class Tap:
         self.metrics.set_depth_source(self.sink.depth)
         self.metrics.queue_capacity.set(self.sink.capacity())
         self.connections: set[TapConnection] = set()
+        #: Bytes of requests held for their exchange records, over every connection.
+        self.held = HeldBudget(self.settings.max_held_bytes)
         #: Configured broker id -> the tap's address for it (for address rewriting).
         self.addresses: dict[int, tuple[str, int]] = {}
         #: Listeners opened on the fly for broker ids with no configured one (rewriting only).
@@ -596,8 +640,19 @@ class Tap:
         conn = TapConnection(self, spec, f"{self.settings.instance_id}-{next(self._ids)}")
         return _Side(conn, client=True)
 
+    async def _sweep_held(self) -> None:
+        """Requests held past their age bound on connections with no traffic go out alone."""
+        period = max(self.settings.hold_limits.max_age_ns / 1e9 / 4, 0.05)
+        while not self._stopping:
+            await asyncio.sleep(period)
+            now = time.monotonic_ns()
+            for conn in list(self.connections):
+                conn.expire_held(now)
+
     async def start(self) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
+        if self.settings.mirror:
+            self.spawn(self._sweep_held())
         for spec in self.listeners:
             server = await loop.create_server(
                 functools.partial(self._accept, spec),

@@ -9,9 +9,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec.taprecord import HEADERS, ROW_KEYS, SASL_TOKEN, Header, headers_dict
+from codec.taprecord import (
+    DIRECTIONS,
+    EXCHANGE,
+    HEADERS,
+    KINDS,
+    MAGIC,
+    ROW_KEYS,
+    SASL_TOKEN,
+    Connection,
+    Header,
+    Part,
+    headers_dict,
+    pack_record,
+    pack_static,
+)
 from streaming.bundles import KAFKA_SOURCE_SCHEMA
-from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row, frame_row_batches
+from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row_batches, record_rows
 
 #: The Kafka source's columns, as Spark hands them to ``mapInArrow``.
 SOURCE_SCHEMA = KAFKA_SOURCE_SCHEMA
@@ -38,13 +52,14 @@ def source_batch(records: list[Record]) -> pa.RecordBatch:
 def reference(batch: pa.RecordBatch) -> pa.RecordBatch:
     """The stage as it was: a dict per record through ``codec.taprecord``, then ``from_pylist``."""
     rows = [
-        frame_row(
+        frame
+        for row, raw in zip(batch.to_pylist(), batch.column("headers").to_pylist(), strict=True)
+        for frame in record_rows(
             headers_dict((item["key"], item["value"]) for item in raw or ()),
             row["value"],
             row["partition"],
             row["offset"],
         )
-        for row, raw in zip(batch.to_pylist(), batch.column("headers").to_pylist(), strict=True)
     ]
     return pa.RecordBatch.from_pylist(rows, schema=FRAME_ROW_SCHEMA)
 
@@ -95,6 +110,76 @@ records = st.tuples(
     st.one_of(st.integers(min_value=0, max_value=3), st.none()),
     st.integers(min_value=0, max_value=2**63 - 1),
 )
+
+small_ints = st.one_of(st.none(), st.integers(min_value=-(2**40), max_value=2**63 - 1))
+parts = st.builds(
+    Part,
+    st.sampled_from(DIRECTIONS),
+    st.integers(min_value=0, max_value=2**63 - 1),
+    small_ints,
+    small_ints,
+    small_ints,
+    st.one_of(st.none(), st.binary(max_size=6)),
+    st.lists(st.sampled_from(["password", SASL_TOKEN, "x"]), max_size=2).map(tuple),
+    st.dictionaries(
+        st.sampled_from(["truncated", "orig_size", "capture_fallback", "error"]),
+        st.sampled_from(["1", "", "meta"]),
+        max_size=2,
+    ),
+)
+connections = st.builds(
+    Connection,
+    st.sampled_from(["tap-1-1", "tap-1-2", ""]),
+    st.sampled_from(["127.0.0.1:5000", ""]),
+    st.just("127.0.0.1:9092"),
+    st.one_of(st.none(), st.integers(min_value=-(2**33), max_value=2**33)),
+    st.one_of(st.none(), st.just("PLAINTEXT")),
+    st.just("tap-1"),
+    st.sampled_from(["full", "headers", "meta"]),
+)
+packed_values = st.builds(
+    lambda kind, seq, conn, ps: pack_record(kind, seq, pack_static(conn), ps),
+    st.sampled_from(KINDS),
+    st.integers(min_value=0, max_value=2**40),
+    connections,
+    st.lists(parts, min_size=1, max_size=2),
+)
+#: Schema-2 records: valid, cut short or with bytes after them (read as not a tap record).
+schema_2_records = st.tuples(
+    st.one_of(st.none(), st.just([]), st.just([("x-other", b"1")])),
+    st.one_of(
+        packed_values,
+        packed_values.map(lambda v: v[:-1]),
+        packed_values.map(lambda v: v + b"!"),
+        st.binary(max_size=8).map(lambda b: MAGIC + b),
+    ),
+    st.one_of(st.integers(min_value=0, max_value=3), st.none()),
+    st.integers(min_value=0, max_value=2**63 - 1),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(records, schema_2_records), max_size=12), st.integers(min_value=0, max_value=3))
+def test_mixed_schemas_equal_the_per_record_reference(batch_records: list[Record], skip: int) -> None:
+    """Schema-1 and schema-2 records in one batch: each record's frames, in the records' order."""
+    batch = source_batch(batch_records)
+    assert_same(batch)
+    assert_same(batch.slice(min(skip, batch.num_rows)))
+
+
+def test_an_exchange_record_is_two_rows_with_the_record_seq() -> None:
+    static = pack_static(Connection("tap-1-7", "10.0.0.1:5000", "b:9092", 3, "PLAINTEXT", "tap-1", "headers"))
+    request = Part("req", 10, 18, 3, 5, b"REQ")
+    response = Part("resp", 20, 18, 3, 5, b"RESP", (), {"truncated": "1"})
+    value = pack_record(EXCHANGE, 4, static, [request, response])
+    rows = frame_columns(source_batch([(None, value, 2, 77)])).to_pylist()
+    assert [(r["dir"], r["seq"], r["ts_ns"], r["value"], r["truncated"]) for r in rows] == [
+        ("req", 4, 10, b"REQ", False),
+        ("resp", 4, 20, b"RESP", True),
+    ]
+    assert {(r["conn"], r["broker_id"], r["tap_partition"], r["tap_offset"], r["capture"]) for r in rows} == {
+        ("tap-1-7", 3, 2, 77, "headers")
+    }
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

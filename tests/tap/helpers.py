@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import codec
+from codec.taprecord import Part, TapRecord, parse_record
 
 
 def frame(payload: bytes) -> bytes:
@@ -74,3 +76,13 @@ def metric_sum(registry: Any, name: str, labels: dict[str, str] | None = None) -
             if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
                 total += sample.value
     return total
+
+
+def parsed(records: Iterable[Any]) -> list[TapRecord]:
+    """Mirrored records (anything with the record's ``value``) parsed by the tap-record contract."""
+    return [parse_record(None, r.value) for r in records]
+
+
+def parts(records: Iterable[Any]) -> list[tuple[TapRecord, Part]]:
+    """Every frame (or lifecycle event) the records hold, with its record, in order."""
+    return [(record, part) for record in parsed(records) for part in record.parts]

@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tap.framing import Correlations, FrameError, FrameSplitter, Pending, SaslState
+from codec.taprecord import Part
+from tap.framing import (
+    Correlations,
+    FrameError,
+    FrameSplitter,
+    HeldBudget,
+    HoldLimits,
+    Pending,
+    SaslState,
+    Unpaired,
+)
 
 
 def _stream(payloads: list[bytes]) -> bytes:
@@ -55,22 +65,92 @@ def test_large_frame_retains_only_its_head() -> None:
     assert not out[0].complete
 
 
-def test_correlations_drop_unanswered_older_requests() -> None:
+def _held(corr: int, size: int = 10) -> Part:
+    return Part("req", corr, 0, 9, corr, b"x" * size)
+
+
+def test_correlations_hand_back_unanswered_older_requests() -> None:
     c = Correlations()
     for corr in (1, 2, 3):
-        c.add(corr, Pending(0, 9, 0))
-    found = c.match(2)
-    assert found is not None and found.api_key == 0
-    assert len(c) == 1  # corr 1 (acks=0) will never be answered
-    assert c.match(1) is None
-    assert c.match(3) is not None
+        assert c.add(corr, Pending(0, 9, corr, held=_held(corr))) == []
+    found, orphans = c.match(2)
+    assert found is not None and found.api_key == 0 and found.held == _held(2)
+    # corr 1 (acks=0) will never be answered: its frame goes out alone.
+    assert orphans == [Unpaired(_held(1), "unanswered")]
+    assert len(c) == 1 and c.held_bytes == 10
+    assert c.match(1) == (None, [])
+    found, orphans = c.match(3)
+    assert found is not None and orphans == [] and c.held_bytes == 0
 
 
-def test_correlations_are_capped() -> None:
-    c = Correlations(cap=3)
-    for corr in range(10):
-        c.add(corr, Pending(1, 1, 0))
+def test_correlations_cap_in_flight_requests() -> None:
+    c = Correlations(HoldLimits(max_in_flight=3))
+    evicted = [u for corr in range(10) for u in c.add(corr, Pending(1, 1, corr, held=_held(corr)))]
     assert len(c) == 3
+    assert evicted == [Unpaired(_held(corr), "in_flight_cap") for corr in range(7)]
+
+
+def test_correlations_bound_held_bytes_per_connection_and_per_tap() -> None:
+    budget = HeldBudget(25)
+    a = Correlations(HoldLimits(max_bytes=20), budget)
+    b = Correlations(HoldLimits(max_bytes=20), budget)
+    assert a.add(1, Pending(0, 9, 1, held=_held(1))) == []
+    assert a.add(2, Pending(0, 9, 2, held=_held(2))) == []
+    # Over the connection's bound: its oldest held frame goes out alone to make room.
+    assert a.add(3, Pending(0, 9, 3, held=_held(3))) == [Unpaired(_held(1), "held_bytes")]
+    # Over the tap's bound: the new frame itself cannot be held.
+    assert b.add(7, Pending(0, 9, 7, held=_held(7))) == [Unpaired(_held(7), "held_bytes")]
+    assert budget.held == 20
+    # The entry stays: its response still learns its API and version, and goes out alone.
+    found, _ = b.match(7)
+    assert found is not None and found.held is None
+
+
+def test_correlations_expire_and_drain() -> None:
+    c = Correlations(HoldLimits(max_age_ns=100))
+    c.add(1, Pending(0, 9, 0, held=_held(1)))
+    c.add(2, Pending(0, 9, 50, held=_held(2)))
+    assert c.expire(120) == [Unpaired(_held(1), "held_age")]
+    found, _ = c.match(1)
+    assert found is not None and found.held is None  # already written alone
+    assert c.drain() == [Unpaired(_held(2), "closed")]
+    assert len(c) == 0 and c.held_bytes == 0
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "match", "expire"]), st.integers(0, 12), st.integers(0, 30)),
+    max_size=60,
+)
+
+
+@given(_OPS, st.integers(1, 6), st.integers(5, 60), st.integers(10, 80))
+def test_every_held_frame_comes_back_exactly_once(
+    ops: list[tuple[str, int, int]], max_in_flight: int, max_bytes: int, tap_bytes: int
+) -> None:
+    """Whatever the traffic and the bounds: each held request comes back once (in its exchange or
+    alone), no bound is exceeded, and nothing stays counted once the connection is drained."""
+    budget = HeldBudget(tap_bytes)
+    c = Correlations(HoldLimits(max_in_flight, max_bytes, 40), budget)
+    sent: list[Part] = []
+    back: list[Part] = []
+    now = 0
+    for op, corr, size in ops:
+        now += 5
+        if op == "add":
+            part = Part("req", now, 0, 9, corr, bytes(size))
+            sent.append(part)
+            back += [u.held for u in c.add(corr, Pending(0, 9, now, held=part))]
+        elif op == "match":
+            found, orphans = c.match(corr)
+            back += [u.held for u in orphans]
+            if found is not None and found.held is not None:
+                back.append(found.held)
+        else:
+            back += [u.held for u in c.expire(now)]
+        assert c.held_bytes <= max_bytes and budget.held <= tap_bytes and len(c) <= max_in_flight
+    back += [u.held for u in c.drain()]
+    assert sorted(back, key=id) == sorted(sent, key=id) and len({id(p) for p in back}) == len(sent)
+    assert budget.held == 0 and c.held_bytes == 0
 
 
 @pytest.mark.parametrize(("mechanism", "rounds"), [("PLAIN", 1), ("SCRAM-SHA-512", 2)])

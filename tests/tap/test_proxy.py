@@ -12,7 +12,8 @@ import pytest
 import codec
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
-from tests.tap.helpers import FakeBroker, api_versions_request, frame, metric_sum
+from codec.taprecord import EXCHANGE
+from tests.tap.helpers import FakeBroker, api_versions_request, frame, metric_sum, parsed, parts
 
 
 async def _start(sink: MemoryMirror, broker_port: int, **settings: object) -> tuple[Tap, int]:
@@ -40,10 +41,6 @@ def event_loop_kind(request: pytest.FixtureRequest) -> Iterator[str]:
     asyncio.set_event_loop_policy(None)
 
 
-def _headers(record: object) -> dict[str, bytes]:
-    return dict(record.headers)  # type: ignore[attr-defined]
-
-
 def test_pipelined_requests_are_forwarded_exactly_and_mirrored_in_order() -> None:
     async def run() -> None:
         broker = FakeBroker()
@@ -63,17 +60,21 @@ def test_pipelined_requests_are_forwarded_exactly_and_mirrored_in_order() -> Non
         assert broker.received.digest() == sent.digest()
         await tap.stop()
         await broker.stop()
-        heads = [_headers(r) for r in sink.records]
-        assert [h["seq"] for h in heads] == [str(i).encode() for i in range(1, 103)]
-        assert heads[0]["dir"] == b"open" and heads[-1]["dir"] == b"close"
-        responses = [(h, r) for h, r in zip(heads, sink.records, strict=True) if h["dir"] == b"resp"]
-        assert len(responses) == 50
-        for h, _ in responses:
-            assert h["api_key"] == b"18" and h["api_version"] == b"3"
-        for h, r in zip(heads, sink.records, strict=True):
-            if h["dir"] == b"req":
-                assert codec.decode_request(r.value).api_key == 18
-        assert len({h["conn"] for h in heads}) == 1
+        records = parsed(sink.records)
+        # One record per exchange: open, 50 request/response pairs, close; numbered as written.
+        assert [r.seq for r in records] == list(range(1, 53))
+        assert records[0].kind == "open" and records[-1].kind == "close"
+        exchanges = records[1:-1]
+        assert {r.kind for r in exchanges} == {EXCHANGE}
+        for corr, record in enumerate(exchanges):
+            req, resp = record.parts
+            assert (req.direction, resp.direction) == ("req", "resp")
+            assert req.correlation_id == resp.correlation_id == corr
+            assert codec.decode_request(req.value or b"").api_key == 18
+            assert (resp.api_key, resp.api_version) == (18, 3)
+            assert req.ts_ns <= resp.ts_ns
+        assert len({r.connection.conn for r in records}) == 1
+        assert {r.key for r in sink.records} == {records[0].connection.conn.encode()}
 
     asyncio.run(run())
 
@@ -98,10 +99,10 @@ def test_large_frame_streams_through_without_buffering() -> None:
         assert broker.received_len == len(big) + 4
         await tap.stop()
         await broker.stop()
-        req = next(r for r in sink.records if _headers(r)["dir"] == b"req")
-        assert _headers(req)["truncated"] == b"1"
-        assert _headers(req)["orig_size"] == str(len(big)).encode()
-        assert len(req.value) < 100
+        req = next(p for _, p in parts(sink.records) if p.direction == "req")
+        assert req.flags["truncated"] == "1" and req.header_only
+        assert req.flags["orig_size"] == str(len(big))
+        assert len(req.value or b"") < 100
 
     asyncio.run(run())
 
@@ -143,9 +144,9 @@ def test_broker_death_disconnects_the_client() -> None:
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()  # the broker's FIN is passed on as a half-close; the client then closes
         await asyncio.sleep(0.05)
-        close = _headers(sink.records[-1])
-        assert close["dir"] == b"close"
-        assert b"broker" in sink.records[-1].value
+        (close,) = parsed(sink.records[-1:])
+        assert close.kind == "close"
+        assert b"broker" in (close.parts[0].value or b"")
         await tap.stop()
 
     asyncio.run(run())
@@ -158,8 +159,9 @@ def test_unreachable_broker_closes_client_with_reason() -> None:
         reader, _ = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(), 5) == b""
         await asyncio.sleep(0.05)
-        assert _headers(sink.records[0])["dir"] == b"open"
-        assert b"connect failed" in _headers(sink.records[-1])["error"]
+        records = parsed(sink.records)
+        assert records[0].kind == "open"
+        assert "connect failed" in records[-1].parts[0].flags["error"]
         await tap.stop()
 
     asyncio.run(run())
@@ -200,7 +202,7 @@ def test_full_mirror_queue_drops_and_counts_without_affecting_traffic(max_frames
         await tap.stop()
         await broker.stop()
         drops = tap.metrics.registry.get_sample_value("kpmon_tap_mirror_drops_total")
-        assert drops == 42 - max_frames  # open + 20 req + 20 resp + close
+        assert drops == 22 - max_frames  # open + 20 exchanges + close
         assert len(sink.records) == max_frames
 
     asyncio.run(run())
@@ -240,12 +242,12 @@ def test_sasl_v0_tokens_are_never_mirrored() -> None:
         await tap.stop()
         server.close()
         for record in sink.records:
-            assert password not in record.value
-            assert all(v is None or password not in v for _, v in record.headers)
-        kinds = [(_headers(r)["dir"], _headers(r).get("redacted")) for r in sink.records]
-        assert (b"req", b"sasl_token") in kinds and (b"resp", b"sasl_token") in kinds
-        last_req = [r for r in sink.records if _headers(r)["dir"] == b"req"][-1]
-        assert _headers(last_req)["api_key"] == b"18"
+            assert password not in record.value and password not in record.key
+        kinds = [(r.kind, p.redacted) for r, p in parts(sink.records)]
+        # Raw tokens have no correlation id: each is a record of its own, body withheld.
+        assert ("req", ("sasl_token",)) in kinds and ("resp", ("sasl_token",)) in kinds
+        last = parsed(sink.records)[-2]
+        assert last.kind == EXCHANGE and last.parts[0].api_key == 18
 
     asyncio.run(run())
 
