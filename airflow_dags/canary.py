@@ -7,7 +7,7 @@ Run it with the interpreter of the build under test, so that build's code does t
     <old python> -m airflow_dags.canary --config CURRENT.yaml --window '{"topic": ..., "start": ..., "end": ...}'
 
 It prints one JSON object: the window it read (offsets per partition) and the alerts the checks raised
-(``checks.new_monitor`` fed ``codec.taprecord.frame_from_record`` per record, flushed, folded by
+(``checks.new_monitor`` fed ``codec.taprecord.frames_from_record`` per record, flushed, folded by
 ``checks.alerts.AlertBook``: what the streaming job computes, proven in tests/streaming/test_stages.py).
 The tap topic is the one the running job reads (``--source-config``); the checks configuration is the
 build's own (``--config``).
@@ -57,7 +57,7 @@ def replay(records: Iterable[TapRecord], settings: ChecksSettings) -> Replay:
     """The checks over ``records`` (in event-time order), flushed at the end, folded into alerts."""
     import checks
     from checks.alerts import Alert, AlertBook
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     monitor = checks.new_monitor(settings)
     findings = []
@@ -69,9 +69,8 @@ def replay(records: Iterable[TapRecord], settings: ChecksSettings) -> Replay:
         ts = record.ts_ns
         ts_min = ts if ts_min is None else min(ts_min, ts)
         ts_max = ts if ts_max is None else max(ts_max, ts)
-        findings.extend(
-            monitor.feed(frame_from_record(record.headers, record.value, record.partition, record.offset))
-        )
+        for frame in frames_from_record(record.headers, record.value, record.partition, record.offset):
+            findings.extend(monitor.feed(frame))
     findings.extend(monitor.flush())
     book = AlertBook()
     touched: dict[str, Alert] = {}

@@ -215,15 +215,16 @@ def kip896_report(params: HealthParams, max_seconds: float = 600.0) -> dict[str,
     """The readiness report over the last ``report_minutes`` of the tap topic; ``latest.*`` is the newest."""
     from airflow_dags.tapwindow import choose_window, read_window
     from checks.report import build_report, render_coverage_png, render_html, run_checks
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     config = load_config(params.config)
     paths = StreamPaths.of(config)
     cluster = config.tap_cluster
     window = choose_window(cluster, config.tap.topic, params.report_minutes)
     frames = (
-        frame_from_record(r.headers, r.value, r.partition, r.offset)
+        frame
         for r in read_window(cluster, window, max_seconds)
+        for frame in frames_from_record(r.headers, r.value, r.partition, r.offset)
     )
     monitor, findings = run_checks(frames, config.checks.settings())
     source = (

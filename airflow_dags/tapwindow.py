@@ -1,7 +1,7 @@
 """A window of the tap topic (the last N minutes, or explicit offsets), read in event-time order.
 
 The checks accept frames out of order only within their watermark, so partitions are merged by the
-``ts_ns`` header (``TimeMerge``) instead of being read one after the other; a partition far ahead is
+time each record was written (``TimeMerge``, ``codec.taprecord.record_time_ns``) instead of being read one after the other; a partition far ahead is
 paused while the others catch up, which bounds memory.
 """
 
@@ -12,9 +12,10 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from codec.taprecord import Header, int_header
+from codec.taprecord import record_time_ns
 from kpmon.config import KafkaClusterConfig
 
 #: Records buffered per partition before that partition is paused.
@@ -33,9 +34,9 @@ class TapRecord:
     offset: int
     timestamp_ms: int
 
-    @property
+    @cached_property
     def ts_ns(self) -> int:
-        ts_ns = int_header(self.headers, Header.TS_NS)
+        ts_ns = record_time_ns(self.headers, self.value)
         if ts_ns is None:
             # Not a tap record: it sorts by when Kafka stored it, and the checks report it as undecodable.
             return self.timestamp_ms * 1_000_000

@@ -33,7 +33,7 @@ from checks.rules.groups import CLASSIC, group_protocol_label
 from checks.settings import ChecksSettings
 from codec.api import api_name
 from codec.schema import load_table
-from codec.taprecord import TapFrame, frame_from_record
+from codec.taprecord import TapFrame, frames_from_record
 
 # -- capture records ----------------------------------------------------------------------------------
 
@@ -51,13 +51,14 @@ def record_to_json(headers: Mapping[str, str], value: bytes | None, partition: i
     )
 
 
-def frame_from_json(line: str) -> TapFrame:
-    """Decode one capture line (the inverse of ``record_to_json``) to a TapFrame."""
+def frames_from_json(line: str) -> list[TapFrame]:
+    """Decode one capture line (the inverse of ``record_to_json``) to its frames (one for a schema-1
+    record, the request and its response for a schema-2 exchange)."""
     record = json.loads(line)
     headers = {str(k): str(v) for k, v in (record.get("headers") or {}).items() if v is not None}
     value_hex = record.get("value_hex")
     value = bytes.fromhex(value_hex) if value_hex else None
-    return frame_from_record(headers, value, int(record.get("partition", -1)), int(record.get("offset", -1)))
+    return frames_from_record(headers, value, int(record.get("partition", -1)), int(record.get("offset", -1)))
 
 
 # -- report data ----------------------------------------------------------------------------------------

@@ -203,18 +203,6 @@ def frame_from_headers(headers: Mapping[str, str], partition: int = -1, offset: 
     )
 
 
-def frame_from_record(
-    headers: Mapping[str, str],
-    value: bytes | None,
-    partition: int = -1,
-    offset: int = -1,
-    fields: Iterable[str] | None = None,
-) -> TapFrame:
-    """Decode one tap record. Never raises for bad frames: the error is kept on the frame."""
-    frame = frame_from_headers(headers, partition, offset)
-    return decode_frame(frame, value, truncated=header_only(headers), fields=fields)
-
-
 def decode_frame(
     frame: TapFrame, value: bytes | None, truncated: bool = False, fields: Iterable[str] | None = None
 ) -> TapFrame:
@@ -678,6 +666,16 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
         )
         for p in record.parts
     ]  # fmt: skip
+
+
+def record_time_ns(headers: Mapping[str, str] | None, value: bytes | None) -> int | None:
+    """When the tap wrote a record (its last frame's clock): the order readers merge partitions in.
+    None for a record of neither schema."""
+    try:
+        record = parse_record(headers, value)
+    except RecordError:
+        return None
+    return max((part.ts_ns for part in record.parts), default=None)
 
 
 def frames_from_record(

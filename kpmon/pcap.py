@@ -381,11 +381,15 @@ def frames_from_pcap(
 
 
 def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
+    """Each TCP stream's frames as the tap would have recorded them: a request and its response make
+    one record (one ``seq``), paired by the tap's own ``tap.framing.Correlations``; a request that
+    gets no response (acks=0, the capture ends) is a record of its own."""
     import tempfile
 
     from codec.errors import DecodeError
     from codec.peek import peek_request_header
-    from codec.taprecord import decode_frame
+    from codec.taprecord import Part, decode_frame
+    from tap.framing import Correlations, Pending, Unpaired, expects_response
 
     starts, ends = _stream_starts(path)
     stats = PcapStats()
@@ -393,9 +397,25 @@ def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
         pdus = _pdus(_in_sequence_order(path, Path(work) / "ordered.pcap"), ports)
     frames: list[TapFrame] = []
     seqs: dict[int, int] = {}
-    pending: dict[int, dict[int, tuple[int, int]]] = {}
+    pending: dict[int, Correlations] = {}
     synced: set[int] = set(starts)
     last_ts: dict[int, tuple[int, str, str]] = {}
+
+    def write(stream: int, parts: tuple[Part, ...]) -> None:
+        """One record of ``stream``: its parts as frames, under the record's ``seq``."""
+        seqs[stream] += 1
+        _, client, broker = last_ts[stream]
+        for part in parts:
+            frame = TapFrame(
+                f"pcap-{stream}", seqs[stream], part.ts_ns, part.direction, part.api_key, part.api_version,
+                part.correlation_id, client=client, broker=broker, capture="full",
+            )  # fmt: skip
+            frames.append(decode_frame(frame, part.value))
+
+    def write_alone(stream: int, unpaired: list[Unpaired]) -> None:
+        for item in unpaired:
+            write(stream, (item.held,))
+
     for pdu in pdus:
         stats.pdus += 1
         src_port = int(pdu.src.rpartition(":")[2])
@@ -408,9 +428,7 @@ def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
             stats.streams += 1
             frames.append(TapFrame(conn, 1, pdu.ts_ns, "open", client=client, broker=broker, capture="full"))
         last_ts[pdu.stream] = (pdu.ts_ns, client, broker)
-        frame = TapFrame(
-            conn, 0, pdu.ts_ns, "req" if is_request else "resp", client=client, broker=broker, capture="full"
-        )
+        correlations = pending.setdefault(pdu.stream, Correlations())
         if is_request:
             try:
                 header = peek_request_header(pdu.data)
@@ -418,33 +436,38 @@ def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
                 header = None
             if pdu.stream not in synced:
                 # Mid-stream start: Wireshark's PDU boundaries are guesses until one request decodes.
-                if header is None or decode_frame(frame, pdu.data).error is not None:
+                probe = TapFrame(conn, 0, pdu.ts_ns, "req", client=client, broker=broker, capture="full")
+                if header is None or decode_frame(probe, pdu.data).error is not None:
                     stats.skipped_before_boundary += 1
                     continue
                 synced.add(pdu.stream)
-                frame = TapFrame(conn, 0, pdu.ts_ns, "req", client=client, broker=broker, capture="full")
-            if header is not None:
-                pending.setdefault(pdu.stream, {})[header.correlation_id] = (
-                    header.api_key,
-                    header.api_version,
-                )
-                frame.correlation_id = header.correlation_id
+            if header is None:
+                write(pdu.stream, (Part("req", pdu.ts_ns, None, None, None, pdu.data),))
+                continue
+            part = Part("req", pdu.ts_ns, header.api_key, header.api_version, header.correlation_id, pdu.data)
+            if not expects_response(pdu.data, header.api_key, header.api_version):
+                write(pdu.stream, (part,))
+                continue
+            held = Pending(header.api_key, header.api_version, pdu.ts_ns, held=part)
+            write_alone(pdu.stream, correlations.add(header.correlation_id, held))
         else:
             if len(pdu.data) < 4:
                 stats.unpaired_responses += 1
                 continue
             (corr,) = struct.unpack_from(">i", pdu.data)
-            request = pending.get(pdu.stream, {}).pop(corr, None)
+            request, orphans = correlations.match(corr)
+            write_alone(pdu.stream, orphans)
             if request is None:
                 if pdu.stream in synced:
                     stats.unpaired_responses += 1
                 else:
                     stats.skipped_before_boundary += 1
                 continue
-            frame.api_key, frame.api_version, frame.correlation_id = request[0], request[1], corr
-        seqs[pdu.stream] += 1
-        frame.seq = seqs[pdu.stream]
-        frames.append(decode_frame(frame, pdu.data))
+            response = Part("resp", pdu.ts_ns, request.api_key, request.api_version, corr, pdu.data)
+            write(pdu.stream, (response,) if request.held is None else (request.held, response))
+    for stream in sorted(seqs):
+        # Requests the capture never shows an answer to: records of their own, before the close.
+        write_alone(stream, pending[stream].drain() if stream in pending else [])
     for stream in sorted(ends & set(seqs)):
         ts_ns, client, broker = last_ts[stream]
         seqs[stream] += 1

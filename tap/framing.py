@@ -13,7 +13,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import codec.peek
+from codec.errors import DecodeError
+from codec.protocol import ApiKey
 from codec.taprecord import Part
+from tap.capture import FrameInfo, header_end
 
 _INT32 = struct.Struct(">i")
 
@@ -115,8 +119,27 @@ class Pending:
     held_bytes: int = 0
 
 
+def expects_response(head: bytes, api_key: int, api_version: int) -> bool:
+    """Whether a broker answers this request: every request but a Produce with acks=0. The tap (and
+    every builder of tap records) writes an unanswered request alone at once instead of holding it."""
+    if api_key != ApiKey.PRODUCE:
+        return True
+    try:
+        body = header_end(head, FrameInfo("req", len(head), api_key, api_version))
+    except DecodeError:
+        return True
+    return codec.peek.peek_produce_acks(head, api_version, body) != 0
+
+
 #: Why a frame went out as a record of its own instead of in an exchange (``Unpaired.reason``).
-LONE_REASONS: tuple[str, ...] = ("no_response", "unanswered", "in_flight_cap", "held_bytes", "held_age", "closed")
+LONE_REASONS: tuple[str, ...] = (
+    "no_response",
+    "unanswered",
+    "in_flight_cap",
+    "held_bytes",
+    "held_age",
+    "closed",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,9 +126,7 @@ class KafkaMirror:
 
     def offer(self, record: MirrorRecord) -> bool:
         try:
-            self._producer.produce(
-                self.topic, record.value, record.key, on_delivery=self._delivered
-            )
+            self._producer.produce(self.topic, record.value, record.key, on_delivery=self._delivered)
         except BufferError:
             return False
         return True

@@ -40,6 +40,7 @@ from tap.framing import (
     SaslState,
     Unpaired,
     WireFrame,
+    expects_response,
 )
 from tap.listeners import (
     DynamicListeners,
@@ -439,7 +440,9 @@ class TapConnection:
         metrics = self.metrics
         if self.sasl.client_frame_is_token():
             metrics.frame("req", None, None, frame.size + 4)
-            self._write_lone(self._part(taprecord.REQ, frame, None, None, None, sasl_token=True), "sasl_token")
+            self._write_lone(
+                self._part(taprecord.REQ, frame, None, None, None, sasl_token=True), taprecord.SASL_TOKEN
+            )
             return
         try:
             peek = codec.peek.peek_request_header(frame.head)
@@ -464,7 +467,7 @@ class TapConnection:
         elif api_key == _ENVELOPE:
             sensitive = not frame.complete or request_is_sensitive_envelope(frame.head)
         part = self._part(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
-        if api_key == _PRODUCE and _no_response(frame.head, api_version):
+        if api_key == _PRODUCE and not expects_response(frame.head, api_key, api_version):
             # acks=0: the broker never answers, so the request is a record of its own at once.
             self._write_lone(part, "no_response")
             return
@@ -478,7 +481,7 @@ class TapConnection:
         if self.sasl.server_frame_is_token():
             metrics.frame("resp", None, None, frame.size + 4)
             self._write_lone(
-                self._part(taprecord.RESP, frame, None, None, None, sasl_token=True), "sasl_token"
+                self._part(taprecord.RESP, frame, None, None, None, sasl_token=True), taprecord.SASL_TOKEN
             )
             return
         corr: int | None = None
@@ -575,16 +578,9 @@ class TapConnection:
             return
         flags = {Header.ERROR: str(info["error"])} if info.get("error") else {}
         value = json.dumps({"client": self.client_addr, "broker": self.spec.broker, **info}).encode()
-        self._write(direction, (taprecord.Part(direction, time.time_ns(), None, None, None, value, (), flags),))
-
-
-def _no_response(head: bytes, api_version: int) -> bool:
-    """A Produce request with acks=0, which the broker never answers."""
-    try:
-        body = header_end(head, FrameInfo("req", len(head), _PRODUCE, api_version))
-    except codec.DecodeError:
-        return False
-    return codec.peek.peek_produce_acks(head, api_version, body) == 0
+        self._write(
+            direction, (taprecord.Part(direction, time.time_ns(), None, None, None, value, (), flags),)
+        )
 
 
 class Tap:

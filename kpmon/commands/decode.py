@@ -14,7 +14,7 @@ from typing import Any
 import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
-from codec.taprecord import REQ, RESP, Header, int_header
+from codec.taprecord import REQ, RESP, RecordError, parse_record
 from kpmon.commands.topicopts import (
     InputError,
     add_cluster_options,
@@ -119,17 +119,23 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
             record = next(records, None)
             if record is None:
                 return
-            direction = record.headers.get(Header.DIR)
-            if direction not in (REQ, RESP):
+            try:
+                parsed = parse_record(record.headers, record.value, record.partition)
+            except RecordError as exc:
+                print(f"kpmon decode: {record.topic}/{record.partition}@{record.offset}: {exc}", file=sys.stderr)
                 continue
-            seen += 1
-            yield InputFrame(
-                record.value or b"",
-                direction,
-                int_header(record.headers, Header.API_KEY),
-                int_header(record.headers, Header.API_VERSION),
-                f"{record.topic}/{record.partition}@{record.offset}",
-            )
+            for index, part in enumerate(parsed.parts):
+                if part.direction not in (REQ, RESP) or (args.max is not None and seen >= args.max):
+                    continue
+                seen += 1
+                where = f"{record.topic}/{record.partition}@{record.offset}"
+                yield InputFrame(
+                    part.value or b"",
+                    part.direction,
+                    part.api_key,
+                    part.api_version,
+                    where if len(parsed.parts) == 1 else f"{where}#{index}",
+                )
     finally:
         consumer.close()
 

@@ -21,7 +21,7 @@ from checks.report import (
     TimelineEntry,
     build_report,
     failing_findings,
-    frame_from_json,
+    frames_from_json,
     record_to_json,
     render_coverage_png,
     render_html,
@@ -55,13 +55,13 @@ def frames_from_capture(path: Path) -> Iterator[TapFrame]:
             if not line.strip():
                 continue
             try:
-                yield frame_from_json(line)
+                yield from frames_from_json(line)
             except (ValueError, TypeError, AttributeError) as exc:
                 raise InputError(f"{path}:{number}: not a capture record ({exc})") from None
 
 
 def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[TapFrame]:
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     consumer = open_tap_topic(args, "kpmon-report")
     try:
@@ -70,7 +70,7 @@ def frames_from_topic(args: argparse.Namespace, save: Any | None) -> Iterator[Ta
                 save.write(
                     record_to_json(record.headers, record.value, record.partition, record.offset) + "\n"
                 )
-            yield frame_from_record(record.headers, record.value, record.partition, record.offset)
+            yield from frames_from_record(record.headers, record.value, record.partition, record.offset)
     finally:
         consumer.close()
 
@@ -95,7 +95,7 @@ class TapTopicReader:
         (TopicReadError) while the topic cannot be read, e.g. before it is created."""
         from confluent_kafka import TopicPartition
 
-        from codec.taprecord import frame_from_record
+        from codec.taprecord import frames_from_record
 
         if self._consumer is None:
             self._consumer, self._partitions = open_topic(
@@ -118,7 +118,7 @@ class TapTopicReader:
                 save.write(
                     record_to_json(record.headers, record.value, record.partition, record.offset) + "\n"
                 )
-            yield frame_from_record(record.headers, record.value, record.partition, record.offset)
+            yield from frames_from_record(record.headers, record.value, record.partition, record.offset)
 
     def close(self) -> None:
         if self._consumer is not None:

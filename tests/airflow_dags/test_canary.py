@@ -30,7 +30,7 @@ from tests.streaming.test_stages import tap_record
 
 
 def record(partition: int, offset: int, ts_ns: int) -> TapRecord:
-    return TapRecord({"ts_ns": str(ts_ns)}, None, partition, offset, 0)
+    return TapRecord({"dir": "req", "ts_ns": str(ts_ns)}, None, partition, offset, 0)
 
 
 @settings(max_examples=60, deadline=None)

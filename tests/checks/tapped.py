@@ -14,13 +14,17 @@ from typing import Any
 import checks
 from checks.model import Finding, Severity
 from checks.rule import StateKey
-from codec.taprecord import TapFrame, frame_from_record, headers_dict
+from codec.taprecord import TapFrame, frames_from_record, headers_dict
 from tests.tap.harness import TappedCluster, TapRecord, TapThread, read_topic_range, topic_end_offsets
 
 
 def frames_of(records: list[TapRecord]) -> list[TapFrame]:
     """Tap records (as read from the topic) to frames, decoded with the codec like any consumer would."""
-    return [frame_from_record(headers_dict(r.headers), r.value, r.partition, r.offset) for r in records]
+    return [
+        frame
+        for r in records
+        for frame in frames_from_record(headers_dict(r.headers), r.value, r.partition, r.offset)
+    ]
 
 
 def read_tap_frames(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> list[TapFrame]:

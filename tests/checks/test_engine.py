@@ -249,10 +249,10 @@ def test_timers_fire_in_deadline_order_with_many_pending() -> None:
 )
 def test_header_only_records_are_not_decode_errors(flag: dict[str, str]) -> None:
     """Frames the tap mirrors without a body on purpose are counted, never reported as undecodable."""
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     headers = {"dir": "req", "conn": "c1", "seq": "2", "ts_ns": "5", "capture": "headers", **flag}
-    frame = frame_from_record(headers, b"\x00\x11\x00", 0, 3)
+    frame = frames_from_record(headers, b"\x00\x11\x00", 0, 3)[0]
     assert frame.error is None and frame.message is None
     monitor = checks.new_monitor()
     assert monitor.feed_all([frame]) + monitor.flush() == []

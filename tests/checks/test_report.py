@@ -11,7 +11,7 @@ import pytest
 from checks.report import (
     build_report,
     coverage_grid,
-    frame_from_json,
+    frames_from_json,
     record_to_json,
     render_coverage_png,
     render_html,
@@ -96,7 +96,7 @@ def write_capture(path: Path) -> None:
 
 def test_capture_lines_round_trip_to_frames(tmp_path: Path) -> None:
     frames = synthetic_capture()
-    back = [frame_from_json(record_of(f)) for f in frames]
+    back = [g for f in frames for g in frames_from_json(record_of(f))]
     assert [(f.direction, f.conn, f.seq, f.api_key, f.correlation_id) for f in back] == [
         (f.direction, f.conn, f.seq, f.api_key, f.correlation_id) for f in frames
     ]
@@ -104,7 +104,7 @@ def test_capture_lines_round_trip_to_frames(tmp_path: Path) -> None:
 
 
 def test_report_content_from_synthetic_capture() -> None:
-    frames = [frame_from_json(record_of(f)) for f in synthetic_capture()]
+    frames = [g for f in synthetic_capture() for g in frames_from_json(record_of(f))]
     monitor, findings = run_checks(frames)
     report = build_report(monitor.states, findings, monitor.stats, "synthetic")
     rules = {f["rule"] for f in report.findings}

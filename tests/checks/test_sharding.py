@@ -315,7 +315,7 @@ def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> No
 
 def corpus_frames() -> list[TapFrame]:
     """tests/data/tap_frames.jsonl (real clients through the tap): one connection per client."""
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     frames: list[TapFrame] = []
     seqs: dict[str, int] = defaultdict(int)
@@ -335,7 +335,7 @@ def corpus_frames() -> list[TapFrame]:
             "broker": "127.0.0.1:9092",
         }
         seqs[conn] += 1
-        frames.append(frame_from_record(headers, bytes.fromhex(record["hex"]), 0, offset))
+        frames.append(frames_from_record(headers, bytes.fromhex(record["hex"]), 0, offset)[0])
     return frames
 
 

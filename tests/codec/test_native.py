@@ -62,7 +62,7 @@ def test_the_set_up_build_is_what_runs() -> None:
 _PIPELINE = """
 import json, sys
 from benchmarks.stream_bench import session
-from codec.taprecord import frame_from_record
+from codec.taprecord import frames_from_record
 from tests.checks.test_sharding import corpus_frames, single_run, summary, with_headers_only
 from tests.streaming.test_stages import run_bucketed
 
@@ -71,7 +71,7 @@ def fleet():
     records = [r for i in range(60) for r in session(i, start + i * 3_000_000, zombie=i % 7 == 0)]
     out = []
     for offset, (key, raw, headers) in enumerate(records):
-        out.append(frame_from_record(dict(headers), raw, 0, offset))
+        out.append(frames_from_record(dict(headers), raw, 0, offset)[0])
     return sorted(out, key=lambda f: (f.ts_ns, f.conn, f.seq))
 
 out = {}

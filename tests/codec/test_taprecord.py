@@ -22,9 +22,9 @@ from codec.taprecord import (
     TapFrame,
     decode_frame,
     frame_from_dict,
-    frame_from_record,
     frame_from_row,
     frame_to_dict,
+    frames_from_record,
     header_only,
     headers_dict,
 )
@@ -91,7 +91,7 @@ def test_the_wire_names_do_not_change() -> None:
 
 def test_headers_to_frame_to_dict_to_frame() -> None:
     raw = _request_bytes()
-    frame = frame_from_record(_headers("req"), raw, partition=2, offset=41)
+    frame = frames_from_record(_headers("req"), raw, partition=2, offset=41)[0]
     assert frame.error is None and frame.request is not None
     assert (frame.conn, frame.seq, frame.ts_ns, frame.direction) == ("tap1-4", 3, 1700000000000000000, "req")
     assert (frame.api_key, frame.api_version, frame.correlation_id) == (ApiKey.API_VERSIONS, 3, 7)
@@ -113,15 +113,15 @@ def test_a_response_reads_its_api_from_the_headers() -> None:
     request = codec.decode_request(_request_bytes())
     body = {"ErrorCode": 0, "ApiKeys": [], "ThrottleTimeMs": 0}
     raw = codec.encode_response(request.api_key, request.api_version, request.correlation_id, body)
-    frame = frame_from_record(_headers("resp"), raw)
+    frame = frames_from_record(_headers("resp"), raw)[0]
     assert frame.error is None and frame.response is not None
     missing = _headers("resp")
     del missing[Header.API_KEY]
-    assert frame_from_record(missing, raw).error is not None
+    assert frames_from_record(missing, raw)[0].error is not None
 
 
 def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> None:
-    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     saved = frame_to_dict(frame, keys=STATE_KEYS)
     # Exactly the keys of the format-1 JSON state (no longer written; its layout stays readable).
     assert set(saved) == {
@@ -148,7 +148,7 @@ def test_saved_state_keeps_the_format_1_keys_and_both_vocabularies_read() -> Non
 def test_packed_frames_carry_facts_not_bytes() -> None:
     from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
-    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
     raw, facts, error = packed[len(FIELDS) :]
     assert raw is None and error is None and isinstance(facts, bytes)
@@ -177,7 +177,7 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
 def test_packed_frames_from_state_format_2_are_decoded_again() -> None:
     from codec.taprecord import FIELDS, frame_from_packed
 
-    frame = frame_from_record(_headers("req"), _request_bytes(), 0, 5)
+    frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     format_2 = [*(getattr(frame, name) for name in FIELDS), frame.raw]
     assert frame_from_packed(format_2).message == frame.message
     assert frame_from_packed(format_2, decode=False).message is None
@@ -186,7 +186,7 @@ def test_packed_frames_from_state_format_2_are_decoded_again() -> None:
 def test_packed_undecodable_frames_keep_their_error_and_bytes() -> None:
     from codec.taprecord import frame_from_packed, frame_to_packed
 
-    frame = frame_from_record(_headers("req"), _request_bytes()[:7], 0, 5)
+    frame = frames_from_record(_headers("req"), _request_bytes()[:7], 0, 5)[0]
     assert frame.error is not None
     again = frame_from_packed(frame_to_packed(frame), decode=False)
     assert str(again.error) == str(frame.error) and again.raw == frame.raw and again.message is None
@@ -284,19 +284,19 @@ def test_the_field_name_wins_over_an_old_key() -> None:
 def test_header_only_records_are_not_decoded(flag: dict[str, str]) -> None:
     headers = _headers("req", **flag)
     assert header_only(headers)
-    frame = frame_from_record(headers, b"\x00\x12")
+    frame = frames_from_record(headers, b"\x00\x12")[0]
     assert frame.error is None and frame.message is None
 
 
 def test_records_not_from_a_tap() -> None:
-    frame = frame_from_record({}, b"junk", partition=3, offset=1)
+    frame = frames_from_record({}, b"junk", partition=3, offset=1)[0]
     assert frame.conn == "untracked-p3" and frame.direction == "req" and frame.error is not None
     assert headers_dict(None) == {}
     assert headers_dict([("dir", b"req"), ("x", None)]) == {"dir": "req", "x": ""}
 
 
 def test_lifecycle_records_are_kept_undecoded() -> None:
-    frame = frame_from_record(_headers("open"), b'{"tls": null}')
+    frame = frames_from_record(_headers("open"), b'{"tls": null}')[0]
     assert frame.direction == "open" and frame.message is None and frame.error is None
 
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 import codec
+from codec.taprecord import EXCHANGE
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
-from codec.taprecord import EXCHANGE
 from tests.tap.helpers import FakeBroker, api_versions_request, frame, metric_sum, parsed, parts
 
 
