@@ -74,7 +74,7 @@ jars: $(STAMP)
 
 # Regenerate codec/schema_table.json (and the lists derived from the jars) from the pinned Kafka jars.
 schemas: jars
-	$(PY) -m codec.generator --write
+	jars=$$($(PY) -m deploy.fetch --clients-jars) && $(PY) -m codec.generator --write $$jars
 	$(PY) -m codec.protocol_gen --write
 	$(PY) -m tap.password_configs_gen --write
 

@@ -19,9 +19,9 @@ import msgpack
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats
-from codec.api import Request
+from codec.api import Request, expand_response
 from codec.errors import DecodeError
-from codec.nested import EmbeddedRequest, EmbeddedResponse, expand_response
+from codec.nested import EmbeddedRequest, EmbeddedResponse
 from codec.peek import peek_request_header
 from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
 

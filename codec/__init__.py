@@ -14,12 +14,10 @@ from codec.api import (
     Response,
     api_keys,
     api_name,
-    decode_data,
     decode_request,
     decode_request_header,
     decode_response,
     encode,
-    encode_data,
     encode_request,
     encode_response,
     is_flexible,
@@ -30,6 +28,7 @@ from codec.api import (
     response_plan,
     supported_versions,
 )
+from codec.bodies import decode_data, encode_data
 from codec.errors import DecodeError
 from codec.wire import EncodeError
 

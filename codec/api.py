@@ -5,13 +5,29 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from codec.compiler import CompiledSchema, Decoder, Projection, normalize_projection, projection_key
+from codec.bodies import (
+    COMPILED,
+    BodyPlan,
+    body_plan,
+    decode_body,
+    to_bytes,
+    version_segment,
+)
+from codec.compiler import Decoder, Projection
 from codec.errors import DecodeError
-from codec.nested import REQUESTS_WITH_NESTED, RESPONSES_WITH_NESTED, expand_request, expand_response
+from codec.messages import Request, Response
+from codec.nested import (
+    ConsumerAssignment,
+    ConsumerSubscription,
+    EmbeddedRequest,
+    EmbeddedResponse,
+    PrincipalData,
+    VersionedData,
+)
 from codec.protocol import ApiKey, ErrorCode
 from codec.schema import MessageSpec, Segment, load_table
 from codec.wire import TAG_EXTRAS, EncodeError
@@ -20,50 +36,18 @@ from codec.wire import TAG_EXTRAS, EncodeError
 API_VERSIONS = int(ApiKey.API_VERSIONS)
 CONTROLLED_SHUTDOWN = int(ApiKey.CONTROLLED_SHUTDOWN)
 UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
+ENVELOPE = int(ApiKey.ENVELOPE)
+JOIN_GROUP = int(ApiKey.JOIN_GROUP)
+SYNC_GROUP = int(ApiKey.SYNC_GROUP)
+DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
+CONSUMER = "consumer"
+#: APIs whose requests / responses can carry a payload that ``expand_request``/``expand_response``
+#: decode; decode plans skip the expansion call for every other API.
+REQUESTS_WITH_NESTED = frozenset({ENVELOPE, JOIN_GROUP, SYNC_GROUP})
+RESPONSES_WITH_NESTED = frozenset({ENVELOPE, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS})
 
 _HEAD = struct.Struct(">hh")
 _INT16 = struct.Struct(">h")
-
-
-@dataclass
-class Request:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    #: Every header field, including tagged ones (``_unknown_tags`` for tags this codec does not know).
-    header: dict[str, Any]
-    body: dict[str, Any]
-    header_version: int
-    #: Whether some tagged section of the header or body held unknown tags or anomalies (the
-    #: ``_unknown_tags``/``_tag_anomalies`` keys somewhere in the message), as the decode saw it; None
-    #: when not known (nested payloads, which may be decoded later; a message restored from facts).
-    tag_extras: bool | None = field(default=None, compare=False)
-
-    @property
-    def api_name(self) -> str:
-        return api_name(self.api_key)
-
-
-@dataclass
-class Response:
-    api_key: int
-    #: The version the body was decoded with; an ApiVersions error-35 answer is decoded (and re-encoded) as v0.
-    api_version: int
-    correlation_id: int
-    header: dict[str, Any]
-    body: dict[str, Any]
-    header_version: int
-    requested_version: int = field(default=-1)
-    #: As ``Request.tag_extras``.
-    tag_extras: bool | None = field(default=None, compare=False)
-
-    @property
-    def api_name(self) -> str:
-        return api_name(self.api_key)
-
-
-_compiled = CompiledSchema()
 
 
 def api_name(api_key: int) -> str:
@@ -84,21 +68,9 @@ def response_spec(api_key: int) -> MessageSpec:
     return spec
 
 
-def _segment(spec: MessageSpec, version: int, api_key: int | None) -> Segment:
-    seg = spec.segment(version)
-    if seg is None:
-        raise DecodeError(
-            f"{spec.name} v{version} is not defined (known: v{spec.min_version}-v{spec.max_version})",
-            0,
-            api_key,
-            version,
-        )
-    return seg
-
-
 def is_flexible(api_key: int, api_version: int) -> bool:
     spec = request_spec(api_key)
-    return _segment(spec, api_version, api_key).flexible_at(api_version)
+    return version_segment(spec, api_version, api_key).flexible_at(api_version)
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
@@ -116,12 +88,8 @@ def response_header_version(api_key: int, api_version: int) -> int:
     return 1 if is_flexible(api_key, api_version) else 0
 
 
-def _header_segment(name: str, version: int) -> Segment:
-    return _segment(load_table().by_name[name], version, None)
-
-
-def _to_bytes(buf: bytes | bytearray | memoryview) -> bytes:
-    return buf if type(buf) is bytes else bytes(buf)
+def _headerversion_segment(name: str, version: int) -> Segment:
+    return version_segment(load_table().by_name[name], version, None)
 
 
 @cache
@@ -148,19 +116,6 @@ def parse_projection(fields: frozenset[str]) -> Projection:
 # projection) is resolved once and kept: the header and body decoders, the header version, whether
 # the body can carry nested payloads. A decode call is then one dict lookup on the caller's projection
 # object and one on the frame's first four bytes; no schema walk, no cache-key rebuild, no import.
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class BodyPlan:
-    """How to decode one message version's body under one projection."""
-
-    message: str
-    api_key: int | None
-    version: int
-    #: The projection after normalising it against this version's fields: None = a full decode
-    #: (also when the caller's projection keeps every field), and then the plan is the full one.
-    projection: Projection | None
-    decoder: Decoder
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -217,8 +172,6 @@ _FULL = FieldProjection(None)
 #: ``decode_response`` resolve None, a frozenset of paths and a projection in the same one lookup.
 _projections: dict[Hashable, FieldProjection] = {None: _FULL, _FULL: _FULL}
 _by_paths: dict[frozenset[str], FieldProjection] = {}
-#: (id(segment), version, projection key) → body plan, shared by every projection normalising to it.
-_body_plans: dict[tuple[int, int, Any], BodyPlan] = {}
 _REQUEST_KEY = struct.Struct(">I")
 _INT16_RANGE = range(-(1 << 15), 1 << 15)
 
@@ -247,17 +200,6 @@ def projection(fields: Iterable[str] | FieldProjection | None) -> FieldProjectio
     return found
 
 
-def _body_plan(spec: MessageSpec, version: int, api_key: int | None, tree: Projection | None) -> BodyPlan:
-    seg = _segment(spec, version, api_key)
-    normal = normalize_projection(seg.fields, version, tree)
-    key = (id(seg), version, projection_key(normal))
-    plan = _body_plans.get(key)
-    if plan is None:
-        decoder = _compiled.decoder(seg, version, normal, f"{spec.name} v{version}")
-        plan = _body_plans[key] = BodyPlan(spec.name, api_key, version, normal, decoder)
-    return plan
-
-
 def request_plan(
     api_key: int,
     api_version: int,
@@ -275,7 +217,7 @@ def request_plan(
         return plan
     hv = request_header_version(api_key, api_version) if header_version is None else header_version
     header = _header_decoder("RequestHeader", hv)
-    body = _body_plan(request_spec(api_key), api_version, api_key, proj.tree)
+    body = body_plan(request_spec(api_key), api_version, api_key, proj.tree)
     if body.projection is None and proj is not _FULL:
         # The projection keeps everything this version has: decode exactly as a full decode does.
         plan = request_plan(api_key, api_version, None, header_version)
@@ -305,10 +247,10 @@ def response_plan(
     v0: BodyPlan | None = None
     body: BodyPlan | None
     if api_key == API_VERSIONS and api_version > 0:
-        v0 = _body_plan(spec, 0, API_VERSIONS, proj.tree)
-        body = _body_plan(spec, api_version, api_key, proj.tree) if spec.segment(api_version) else None
+        v0 = body_plan(spec, 0, API_VERSIONS, proj.tree)
+        body = body_plan(spec, api_version, api_key, proj.tree) if spec.segment(api_version) else None
     else:
-        body = _body_plan(spec, api_version, api_key, proj.tree)
+        body = body_plan(spec, api_version, api_key, proj.tree)
     full_body = (body is None or body.projection is None) and (v0 is None or v0.projection is None)
     if full_body and proj is not _FULL:
         plan = response_plan(api_key, api_version, None, header_version)
@@ -319,30 +261,7 @@ def response_plan(
 
 
 def _header_decoder(name: str, version: int) -> Decoder:
-    return _compiled.decoder(_header_segment(name, version), version, None, f"{name} v{version}")
-
-
-def _decode_body(plan: BodyPlan, buf: bytes, pos: int) -> dict[str, Any]:
-    size = len(buf)
-    try:
-        body, end = plan.decoder(buf, pos, size)
-    except DecodeError as exc:
-        # Annotated in place and re-raised, so the traceback keeps the generated decoder's frames.
-        exc.locate(plan.api_key, plan.version, plan.message)
-        raise
-    except RecursionError:
-        raise DecodeError(
-            "structure nested too deeply", pos, plan.api_key, plan.version, plan.message
-        ) from None
-    if end != size:
-        if end > size:
-            raise DecodeError(
-                f"{plan.message} runs {end - size} bytes past the frame", size, plan.api_key, plan.version
-            )
-        if plan.projection is None:
-            # Bytes after the body: the broker ignores them; keep them so encode(decode(x)) == x.
-            body["_trailing"] = buf[end:]
-    return body
+    return COMPILED.decoder(_headerversion_segment(name, version), version, None, f"{name} v{version}")
 
 
 def decode_request_header(
@@ -353,7 +272,7 @@ def decode_request_header(
     ``header_version`` overrides the version the API version implies: the KIP-482 check uses it to
     tell a client that sent the wrong header version from a frame that is simply broken.
     """
-    data = _to_bytes(buf)
+    data = to_bytes(buf)
     if len(data) < 4:
         raise DecodeError(f"request frame of {len(data)} bytes has no header", 0, what="RequestHeader")
     api_key, api_version = _HEAD.unpack_from(data, 0)
@@ -408,7 +327,7 @@ def decode_request(
         header["CorrelationId"],
         header.get("ClientId"),
         header,
-        _decode_body(plan.body, data, pos),
+        decode_body(plan.body, data, pos),
         plan.header_version,
     )
     if plan.expand:
@@ -452,7 +371,7 @@ def decode_response(
     if plan.api_versions_v0 is not None:
         body, version = _decode_api_versions(plan, data, pos)
     else:
-        body = _decode_body(plan.body, data, pos)  # type: ignore[arg-type]
+        body = decode_body(plan.body, data, pos)  # type: ignore[arg-type]
     response = Response(
         api_key, version, header["CorrelationId"], header, body, plan.header_version, api_version
     )
@@ -468,15 +387,15 @@ def _decode_api_versions(plan: ResponsePlan, data: bytes, pos: int) -> tuple[dic
     # (UNSUPPORTED_VERSION). Its error code is the first field in every version, so read it first.
     if len(data) - pos >= 2 and _INT16.unpack_from(data, pos)[0] == UNSUPPORTED_VERSION:
         try:
-            body = _decode_body(plan.api_versions_v0, data, pos)  # type: ignore[arg-type]
+            body = decode_body(plan.api_versions_v0, data, pos)  # type: ignore[arg-type]
         except DecodeError:
             pass
         else:
             if "_trailing" not in body:
                 return body, 0
     if plan.body is None:
-        _segment(response_spec(API_VERSIONS), plan.api_version, API_VERSIONS)  # raises: not defined
-    return _decode_body(plan.body, data, pos), plan.api_version  # type: ignore[arg-type]
+        version_segment(response_spec(API_VERSIONS), plan.api_version, API_VERSIONS)  # raises: not defined
+    return decode_body(plan.body, data, pos), plan.api_version  # type: ignore[arg-type]
 
 
 def encode_request(
@@ -494,7 +413,7 @@ def encode_request(
         RequestApiKey=api_key, RequestApiVersion=api_version, CorrelationId=correlation_id, ClientId=client_id
     )
     out = bytearray()
-    _compiled.encoder(_header_segment("RequestHeader", hv), hv, f"RequestHeaderv{hv}")(head, out)
+    COMPILED.encoder(_headerversion_segment("RequestHeader", hv), hv, f"RequestHeaderv{hv}")(head, out)
     spec = request_spec(api_key)
     _encode_body(spec, api_version, body, out, api_key)
     return bytes(out)
@@ -512,7 +431,7 @@ def encode_response(
     head: dict[str, Any] = dict(header or {})
     head["CorrelationId"] = correlation_id
     out = bytearray()
-    _compiled.encoder(_header_segment("ResponseHeader", hv), hv, f"ResponseHeaderv{hv}")(head, out)
+    COMPILED.encoder(_headerversion_segment("ResponseHeader", hv), hv, f"ResponseHeaderv{hv}")(head, out)
     _encode_body(response_spec(api_key), api_version, body, out, api_key)
     return bytes(out)
 
@@ -521,10 +440,10 @@ def _encode_body(
     spec: MessageSpec, version: int, body: Mapping[str, Any], out: bytearray, api_key: int
 ) -> None:
     try:
-        seg = _segment(spec, version, api_key)
+        seg = version_segment(spec, version, api_key)
     except DecodeError as exc:
         raise EncodeError(exc.reason) from None
-    _compiled.encoder(seg, version, f"{spec.name}v{version}")(body, out)
+    COMPILED.encoder(seg, version, f"{spec.name}v{version}")(body, out)
     trailing = body.get("_trailing")
     if trailing:
         out += trailing
@@ -546,44 +465,6 @@ def encode(message: Request | Response) -> bytes:
     )
 
 
-def decode_data(name: str, version: int, buf: bytes | bytearray | memoryview, pos: int = 0) -> dict[str, Any]:
-    """Decode a ``data`` message (ConsumerProtocolSubscription, EndTxnMarker...) body at ``version``."""
-    data = _to_bytes(buf)
-    plan = _data_plans.get((name, version))
-    if plan is None:
-        spec = load_table().by_name.get(name)
-        if spec is None:
-            raise DecodeError(f"no message definition named {name}", pos, what=name)
-        plan = _data_plans[(name, version)] = _body_plan(spec, version, None, None)
-    return _decode_body(plan, data, pos)
-
-
-_data_plans: dict[tuple[str, int], BodyPlan] = {}
-
-
-def data_max_version(name: str) -> int:
-    """The newest version of a ``data`` message this codec knows."""
-    return _data_max_versions(name)
-
-
-@cache
-def _data_max_versions(name: str) -> int:
-    return load_table().by_name[name].max_version
-
-
-def encode_data(name: str, version: int, body: Mapping[str, Any]) -> bytes:
-    spec = load_table().by_name[name]
-    out = bytearray()
-    seg = spec.segment(version)
-    if seg is None:
-        raise EncodeError(f"{name} v{version} is not defined")
-    _compiled.encoder(seg, version, f"{name}v{version}")(body, out)
-    trailing = body.get("_trailing")
-    if trailing:
-        out += trailing
-    return bytes(out)
-
-
 def supported_versions(api_key: int) -> tuple[int, int]:
     spec = request_spec(api_key)
     return spec.min_version, spec.max_version
@@ -596,13 +477,91 @@ def api_keys() -> list[int]:
 def generated_source(decoder: Callable[..., Any]) -> str:
     """The Python source the codec generated for ``decoder`` (a plan's ``body.decoder`` or ``header``)
     and for every generated function it calls, root first; what ``kpmon codec dump`` prints."""
-    return _compiled.source(decoder)
+    return COMPILED.source(decoder)
 
 
 def generated_constants(source: str) -> dict[str, Any]:
     """The shared constants (``_C<n>``: tagged-field readers, default values) ``source`` refers to."""
     names = sorted(set(_CONSTANT_NAME.findall(source)), key=lambda name: int(name[2:]))
-    return {name: _compiled.ns[name] for name in names if name in _compiled.ns}
+    return {name: COMPILED.ns[name] for name in names if name in COMPILED.ns}
 
 
 _CONSTANT_NAME = re.compile(r"\b_C\d+\b")
+
+
+# Nested payloads: their types are ``codec.nested``'s; they are expanded here, because an Envelope's
+# inner request and response are frames, decoded as every frame is.
+
+
+def _embedded_request(raw: bytes) -> EmbeddedRequest:
+    try:
+        return EmbeddedRequest(raw, decode_request(raw))
+    except DecodeError as exc:
+        return EmbeddedRequest(raw, error=exc)
+
+
+def _embedded_response(raw: bytes, inner_request: Request | None) -> EmbeddedResponse:
+    """An Envelope's inner response, decodable once the inner request's API is known."""
+    if inner_request is None:
+        return EmbeddedResponse(raw)
+    try:
+        return EmbeddedResponse(raw, decode_response(raw, inner_request.api_key, inner_request.api_version))
+    except DecodeError as exc:
+        return EmbeddedResponse(raw, error=exc)
+
+
+def _wrap(items: Any, key: str, cls: type[VersionedData]) -> None:
+    if not isinstance(items, list):
+        return
+    for item in items:
+        value = item.get(key) if isinstance(item, dict) else None
+        if isinstance(value, bytes):
+            item[key] = cls(value)
+
+
+def expand_request(request: Request) -> None:
+    """Decode the nested payloads of ``request``'s body in place (``decode_request`` does it)."""
+    body = request.body
+    if request.api_key == ENVELOPE:
+        if isinstance(body.get("RequestData"), bytes):
+            body["RequestData"] = _embedded_request(body["RequestData"])
+        if isinstance(body.get("RequestPrincipal"), bytes):
+            body["RequestPrincipal"] = PrincipalData(body["RequestPrincipal"])
+    elif request.api_key == JOIN_GROUP and body.get("ProtocolType") == CONSUMER:
+        _wrap(body.get("Protocols"), "Metadata", ConsumerSubscription)
+    elif request.api_key == SYNC_GROUP and body.get("ProtocolType") == CONSUMER:
+        _wrap(body.get("Assignments"), "Assignment", ConsumerAssignment)
+
+
+def _protocol_type(body: dict[str, Any], request: Request | None) -> Any:
+    if body.get("ProtocolType") is not None:
+        return body["ProtocolType"]
+    return request.body.get("ProtocolType") if request is not None else None
+
+
+def expand_response(response: Response, request: Request | None) -> None:
+    """Decode the nested payloads of ``response``'s body in place; with ``request``, the paired
+    request, also those that need it (an Envelope's inner response, a consumer protocol's type)."""
+    body = response.body
+    key = response.api_key
+    if key == ENVELOPE:
+        data = body.get("ResponseData")
+        if isinstance(data, EmbeddedResponse) and data.response is None and data.error is None:
+            # Decoded before its request was known (a response frame on its own): now it is.
+            data = data.raw
+        if isinstance(data, bytes):
+            inner = None
+            if request is not None and isinstance(request.body.get("RequestData"), EmbeddedRequest):
+                inner = request.body["RequestData"].request
+            body["ResponseData"] = _embedded_response(data, inner)
+    elif key == JOIN_GROUP and _protocol_type(body, request) == CONSUMER:
+        _wrap(body.get("Members"), "Metadata", ConsumerSubscription)
+    elif key == SYNC_GROUP and _protocol_type(body, request) == CONSUMER:
+        value = body.get("Assignment")
+        if isinstance(value, bytes):
+            body["Assignment"] = ConsumerAssignment(value)
+    elif key == DESCRIBE_GROUPS:
+        for group in body.get("Groups") or ():
+            if group.get("ProtocolType") == CONSUMER:
+                _wrap(group.get("Members"), "MemberMetadata", ConsumerSubscription)
+                _wrap(group.get("Members"), "MemberAssignment", ConsumerAssignment)

@@ -18,13 +18,17 @@ def write_or_check(
     argv: list[str] | None,
     *,
     path: Path,
-    generate: Callable[[], str],
+    generate: Callable[[list[Path]], str],
     command: str,
     description: str | None,
     errors: tuple[type[Exception], ...] = (),
+    inputs: str | None = None,
 ) -> int:
-    """Exit code of ``command --write|--check``: 0 written or up to date, 1 stale, 2 ``generate``
-    failed with one of ``errors`` (a missing jar, say: said on stderr, not as a traceback)."""
+    """Exit code of ``command --write|--check [INPUT...]``: 0 written or up to date, 1 stale, 2
+    ``generate`` failed with one of ``errors`` (a missing jar, say: said on stderr, not as a traceback).
+
+    ``inputs``, when given, is the help of the input files the command takes (one or more), which
+    ``generate`` receives; without it ``generate`` receives an empty list."""
     parser = argparse.ArgumentParser(
         prog=command, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -33,9 +37,11 @@ def write_or_check(
     mode.add_argument(
         "--check", action="store_true", help=f"fail (exit 1) when the committed {path.name} is stale"
     )
+    if inputs is not None:
+        parser.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help=inputs)
     args = parser.parse_args(argv)
     try:
-        text = generate()
+        text = generate(list(args.inputs) if inputs is not None else [])
     except errors as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,10 @@
 """Generate ``codec/schema_table.json`` from the message definitions inside the pinned kafka-clients jars.
 
-``python -m codec.generator --write`` (``make schemas``) rewrites the table; ``--check`` exits non-zero
-when the committed table differs from what the jars produce.
+``python -m codec.generator --write JAR...`` (``make schemas``) rewrites the table from the given
+kafka-clients jars; ``--check`` exits non-zero when the committed table differs from what they produce.
+The caller names the jars (``make schemas`` asks ``python -m deploy.fetch --clients-jars`` for the pinned
+releases'), because fetching them is deployment's business and the codec imports no adapter; each
+jar says which release it is (``kafka/kafka-version.properties``).
 
 The jars bundle ``common/message/*.json``: Kafka's own MessageGenerator input. Those files are JSON
 with ``//`` comments, tags sometimes written as strings, hex defaults, per-field ``flexibleVersions``
@@ -16,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from codec.generated_file import write_or_check
-from deploy.versions import KAFKA_RELEASES
 
 TABLE_PATH = Path(__file__).with_name("schema_table.json")
 TABLE_FORMAT = 1
@@ -215,10 +218,24 @@ def build_table(jars: dict[str, Path]) -> Json:
     return {"format": TABLE_FORMAT, "sources": sources, "messages": list(messages.values())}
 
 
-def default_jars() -> dict[str, Path]:
-    from deploy.fetch import fetch_clients_jar
+def jar_release(jar: Path) -> str:
+    """The Kafka release a kafka-clients jar was built as (its ``kafka/kafka-version.properties``)."""
+    with zipfile.ZipFile(jar) as zf:
+        try:
+            text = zf.read("kafka/kafka-version.properties").decode()
+        except KeyError:
+            raise SpecError(f"{jar} is not a kafka-clients jar (no kafka/kafka-version.properties)") from None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "version":
+            return value.strip()
+    raise SpecError(f"{jar}: kafka/kafka-version.properties names no version")
 
-    return {release: fetch_clients_jar(release) for release in KAFKA_RELEASES}
+
+def by_release(jars: Iterable[Path]) -> dict[str, Path]:
+    """``jars`` keyed by their release, newest first (the order ``build_table`` merges in)."""
+    found = {jar_release(jar): jar for jar in jars}
+    return dict(sorted(found.items(), key=lambda kv: [int(p) for p in kv[0].split(".")], reverse=True))
 
 
 def render(table: Json) -> str:
@@ -236,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     return write_or_check(
         argv,
         path=TABLE_PATH,
-        generate=lambda: render(build_table(default_jars())),
+        generate=lambda jars: render(build_table(by_release(jars))),
         command="python -m codec.generator",
         description=__doc__,
+        errors=(SpecError, OSError),
+        inputs="the kafka-clients jars of the pinned releases (python -m deploy.fetch --clients-jars)",
     )
 
 

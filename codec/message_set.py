@@ -21,13 +21,11 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from codec.compression import Codec, codec_name, compress, decompress, legacy_lz4_header
 from codec.errors import DecodeError
-
-if TYPE_CHECKING:
-    from codec.records import Record
+from codec.record import Record
 
 #: The shortest message size (after the size field) per magic: a stripped message.
 LEGACY_MIN_HEADER = {0: 6, 1: 14}
@@ -134,8 +132,6 @@ class LegacyMessage:
 
     def records(self, max_size: int | None = None) -> list[Record]:
         """The messages as ``Record`` objects (offset_delta 0, base_offset = the absolute offset)."""
-        from codec.records import Record
-
         out = []
         # A LogAppendTime wrapper's timestamp overrides its inner messages' (as the Java client reads it).
         wrapper_ts = self.timestamp if self.compression and self.timestamp_type == 1 else None

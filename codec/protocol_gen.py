@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     return write_or_check(
         argv,
         path=MODULE_PATH,
-        generate=lambda: render(load_table()),
+        generate=lambda _: render(load_table()),
         command="python -m codec.protocol_gen",
         description=__doc__,
     )

@@ -22,6 +22,7 @@ from codec.compression import codec_name, compress, decompress
 from codec.control import ControlRecord, decode_control
 from codec.errors import DecodeError
 from codec.message_set import LEGACY_MIN_HEADER, LegacyMessage, parse_legacy, strip_legacy
+from codec.record import Record
 
 #: baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 #: baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
@@ -40,54 +41,6 @@ CONTROL_BIT = 0x20
 DELETE_HORIZON_BIT = 0x40
 #: Precomputed: the header parse runs on every Produce/Fetch partition.
 _CODEC_NAMES = tuple(codec_name(i) for i in range(8))
-
-
-class Record:
-    """One record of a v2 batch, with the batch's base offset and timestamp for absolute values."""
-
-    __slots__ = (
-        "attributes",
-        "base_offset",
-        "base_timestamp",
-        "headers",
-        "key",
-        "offset_delta",
-        "timestamp_delta",
-        "value",
-    )
-
-    def __init__(
-        self,
-        attributes: int,
-        timestamp_delta: int,
-        offset_delta: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes | None]],
-        base_offset: int = 0,
-        base_timestamp: int = 0,
-    ) -> None:
-        self.attributes = attributes
-        self.timestamp_delta = timestamp_delta
-        self.offset_delta = offset_delta
-        self.key = key
-        self.value = value
-        self.headers = headers
-        self.base_offset = base_offset
-        self.base_timestamp = base_timestamp
-
-    @property
-    def offset(self) -> int:
-        return self.base_offset + self.offset_delta
-
-    @property
-    def timestamp(self) -> int:
-        return self.base_timestamp + self.timestamp_delta
-
-    def __repr__(self) -> str:
-        return (
-            f"Record(offset={self.offset}, key={self.key!r}, value={self.value!r}, headers={self.headers!r})"
-        )
 
 
 class RecordBatch:

@@ -6,17 +6,15 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from deploy.local.distribution import fetch_distribution
+from deploy.mvn import FetchError, mvn
 from deploy.versions import KAFKA_RELEASES, KAFKA_STREAMS
 from kpmon.paths import cache_dir
-
-
-class FetchError(RuntimeError):
-    """A download that Maven could not complete."""
+from streaming.connector import fetch_connector
 
 
 def jar_path(artifact: str, version: str) -> Path:
@@ -29,13 +27,6 @@ def clients_jar(version: str) -> Path:
     return jar_path("kafka-clients", version)
 
 
-def _mvn() -> str:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FetchError("Maven (mvn) is not on PATH; install it (apt-get install maven) and retry")
-    return mvn
-
-
 def fetch_jar(artifact: str, version: str) -> Path:
     """Copy ``org.apache.kafka:<artifact>:<version>`` (the jar alone) from Maven Central into the cache."""
     target = jar_path(artifact, version)
@@ -43,7 +34,7 @@ def fetch_jar(artifact: str, version: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        _mvn(),
+        mvn(),
         "-q",
         "-B",
         "dependency:copy",
@@ -62,31 +53,38 @@ def fetch_clients_jar(version: str) -> Path:
     return fetch_jar("kafka-clients", version)
 
 
+def clients_jars() -> list[Path]:
+    """The kafka-clients jar of every pinned release (``KAFKA_RELEASES``), fetched when missing: the
+    input of ``python -m codec.generator``."""
+    return [fetch_clients_jar(version) for version in KAFKA_RELEASES]
+
+
 def fetch_streams_jars() -> list[Path]:
     """kafka-streams (``KAFKA_STREAMS``) and the kafka-clients it is built with."""
     return [fetch_jar("kafka-streams", KAFKA_STREAMS), fetch_clients_jar(KAFKA_STREAMS)]
 
 
 def fetch_all() -> None:
-    for version in KAFKA_RELEASES:
-        fetch_clients_jar(version)
+    clients_jars()
     fetch_streams_jars()
-    from streaming.connector import fetch_connector
-
     fetch_connector()
-    # The broker distributions for the local stack are fetched by deploy.local (see its module).
-    try:
-        from deploy.local import distribution  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return
     for version in KAFKA_RELEASES:
-        distribution.fetch_distribution(version)
+        fetch_distribution(version)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--clients-jars",
+        action="store_true",
+        help="fetch only the pinned releases' kafka-clients jars and print their paths, one a line "
+        "(the input of python -m codec.generator)",
+    )
+    args = parser.parse_args(argv)
     try:
+        if args.clients_jars:
+            print("\n".join(str(jar) for jar in clients_jars()))
+            return 0
         fetch_all()
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -31,6 +31,12 @@ from streaming.paths import StreamPaths
 #: Bumped when the layout of the shape itself changes.
 SHAPE_VERSION = 1
 SHAPE_FILE = "query-shape.json"
+#: The grouping column of both stateful stages (``streaming.job.checks_pipeline``).
+BUCKET = "bucket"
+#: How a bucket becomes the grouping value its state is stored under: 1, the bucket number itself; 2,
+#: ``streaming.job.bucket_labels``; 3, stage one's buckets by CRC-32 of the connection
+#: (``streaming.stages.bucket_index``, in the bundles), stage two's by ``bucket_of``, both ``bucket_labels``.
+BUCKET_SCHEME = 3
 
 
 class _RecordingHandle:
@@ -79,7 +85,6 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.rules import all_rules
     from checks.sharding import ROUTE_SCHEME
     from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
-    from streaming.job import BUCKET, BUCKET_SCHEME
     from streaming.pages import PAGES_FORMAT
     from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 

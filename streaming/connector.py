@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.fetch import FetchError
+from deploy.mvn import FetchError, mvn
 from kpmon.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "deploy" / "spark" / "connector-pom.xml"
@@ -48,15 +48,13 @@ def fetch_connector(version: str | None = None) -> Path:
     target = connector_dir(version)
     if (target / ".complete").exists():
         return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FetchError("Maven (mvn) is not on PATH; install it (apt-get install maven) and retry")
+    maven = mvn()
     staging = target.with_suffix(".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     print(f"kpmon: fetching spark-sql-kafka-0-10 {version} from Maven Central", file=sys.stderr)
     done = subprocess.run(
         [
-            mvn,
+            maven,
             "-q",
             "-B",
             "-f",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from codec import native
 from kpmon.config import ConfigError, KpmonConfig, load_config
+from streaming.compat import BUCKET
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
@@ -85,14 +86,6 @@ def frame_bundles(spark: SparkSession, config: KpmonConfig) -> DataFrame:
 
     labels = bucket_labels(config.stream.buckets, config.stream.shuffle_partitions)
     return source_rows(spark, config).mapInArrow(bundler(labels), from_arrow_schema(BUNDLE_SCHEMA))
-
-
-#: The grouping column of both stateful stages.
-BUCKET = "bucket"
-#: How a bucket becomes the grouping value its state is stored under (``streaming.compat`` records it):
-#: 1, the bucket number itself; 2, ``bucket_labels``; 3, stage one's buckets by CRC-32 of the connection
-#: (``streaming.stages.bucket_index``, in the bundles), stage two's by ``bucket_of``, both ``bucket_labels``.
-BUCKET_SCHEME = 3
 
 
 def _rotl32(x: int, r: int) -> int:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     return write_or_check(
         argv,
         path=JSON_PATH,
-        generate=generate,
+        generate=lambda _: generate(),
         command="python -m tap.password_configs_gen",
         description=__doc__,
         errors=(GenerateError,),

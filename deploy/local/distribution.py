@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.fetch import FetchError
+from deploy.mvn import FetchError, mvn
 from kpmon.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "maven" / "pom.xml"
@@ -80,16 +80,14 @@ def fetch_distribution(version: str) -> Path:
     if is_fetched(version):
         fetch_distribution(tools_version(version))
         return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FetchError("Maven (mvn) is not on PATH; install it (apt-get install maven) and retry")
+    maven = mvn()
     binding = _LOG4J2 if major(version) >= 4 else _RELOAD4J
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     print(f"kpmon: fetching Kafka {version} broker jars from Maven Central (once)", file=sys.stderr)
     done = subprocess.run(
         [
-            mvn,
+            maven,
             "-q",
             "-B",
             "-f",

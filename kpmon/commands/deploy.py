@@ -107,7 +107,7 @@ def _pack_venv(args: argparse.Namespace) -> int:
 
 
 def _fetch_connector(args: argparse.Namespace) -> int:
-    from deploy.fetch import FetchError
+    from deploy.mvn import FetchError
     from streaming.connector import fetch_connector
 
     try:

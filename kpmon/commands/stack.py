@@ -54,8 +54,8 @@ def _print_status(status: dict[str, Any], as_json: bool) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.fetch import FetchError
     from deploy.local.stack import LocalStack, StackError
+    from deploy.mvn import FetchError
 
     config = _stack_config(args)
     stack = LocalStack(_home(config), config.kafka_version, config.brokers, config.sasl, config.base_port)

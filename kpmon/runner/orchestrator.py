@@ -244,9 +244,9 @@ class Orchestrator:
     # ----- parts --------------------------------------------------------------------------------------
 
     def _start_stack(self) -> None:
-        from deploy.fetch import FetchError
         from deploy.local.distribution import fetch_distribution
         from deploy.local.stack import LocalStack, StackError
+        from deploy.mvn import FetchError
 
         sc = self.stack_config
         if sc.sasl:
@@ -292,7 +292,7 @@ class Orchestrator:
 
     def _prefetch_connector(self) -> None:
         """Fetch Spark's Kafka connector here, where its progress can be said, not inside the job."""
-        from deploy.fetch import FetchError
+        from deploy.mvn import FetchError
         from streaming.connector import connector_jars
 
         if (

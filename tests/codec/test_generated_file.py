@@ -10,7 +10,8 @@ class Unavailable(Exception):
 
 
 def _run(path: Path, mode: str, text: str = "generated\n", fail: bool = False) -> int:
-    def generate() -> str:
+    def generate(inputs: list[Path]) -> str:
+        assert inputs == []
         if fail:
             raise Unavailable("the jars are not cached")
         return text
@@ -50,3 +51,21 @@ def test_a_generate_error_is_exit_2_with_the_reason(
 def test_write_or_check_is_required(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         _run(tmp_path / "t", "--nothing")
+
+
+def test_inputs_are_required_and_reach_generate(tmp_path: Path) -> None:
+    seen: list[list[Path]] = []
+
+    def generate(inputs: list[Path]) -> str:
+        seen.append(inputs)
+        return "generated\n"
+
+    def run(*argv: str) -> int:
+        return write_or_check(
+            list(argv), path=tmp_path / "t", generate=generate, command="gen", description=None, inputs="jars"
+        )
+
+    with pytest.raises(SystemExit):
+        run("--write")
+    assert run("--write", "a.jar", "b.jar") == 0
+    assert seen == [[Path("a.jar"), Path("b.jar")]]

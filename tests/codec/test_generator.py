@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from codec import generator
+from deploy.fetch import clients_jars
 
 
 def test_committed_table_matches_generator_output() -> None:
-    expected = generator.render(generator.build_table(generator.default_jars()))
+    expected = generator.render(generator.build_table(generator.by_release(clients_jars())))
     assert generator.TABLE_PATH.read_text() == expected, "schema table is stale: run `make schemas`"
 
 
@@ -57,3 +60,19 @@ def test_unstable_latest_and_common_structs_are_resolved() -> None:
     # AddPartitionsToTxnResponse uses commonStructs; they are inlined as nested fields.
     results = by_name["AddPartitionsToTxnResponse"]["segments"][0]["fields"]
     assert all("fields" in f or not f["type"].lstrip("[]")[:1].isupper() for f in results)
+
+
+def _jar(path: Path, properties: str | None) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        if properties is not None:
+            zf.writestr("kafka/kafka-version.properties", properties)
+    return path
+
+
+def test_jars_are_keyed_by_the_release_they_say_newest_first(tmp_path: Path) -> None:
+    old = _jar(tmp_path / "a.jar", "commitId=1\nversion=3.9.2\n")
+    new = _jar(tmp_path / "b.jar", "version=4.10.0\ncommitId=2\n")
+    mid = _jar(tmp_path / "c.jar", "version=4.4.0\n")
+    assert generator.by_release([old, new, mid]) == {"4.10.0": new, "4.4.0": mid, "3.9.2": old}
+    with pytest.raises(generator.SpecError, match="not a kafka-clients jar"):
+        generator.jar_release(_jar(tmp_path / "d.jar", None))

@@ -133,7 +133,7 @@ def test_envelope_inner_request_and_response_decode_recursively() -> None:
     alone = codec.decode_response(response_frame, 58, 0)
     assert alone.body["ResponseData"].response is None and codec.encode(alone) == response_frame
     # Paired later (the monitor decodes each frame on its own, then pairs it): typed once expanded.
-    from codec.nested import expand_response
+    from codec.api import expand_response
 
     expand_response(alone, request)
     assert alone.body["ResponseData"].response is not None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import codec
-from codec import api
+from codec import api, bodies
 from codec.api import projection, request_plan, request_spec, response_plan, response_spec
 from codec.compiler import normalize_projection
 
@@ -126,7 +126,7 @@ def test_only_apis_with_nested_payloads_are_expanded() -> None:
 
 
 @pytest.mark.parametrize(
-    "function", [api.decode_request, api.decode_response, api._decode_body, api.decode_data]
+    "function", [api.decode_request, api.decode_response, bodies.decode_body, bodies.decode_data]
 )
 def test_decode_functions_import_nothing_per_call(function: Callable[..., Any]) -> None:
     imports = [i for i in dis.get_instructions(function) if i.opname in ("IMPORT_NAME", "IMPORT_FROM")]
@@ -170,13 +170,13 @@ def test_fixed_width_arrays_of_any_length_decode_and_only_short_ones_cache_a_str
     assert decoded["OfflineReplicas"] == []
     # Arrays of up to 126 elements (one-byte compact length) use the prebuilt Structs; longer ones
     # the per-count cache, which keeps counts below the limit only.
-    assert len(api._compiled.ns["_AL_i"]) == 127
+    assert len(bodies.COMPILED.ns["_AL_i"]) == 127
     long_replicas = list(range(200))
     partition["ReplicaNodes"] = long_replicas
     frame = codec.encode_response(METADATA, 12, 1, {"Brokers": [], "Topics": [topic]})
     decoded = codec.decode_response(frame, METADATA, 12).body["Topics"][0]["Partitions"][0]
     assert decoded["ReplicaNodes"] == long_replicas
-    cached_counts = api._compiled.ns["_A_i"]
+    cached_counts = bodies.COMPILED.ns["_A_i"]
     assert 200 in cached_counts and 300 not in cached_counts
 
 

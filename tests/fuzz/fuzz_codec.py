@@ -92,10 +92,10 @@ def warm_up(directory: Path) -> None:
 def instrument_generated() -> int:
     """Add coverage feedback to the decoders the codec generated with exec() (instrument_imports() and
     instrument_all() skip code objects whose file name is not a real file)."""
-    from codec.api import _compiled
+    from codec.bodies import COMPILED
 
     done = 0
-    for value in list(_compiled.ns.values()):
+    for value in list(COMPILED.ns.values()):
         code = getattr(value, "__code__", None)
         if code is not None and code.co_filename.startswith("<kpmon:"):
             atheris.instrument_func(value)
