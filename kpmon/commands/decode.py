@@ -122,7 +122,9 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
             try:
                 parsed = parse_record(record.headers, record.value, record.partition)
             except RecordError as exc:
-                print(f"kpmon decode: {record.topic}/{record.partition}@{record.offset}: {exc}", file=sys.stderr)
+                print(
+                    f"kpmon decode: {record.topic}/{record.partition}@{record.offset}: {exc}", file=sys.stderr
+                )
                 continue
             for index, part in enumerate(parsed.parts):
                 if part.direction not in (REQ, RESP) or (args.max is not None and seen >= args.max):

@@ -91,32 +91,34 @@ def main(argv: list[str]) -> int:
     clients: dict[bytes, str] = {}
     kinds: dict[tuple[str, str, str, str], int] = {}
     lines = []
-    for record in sink.records:
-        h = dict(record.headers)
-        direction = h["dir"].decode()  # type: ignore[union-attr]
-        if direction not in ("req", "resp") or len(record.value) > MAX_FRAME or not h.get("api_key"):
-            continue
-        if direction == "req":
-            import codec
+    import codec
+    from codec.taprecord import parse_record
 
-            clients[record.key] = codec.decode_request(record.value).client_id or ""
-        source = clients.get(record.key, "")
-        kind = (source.split("-")[0], direction, h["api_key"].decode(), h["api_version"].decode())  # type: ignore[union-attr]
-        if kinds.get(kind, 0) >= PER_KIND:
-            continue
-        kinds[kind] = kinds.get(kind, 0) + 1
-        lines.append(
-            json.dumps(
-                {
-                    "dir": direction,
-                    "api_key": int(h["api_key"]),  # type: ignore[arg-type]
-                    "api_version": int(h["api_version"]),  # type: ignore[arg-type]
-                    "corr_id": int(h["corr_id"]),  # type: ignore[arg-type]
-                    "source": source,
-                    "hex": record.value.hex(),
-                }
+    for record in sink.records:
+        for part in parse_record(None, record.value).parts:
+            value = part.value or b""
+            direction = part.direction
+            if direction not in ("req", "resp") or len(value) > MAX_FRAME or part.api_key is None:
+                continue
+            if direction == "req":
+                clients[record.key] = codec.decode_request(value).client_id or ""
+            source = clients.get(record.key, "")
+            kind = (source.split("-")[0], direction, str(part.api_key), str(part.api_version))
+            if kinds.get(kind, 0) >= PER_KIND:
+                continue
+            kinds[kind] = kinds.get(kind, 0) + 1
+            lines.append(
+                json.dumps(
+                    {
+                        "dir": direction,
+                        "api_key": part.api_key,
+                        "api_version": part.api_version,
+                        "corr_id": part.correlation_id,
+                        "source": source,
+                        "hex": value.hex(),
+                    }
+                )
             )
-        )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} frames, {OUT.stat().st_size} bytes -> {OUT}")

@@ -33,6 +33,7 @@ from confluent_kafka.admin import (
 from codec.protocol import ApiKey
 from tests.tap.conftest import TappedCluster
 from tests.tap.harness import TapRecord, read_topic_range, secret_count
+from tests.tap.helpers import parts
 from tests.tap.test_real_clients import check_tap_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -161,10 +162,8 @@ def _java(bootstrap: str, broker_id: int) -> list[Case]:
 def _redacted_requests(records: list[TapRecord], api: ApiKey, name: str) -> int:
     return sum(
         1
-        for r in records
-        if r.headers.get("dir") == b"req"
-        and r.headers.get("api_key") == str(int(api)).encode()
-        and f"config:{name}" in (r.headers.get("redacted") or b"").decode().split(",")
+        for _, part in parts(records)
+        if part.direction == "req" and part.api_key == api and f"config:{name}" in part.redacted
     )
 
 
@@ -191,10 +190,9 @@ def test_password_configs_never_reach_the_tap_topic(tapped_cluster: TappedCluste
         assert crossed >= 1, f"{client} {api.name}: no mirrored request names {name}"
         assert found == 0, f"{client} {api.name}: secret found {found} times in the tap topic"
     described = [
-        r
-        for r in records
-        if r.headers.get("dir") == b"resp"
-        and r.headers.get("api_key") == str(int(ApiKey.DESCRIBE_CONFIGS)).encode()
+        part
+        for _, part in parts(records)
+        if part.direction == "resp" and part.api_key == ApiKey.DESCRIBE_CONFIGS
     ]
     assert described, "no DescribeConfigs response was mirrored"
     print("\n" + "\n".join(figures))

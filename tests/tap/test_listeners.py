@@ -19,7 +19,7 @@ from tap.mirror import MemoryMirror
 from tap.proxy import Tap, TapSettings
 from tap.rewrite import rewrite_response
 from tests.tap.harness import TapThread, start_stack
-from tests.tap.helpers import api_versions_request, frame
+from tests.tap.helpers import api_versions_request, frame, parsed, parts
 
 TEMPLATE = ListenerSpec("127.0.0.1", 29092, "broker1", 9092, 1)
 
@@ -313,8 +313,8 @@ async def _dynamic_case() -> None:
         metric = tap.metrics.registry.get_sample_value
         assert metric("kpmon_tap_dynamic_listeners_total", {"result": "opened"}) == 1
         assert metric("kpmon_tap_dynamic_listeners_total", {"result": "retargeted"}) == 1
-        mirrored = {dict(r.headers).get("broker_id") for r in sink.records}
-        assert b"2" in mirrored, "traffic of the new listener is mirrored with its broker id"
+        mirrored = {record.connection.broker_id for record in parsed(sink.records)}
+        assert 2 in mirrored, "traffic of the new listener is mirrored with its broker id"
     finally:
         await tap.stop()
         for broker in (one, two, two_moved):
@@ -410,10 +410,10 @@ def test_real_client_reaches_brokers_2_and_3_through_listeners_made_on_the_fly(
         assert seen[node_id] == dynamic[node_id].advertise, "the client was given the tap's address"
         assert seen[node_id] != (direct[node_id].host, direct[node_id].port)
     # Produce and Fetch to the partitions of brokers 2 and 3 went through their new listeners.
-    reqs = [dict(r.headers) for r in sink.records if dict(r.headers)["dir"] == b"req"]
-    for broker_id in (b"2", b"3"):
-        apis = {h["api_key"] for h in reqs if h["broker_id"] == broker_id}
-        assert {b"0", b"1"} <= apis, f"produce and fetch through broker {broker_id!r}'s tap listener"
+    reqs = [(r.connection.broker_id, p.api_key) for r, p in parts(sink.records) if p.direction == "req"]
+    for broker_id in (2, 3):
+        apis = {api for broker, api in reqs if broker == broker_id}
+        assert {0, 1} <= apis, f"produce and fetch through broker {broker_id}'s tap listener"
 
 
 def test_broker_context_picks_the_clients_identity_and_refuses_the_rest() -> None:

@@ -24,6 +24,7 @@ from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, start_stack
+from tests.tap.helpers import parts
 from tests.tap.secured import refused, roundtrip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -113,9 +114,9 @@ def test_the_tap_presents_the_clients_identity_to_an_mtls_broker(mtls: Mtls) -> 
         t.wait_idle(15)
     finally:
         t.stop()
-    opened = [json.loads(r.value) for r in sink.records if dict(r.headers)["dir"] == b"open"]
+    opened = [json.loads(p.value or b"") for _, p in parts(sink.records) if p.direction == "open"]
     assert opened and all(o["tls"]["peer"] == "commonName=alice" for o in opened)
-    assert any(dict(r.headers)["dir"] == b"req" for r in sink.records)
+    assert any(p.direction == "req" for _, p in parts(sink.records))
 
 
 @pytest.mark.parametrize("client", ["bob", None], ids=["no identity for the client", "no client certificate"])
@@ -126,13 +127,13 @@ def test_clients_the_tap_cannot_represent_are_refused(mtls: Mtls, client: str | 
         t.wait_idle(15)
     finally:
         t.stop()
-    frames = [r for r in sink.records if dict(r.headers)["dir"] in (b"req", b"resp")]
+    frames = [p for _, p in parts(sink.records) if p.direction in ("req", "resp")]
     print(f"\n{client}: {error[:200]}; tap records {len(sink.records)}, frames {len(frames)}")
     assert frames == []
     if client == "bob":
-        closes = [r for r in sink.records if dict(r.headers)["dir"] == b"close"]
+        closes = [p for _, p in parts(sink.records) if p.direction == "close"]
         assert closes and all(
-            b"no broker identity for client certificate CN='bob'" in r.value for r in closes
+            b"no broker identity for client certificate CN='bob'" in (p.value or b"") for p in closes
         )
         assert t.metric("kpmon_tap_closed_connections_total", {"reason": "no_broker_identity"}) >= 1
     else:
@@ -147,7 +148,7 @@ def test_without_identities_the_broker_refuses_the_tap(mtls: Mtls) -> None:
         t.wait_idle(15)
     finally:
         t.stop()
-    assert not [r for r in sink.records if dict(r.headers)["dir"] == b"resp"], "the broker answered the tap"
+    assert not [p for _, p in parts(sink.records) if p.direction == "resp"], "the broker answered the tap"
 
 
 def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
     finally:
         t.stop()
     records = read_topic_range(cluster.bootstrap_servers, tap_topic, properties=dict(cluster.properties))
-    assert any(r.headers.get("dir") == b"req" for r in records)
+    assert any(p.direction == "req" for _, p in parts(records))
 
     from deploy.local.tools import run_tool
     from deploy.versions import KAFKA_LEGACY
@@ -289,9 +290,9 @@ def test_kafka_python_and_the_java_client_through_the_tap_on_mtls(mtls: Mtls, tm
         t.wait_idle(15)
     finally:
         t.stop()
-    opened = [json.loads(r.value) for r in sink.records if dict(r.headers)["dir"] == b"open"]
+    opened = [json.loads(p.value or b"") for _, p in parts(sink.records) if p.direction == "open"]
     assert opened and all(o["tls"]["peer"] == "commonName=alice" for o in opened)
-    requests = [r.value for r in sink.records if dict(r.headers)["dir"] == b"req"]
+    requests = [p.value or b"" for _, p in parts(sink.records) if p.direction == "req"]
     per_library = {c: sum(c in v for v in requests) for c in (b"kpmon-mtls-kafka-python", b"kpmon-mtls-java")}
     print(f"\nmTLS through the tap: {len(opened)} connections as alice; requests mirrored: {per_library}")
     assert all(per_library.values()), per_library

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import codec
+from codec.taprecord import EXCHANGE, parse_record
 from tests.tap.conftest import TappedCluster
 from tests.tap.harness import TapRecord, TapThread, by_connection, read_topic
 
@@ -32,38 +33,45 @@ def _create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
 
 
 def check_tap_topic(records: list[TapRecord], capture: str = "full") -> dict[str, int]:
-    """Contract checks: contiguous seq per connection from open to close, every frame decodes."""
+    """Contract checks: schema 2, keyed by connection, contiguous seq per connection from open to close,
+    a response only in its request's exchange or after it, every frame decodes. Counts frames."""
     assert records, "nothing mirrored"
-    counts = {"req": 0, "resp": 0, "conns": 0}
+    counts = {"req": 0, "resp": 0, "conns": 0, "records": 0, "exchanges": 0}
     for conn, recs in by_connection(records):
         counts["conns"] += 1
+        counts["records"] += len(recs)
         assert len({r.partition for r in recs}) == 1, "one connection, one partition"
-        seqs = [int(r.headers["seq"]) for r in recs]
-        assert seqs == list(range(1, len(recs) + 1)), f"gap or reorder on {conn!r}"
-        assert recs[0].headers["dir"] == b"open"
-        assert recs[-1].headers["dir"] == b"close", f"{conn!r} not closed"
-        for r in recs:
-            assert r.headers["conn"] == conn
-            assert r.headers["schema"] == b"1"
-            assert r.headers["capture"] == capture.encode()
-            direction = r.headers["dir"]
-            if direction in (b"open", b"close"):
-                continue
-            counts[direction.decode()] += 1
-            if r.headers.get("redacted") == b"sasl_token" or r.headers.get("truncated"):
-                continue
-            api_key = int(r.headers["api_key"])
-            version = int(r.headers["api_version"])
-            if direction == b"req":
-                if capture == "meta":
-                    codec.decode_request_header(r.value)
-                else:
-                    req = codec.decode_request(r.value)
-                    assert (req.api_key, req.api_version) == (api_key, version)
-                    assert str(req.correlation_id).encode() == r.headers["corr_id"]
-            elif capture != "meta":
-                resp = codec.decode_response(r.value, api_key, version)
-                assert str(resp.correlation_id).encode() == r.headers["corr_id"]
+        assert not any(r.headers for r in recs), "schema 2 writes no Kafka headers"
+        parsed = [parse_record(None, r.value) for r in recs]
+        assert [p.seq for p in parsed] == list(range(1, len(recs) + 1)), f"gap or reorder on {conn!r}"
+        assert parsed[0].kind == "open"
+        assert parsed[-1].kind == "close", f"{conn!r} not closed"
+        for record in parsed:
+            assert record.schema == 2 and record.connection.conn.encode() == conn
+            assert record.connection.capture == capture
+            if record.kind == EXCHANGE:
+                counts["exchanges"] += 1
+                req, resp = record.parts
+                assert (req.direction, resp.direction) == ("req", "resp")
+                assert req.correlation_id == resp.correlation_id and req.ts_ns <= resp.ts_ns
+            for part in record.parts:
+                if part.direction in ("open", "close"):
+                    continue
+                counts[part.direction] += 1
+                if part.header_only:
+                    continue
+                value = part.value or b""
+                if part.direction == "req":
+                    if capture == "meta":
+                        codec.decode_request_header(value)
+                    else:
+                        req_msg = codec.decode_request(value)
+                        assert (req_msg.api_key, req_msg.api_version) == (part.api_key, part.api_version)
+                        assert req_msg.correlation_id == part.correlation_id
+                elif capture != "meta":
+                    assert part.api_key is not None and part.api_version is not None
+                    resp_msg = codec.decode_response(value, part.api_key, part.api_version)
+                    assert resp_msg.correlation_id == part.correlation_id
     return counts
 
 

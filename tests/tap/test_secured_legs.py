@@ -40,6 +40,7 @@ from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
 from tests.certs import Ca, Issued, issue, make_ca
 from tests.tap.harness import TapThread, free_port, read_topic_range, secret_count, start_stack
+from tests.tap.helpers import parts
 from tests.tap.secured import java_properties_file, kafka_python_roundtrip, refused, roundtrip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -231,10 +232,12 @@ def test_every_leg_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     finally:
         t.stop()
     records = read_topic_range(direct["bootstrap.servers"], tap_topic, properties=mirror_props)
-    opened = [r for r in records if r.headers.get("dir") == b"open"]
-    assert opened and all(b'"tls": {"version": "TLS' in r.value for r in opened), "a client leg without TLS"
-    auth = [r for r in records if r.headers.get("api_key") == b"36"]
-    assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
+    opened = [p for _, p in parts(records) if p.direction == "open"]
+    assert opened and all(b'"tls": {"version": "TLS' in (p.value or b"") for p in opened), (
+        "a client leg without TLS"
+    )
+    auth = [p for _, p in parts(records) if p.api_key == 36]
+    assert auth and all(p.redacted == ("AuthBytes",) for p in auth)
     figures = {}
     for mechanism, (_user, password) in secured.stack.sasl_users.items():
         figures[mechanism] = secret_count(records, password.encode())
@@ -280,13 +283,13 @@ def test_bad_certificates_and_plaintext_are_refused_and_nothing_is_mirrored(
         t.wait_idle(15)
     finally:
         t.stop()
-    frames = [r for r in sink.records if dict(r.headers)["dir"] in (b"req", b"resp")]
-    closes = [r for r in sink.records if dict(r.headers)["dir"] == b"close"]
+    frames = [p for _, p in parts(sink.records) if p.direction in ("req", "resp")]
+    closes = [p for _, p in parts(sink.records) if p.direction == "close"]
     print(f"\n{case}: client error: {error[:300]}; tap records {len(sink.records)}, frames {len(frames)}")
     assert frames == [], f"{case}: frames mirrored"
     if case == "tap trusts the wrong CA for the broker":
         # The client's TLS to the tap is fine; the tap cannot verify the broker, says so and closes.
-        assert closes and all(b"certificate verify failed" in r.value for r in closes)
+        assert closes and all(b"certificate verify failed" in (p.value or b"") for p in closes)
         assert t.metric("kpmon_tap_closed_connections_total", {"reason": "broker_unreachable"}) >= 1
     elif case == "plaintext to the tap":
         assert sink.records == [] and error
@@ -383,7 +386,7 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
     reader = {k: v for k, v in oauth.items() if k != "sasl.oauthbearer.config"}
     reader["sasl.oauthbearer.config"] = "principal=kpmon-reader"
     records = read_topic_range(direct["bootstrap.servers"], tap_topic, properties=reader)
-    auth = [r for r in records if r.headers.get("api_key") == b"36"]
+    auth = [p for _, p in parts(records) if p.api_key == 36]
     found = {
         "token": secret_count(records, token.encode()),
         "claims": secret_count(records, token.split(".")[1].encode()),
@@ -393,8 +396,8 @@ def test_oauthbearer_through_the_tap_and_to_the_tap_topic(secured: Secured, tmp_
     print(
         f"\nOAUTHBEARER: {len(records)} tap records, {len(auth)} SaslAuthenticate; secret bytes found: {found}"
     )
-    assert auth and all(r.headers.get("redacted") == b"AuthBytes" for r in auth)
-    assert any(b"OAUTHBEARER" in r.value for r in records if r.headers.get("api_key") == b"17")
+    assert auth and all(p.redacted == ("AuthBytes",) for p in auth)
+    assert any(b"OAUTHBEARER" in (p.value or b"") for _, p in parts(records) if p.api_key == 17)
     assert found == {"token": 0, "claims": 0, "kafka-python token": 0, "any JWS": 0}
     # The Java client (the Spark source's properties) on OAUTHBEARER: the translated unsecured login.
     cluster = KafkaClusterConfig(bootstrap_servers=direct["bootstrap.servers"], properties=reader)

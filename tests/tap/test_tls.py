@@ -13,7 +13,7 @@ from tap.app import listener_specs
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
 from tests.certs import issue, make_ca
-from tests.tap.helpers import FakeBroker, api_versions_request, frame
+from tests.tap.helpers import FakeBroker, api_versions_request, frame, parts
 
 
 def _cert(tmp: Path, name: str) -> tuple[Path, Path, Path]:
@@ -76,7 +76,7 @@ def test_tls_on_both_sides(tmp_path: Path) -> None:
         await broker.stop()
         opened = json.loads(sink.records[0].value)
         assert opened["tls"]["version"].startswith("TLS")
-        reqs = [r for r in sink.records if dict(r.headers)["dir"] == b"req"]
-        assert len(reqs) == 3 and dict(reqs[0].headers)["listener"] == b"SSL"
+        reqs = [(r, p) for r, p in parts(sink.records) if p.direction == "req"]
+        assert len(reqs) == 3 and reqs[0][0].connection.listener == "SSL"
 
     asyncio.run(run())
