@@ -270,7 +270,7 @@ def extract(results: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Figure
         value: float | None = None
         missing: str | None = None
         if record is None:
-            missing = f"benchmarks/results/{spec.file} does not exist yet"
+            missing = f"benchmarks/results/{spec.file} does not exist"
             host, when = "not measured", None
         else:
             host = "host-independent" if spec.host_independent else _host(record)
@@ -703,47 +703,70 @@ README_BEGIN = "<!-- kpmon size --refresh: cost -->"
 README_END = "<!-- end cost -->"
 
 
-def _fig_sentence(fig: Figure) -> str:
+def _cite(*figs: Figure) -> str:
+    """A short citation: the files and hosts of ``figs`` (the figures table below gives the keys)."""
+    named = dict.fromkeys(f"`{f.file}`, {f.host}" for f in figs if f.value is not None)
+    return f" ({'; '.join(named)})" if named else ""
+
+
+def _value(fig: Figure, scale: float = 1.0, unit: str | None = None) -> str:
     if fig.value is None:
         return f"not measured yet ({fig.missing})"
-    return f"{num(fig.value)} {fig.unit} (`{fig.file}` `{fig.key}`, {fig.host})"
+    return f"{num(fig.value * scale)} {fig.unit if unit is None else unit}".rstrip()
 
 
 def render_docs(figures: Mapping[str, Figure]) -> str:
     """docs/cluster-mode.md's sizing block: one sentence per part, the reference clusters, the figures."""
     ests = {name: estimate(inputs, figures) for name, inputs in EXAMPLES.items()}
     f = figures
-    share = ests["small"].value("monitor CPU / broker CPU, frame-heavy")
-    share_b = ests["small"].value("monitor CPU / broker CPU, byte-heavy")
+    medium = ests["medium"]
+    frame_heavy = next(line for line in medium.lines if line.what == "monitor CPU / broker CPU, frame-heavy")
+    share, share_b = frame_heavy.value, medium.value("monitor CPU / broker CPU, byte-heavy")
+    tap_p, tap_f, tap_frame = (
+        f["tap.produce_mcores_per_mb_s.headers"],
+        f["tap.fetch_mcores_per_mb_s.headers"],
+        f["cost.tap_cpu_us_per_frame"],
+    )
+    overhead, ratio, per_frame = (
+        f["topic.record_overhead_bytes"],
+        f["topic.value_ratio.headers"],
+        f["cost.records_per_wire_frame"],
+    )
+    job_us, lat_rate, job_rate = (
+        f["job.cpu_us_per_frame"],
+        f["latency.rate_frames_per_s"],
+        f["job.frames_per_s"],
+    )
+    prod, group, p95 = f["state.producer_bytes_per_10k"], f["state.group_bytes_per_10k"], f["latency.p95_s"]
     out = [
         DOCS_BEGIN,
         "",
-        "What the monitor costs next to the brokers, one sentence per part (`headers` capture):",
+        'What the monitor costs, one sentence per part (`headers` capture; "medium" is the reference '
+        "cluster in the table):",
         "",
-        f"- **Tap:** {_fig_sentence(f['tap.produce_mcores_per_mb_s.headers'])} of produce traffic and "
-        f"{_fig_sentence(f['tap.fetch_mcores_per_mb_s.headers'])} of fetch traffic; per wire frame, "
-        f"{_fig_sentence(f['cost.tap_cpu_us_per_frame'])}. Memory is a design bound: "
-        f"`tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB.",
-        f"- **Tap topic:** each record carries {_fig_sentence(f['topic.record_overhead_bytes'])} of key "
-        f"and headers, and its value is {_fig_sentence(f['topic.value_ratio.headers'])} on a data-plane "
-        f"mix; records per wire frame: {_fig_sentence(f['cost.records_per_wire_frame'])}.",
-        f"- **Executors:** the job spends {_fig_sentence(f['job.cpu_us_per_frame'])}, and is planned at "
-        f"the load its latency was measured at ({_fig_sentence(f['latency.rate_frames_per_s'])} of "
-        f"{_fig_sentence(f['job.frames_per_s'])}); {PARTITIONS_PER_EXECUTOR_CORE} tap-topic partitions per "
-        "executor core.",
-        f"- **State:** {_fig_sentence(f['state.producer_bytes_per_10k'])} of producers and "
-        f"{_fig_sentence(f['state.group_bytes_per_10k'])} of groups after their connections close "
-        "(the checkers' heap; RocksDB's size on disk is not measured).",
-        f"- **Latency:** p95 from a frame to its alert {_fig_sentence(f['latency.p95_s'])}.",
+        f"- **Tap:** {_value(tap_p)} of produce traffic and {_value(tap_f)} of fetch traffic; per wire "
+        f"frame, {_value(tap_frame)}{_cite(tap_p, tap_frame)}. The medium cluster's taps need "
+        f"{show(medium.value('tap cores per broker'), 'cores')} per broker, and "
+        f"`tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB of memory (a design bound).",
+        f"- **Tap topic:** each record carries {_value(overhead, unit='B')} of key and headers and a value "
+        f"of {_value(ratio)} on a data-plane mix; tap records per wire frame: {_value(per_frame, unit='')}"
+        f"{_cite(overhead, per_frame)}. The medium cluster writes "
+        f"{show(medium.value('tap-topic bytes/day'), 'B')} a day.",
+        f"- **Executors:** the job spends {_value(job_us)}, planned at the load its latency was measured at "
+        f"({_value(lat_rate, unit='')} of {_value(job_rate)}){_cite(job_us)}: "
+        f"{show(medium.value('executor cores'), 'executor cores')} for the medium cluster.",
+        f"- **State:** {_value(prod, 1e-4, 'B per producer id')} and {_value(group, 1e-4, 'B per group')} "
+        f"after their connections close{_cite(prod)} (the checkers' heap; RocksDB's size on disk is not "
+        "measured).",
+        f"- **Latency:** p95 from a frame to its alert {_value(p95)} at that load{_cite(p95)}.",
         "- **Next to the brokers:** the whole monitor's CPU per frame is "
         + (
             f"{num(share)}x the broker's own on a frame-heavy workload"
             if share is not None
-            else "not measured yet on a frame-heavy workload ("
-            + ests["small"].lines[-2].how.removeprefix("not measured: ")
-            + ")"
+            else "not measured yet (" + frame_heavy.how.removeprefix("not measured: ") + ")"
         )
         + (f" and {num(share_b)}x on a byte-heavy one" if share_b is not None else "")
+        + _cite(*(f[n] for n in ("cost.tap_over_broker", "cost.byte_heavy.tap_over_broker")))
         + ".",
         "",
         "| | " + " | ".join(EXAMPLES) + " |",
@@ -753,11 +776,13 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
     for index, line in enumerate(ests["small"].lines):
         values = [show(e.lines[index].value, e.lines[index].unit) for e in ests.values()]
         out.append(f"| {line.part}: {line.what} | " + " | ".join(values) + " |")
-    warned = {name: e.warnings for name, e in ests.items() if e.warnings}
+    warned: dict[str, list[str]] = {}
+    for name, e in ests.items():
+        for warning in e.warnings:
+            warned.setdefault(warning, []).append(name)
     if warned:
-        out += ["", "Where these leave the measured range:", ""]
-        for name, warnings in warned.items():
-            out += [f"- {name}: {w}" for w in warnings]
+        out += ["", "Where these estimates leave the measured range:", ""]
+        out += [f"- {', '.join(names)}: {warning}" for warning, names in warned.items()]
     out += [
         "",
         "To confirm an estimate in production, watch:",

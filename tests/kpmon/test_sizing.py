@@ -153,7 +153,7 @@ def test_a_missing_cost_bench_is_said_missing_never_filled_in() -> None:
     ):
         assert est.value(what) is None
         line = next(line for line in est.lines if line.what == what)
-        assert "cost_bench.json does not exist yet" in line.how
+        assert "cost_bench.json does not exist" in line.how
     assert est.value("tap cores per broker") == est.value("tap cores per broker, by bytes")
     assert any("CPU per frame is not measured" in w for w in est.warnings)
     assert "not measured" in sizing.render_text(est)
