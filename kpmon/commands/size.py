@@ -18,6 +18,7 @@ from typing import Any
 
 from kpmon import sizing
 from kpmon.config import ConfigError, load_config
+from kpmon.figures import Figure, figures_from_json, figures_to_json
 
 #: The checkout this module runs from (``--refresh`` writes there).
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +35,9 @@ def read_results(directory: Path) -> dict[str, dict[str, Any] | None]:
     return found
 
 
-def shipped_figures() -> dict[str, sizing.Figure]:
+def shipped_figures() -> dict[str, Figure]:
     text = resources.files("kpmon").joinpath(SHIPPED).read_text(encoding="utf-8")
-    return sizing.figures_from_json(json.loads(text))
+    return figures_from_json(json.loads(text))
 
 
 def refresh(root: Path) -> list[Path]:
@@ -45,7 +46,7 @@ def refresh(root: Path) -> list[Path]:
     figures = sizing.extract(read_results(root / "benchmarks" / "results"))
     written = []
     shipped = root / "kpmon" / SHIPPED
-    shipped.write_text(json.dumps(sizing.figures_to_json(figures), indent=1, ensure_ascii=False) + "\n")
+    shipped.write_text(json.dumps(figures_to_json(figures), indent=1, ensure_ascii=False) + "\n")
     written.append(shipped)
     for path, begin, end, block in (
         (root / "docs" / "cluster-mode.md", sizing.DOCS_BEGIN, sizing.DOCS_END, sizing.render_docs(figures)),

@@ -11,6 +11,7 @@ import pytest
 from kpmon import sizing
 from kpmon.cli import main
 from kpmon.commands.size import refresh, shipped_figures
+from kpmon.figures import figures_from_json
 from tests.kpmon.test_sizing import COST_BENCH, RESULTS, ROOT
 from tests.tap.harness import free_port
 
@@ -97,7 +98,7 @@ def test_refresh_writes_the_figures_the_docs_and_the_readme(tmp_path: Path) -> N
     shutil.copy(ROOT / "README.md", tmp_path)
     written = refresh(tmp_path)
     assert {p.name for p in written} == {"sizing_figures.json", "cluster-mode.md", "README.md"}
-    figures = sizing.figures_from_json(json.loads((tmp_path / "kpmon" / "sizing_figures.json").read_text()))
+    figures = figures_from_json(json.loads((tmp_path / "kpmon" / "sizing_figures.json").read_text()))
     assert figures["cost.tap_over_broker"].value == COST_BENCH["ratios"]["tap_over_broker"]
     docs = (tmp_path / "docs" / "cluster-mode.md").read_text()
     assert "x the broker's own on a frame-heavy workload" in docs
