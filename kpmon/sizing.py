@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kpmon.figures import Figure, FigureSpec, pick
+from kpmon.figures import Figure, FigureSpec, num, pick
 
 CAPTURES = ("meta", "headers", "full")
 MIB = 1024 * 1024
@@ -284,16 +284,6 @@ class Estimate:
             "watch": list(self.watch),
             "hosts": list(self.hosts),
         }
-
-
-def num(x: float) -> str:
-    """A number for people: three significant digits, thousands separated."""
-    if x == 0:
-        return "0"
-    if float(x).is_integer() and abs(x) >= 1:
-        return f"{int(x):,}"
-    digits = max(0, 2 - math.floor(math.log10(abs(x))))
-    return f"{round(x, digits):,.{digits}f}"
 
 
 class _Book:

@@ -18,7 +18,16 @@ from typing import Any
 
 from kpmon import sizing
 from kpmon.config import ConfigError, load_config
-from kpmon.figures import Figure, figures_from_json, figures_to_json
+from kpmon.figures import (
+    BENCHMARKS_BEGIN,
+    BENCHMARKS_END,
+    Figure,
+    figures_from_json,
+    figures_to_json,
+    headline_specs,
+    pick,
+    render_headlines,
+)
 
 #: The checkout this module runs from (``--refresh`` writes there).
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,9 +36,10 @@ SHIPPED = "sizing_figures.json"
 
 
 def read_results(directory: Path) -> dict[str, dict[str, Any] | None]:
-    """Every results file :data:`kpmon.sizing.FIGURES` names, parsed (None where absent)."""
+    """Every results file :data:`kpmon.sizing.FIGURES` and the benchmark headlines name, parsed (None
+    where absent)."""
     found: dict[str, dict[str, Any] | None] = {}
-    for name in sorted({spec.file for spec in sizing.FIGURES}):
+    for name in sorted({spec.file for spec in (*sizing.FIGURES, *headline_specs())}):
         path = directory / name
         found[name] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     return found
@@ -42,8 +52,10 @@ def shipped_figures() -> dict[str, Figure]:
 
 def refresh(root: Path) -> list[Path]:
     """Rewrite what is generated from ``root/benchmarks/results``: the shipped figures, the sizing block
-    of docs/cluster-mode.md and the README's cost line. Returns the files written."""
-    figures = sizing.extract(read_results(root / "benchmarks" / "results"))
+    of docs/cluster-mode.md, the README's cost line and docs/benchmarks.md's table of current figures.
+    Returns the files written."""
+    results = read_results(root / "benchmarks" / "results")
+    figures = sizing.extract(results)
     written = []
     shipped = root / "kpmon" / SHIPPED
     shipped.write_text(json.dumps(figures_to_json(figures), indent=1, ensure_ascii=False) + "\n")
@@ -51,6 +63,12 @@ def refresh(root: Path) -> list[Path]:
     for path, begin, end, block in (
         (root / "docs" / "cluster-mode.md", sizing.DOCS_BEGIN, sizing.DOCS_END, sizing.render_docs(figures)),
         (root / "README.md", sizing.README_BEGIN, sizing.README_END, sizing.render_readme(figures)),
+        (
+            root / "docs" / "benchmarks.md",
+            BENCHMARKS_BEGIN,
+            BENCHMARKS_END,
+            render_headlines(pick(headline_specs(), results)),
+        ),
     ):
         text = path.read_text(encoding="utf-8")
         path.write_text(sizing.replace_block(text, begin, end, block), encoding="utf-8")
@@ -214,6 +232,6 @@ def register(sub: Any) -> None:
         "--refresh",
         action="store_true",
         help="in a checkout: regenerate kpmon/sizing_figures.json, docs/cluster-mode.md's sizing block "
-        "and the README's cost line from benchmarks/results",
+        "the README's cost line and docs/benchmarks.md's figures from benchmarks/results",
     )
     parser.set_defaults(func=run)

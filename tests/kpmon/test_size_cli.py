@@ -95,13 +95,21 @@ def test_refresh_writes_the_figures_the_docs_and_the_readme(tmp_path: Path) -> N
     (tmp_path / "docs").mkdir()
     (tmp_path / "kpmon").mkdir()
     shutil.copy(ROOT / "docs" / "cluster-mode.md", tmp_path / "docs")
+    shutil.copy(ROOT / "docs" / "benchmarks.md", tmp_path / "docs")
     shutil.copy(ROOT / "README.md", tmp_path)
     written = refresh(tmp_path)
-    assert {p.name for p in written} == {"sizing_figures.json", "cluster-mode.md", "README.md"}
+    assert {p.name for p in written} == {
+        "sizing_figures.json",
+        "cluster-mode.md",
+        "README.md",
+        "benchmarks.md",
+    }
     figures = figures_from_json(json.loads((tmp_path / "kpmon" / "sizing_figures.json").read_text()))
     assert figures["cost.tap_over_broker"].value == COST_BENCH["ratios"]["tap_over_broker"]
     docs = (tmp_path / "docs" / "cluster-mode.md").read_text()
     assert "x the broker's own on a frame-heavy workload" in docs
     assert docs.count(sizing.DOCS_BEGIN) == 1
+    table = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "| tap CPU per frame over the broker's | 0.300x |" in table
     share = sizing.num(0.3 + 0.25 + (1.08 - 1))
     assert f"brokers' is {share}x theirs per frame" in (tmp_path / "README.md").read_text()

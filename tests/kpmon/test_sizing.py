@@ -15,6 +15,7 @@ import yaml
 
 from kpmon import sizing
 from kpmon.commands.size import read_results, shipped_figures
+from kpmon.figures import BENCHMARKS_BEGIN, BENCHMARKS_END, headline_specs, pick, render_headlines
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -217,6 +218,14 @@ def test_the_readme_cost_line_is_generated_from_the_json() -> None:
     start = text.index(sizing.README_BEGIN)
     stop = text.index(sizing.README_END) + len(sizing.README_END)
     assert text[start:stop] == sizing.render_readme(sizing.extract(read_results(RESULTS)))
+
+
+def test_the_benchmarks_figures_table_is_generated_from_the_json() -> None:
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    start = text.index(BENCHMARKS_BEGIN)
+    stop = text.index(BENCHMARKS_END) + len(BENCHMARKS_END)
+    assert text[start:stop] == render_headlines(pick(headline_specs(), read_results(RESULTS)))
+    assert "| whole job, backlog, local[2] | 58.7 µs CPU/frame |" in text[start:stop]
 
 
 def test_the_docs_block_changes_with_a_figure() -> None:
