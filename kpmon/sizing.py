@@ -70,8 +70,8 @@ def _tap_specs() -> list[FigureSpec]:
 
 
 #: Every figure :func:`estimate` reads. cost_bench.json (issue 26) holds the frame-heavy workload's
-#: ratios under ``ratios`` and the byte-heavy workload's under ``byte_heavy.ratios``; each ratio is a
-#: CPU per wire frame over the broker's own CPU per frame direct, measured in the same run.
+#: ratios under ``ratios`` and each workload's figures under ``workloads.<name>``; each ratio is a CPU
+#: per wire frame over the broker's own CPU per frame direct, measured in the same run.
 FIGURES: tuple[FigureSpec, ...] = (
     *_tap_specs(),
     FigureSpec(
@@ -165,28 +165,28 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "cost.byte_heavy.tap_over_broker",
         "cost_bench.json",
-        "byte_heavy.ratios.tap_over_broker",
+        "workloads.byte_heavy.ratios.tap_over_broker",
         "x broker CPU per frame",
         "tap CPU per frame over the broker's, byte-heavy workload",
     ),
     FigureSpec(
         "cost.byte_heavy.job_over_broker",
         "cost_bench.json",
-        "byte_heavy.ratios.job_over_broker",
+        "workloads.byte_heavy.ratios.job_over_broker",
         "x broker CPU per frame",
         "job CPU per frame over the broker's, byte-heavy workload",
     ),
     FigureSpec(
         "cost.byte_heavy.broker_mirroring_over_direct",
         "cost_bench.json",
-        "byte_heavy.ratios.broker_mirroring_over_direct",
+        "workloads.byte_heavy.ratios.broker_mirroring_over_direct",
         "x broker CPU per frame",
         "the broker's CPU per frame while mirroring, over direct, byte-heavy workload",
     ),
     FigureSpec(
         "cost.tap_cpu_us_per_frame",
         "cost_bench.json",
-        "frame_heavy.tap.cpu_us_per_frame",
+        "workloads.frame_heavy.figures.tap.us_per_frame",
         "µs CPU per wire frame",
         "tap CPU per wire frame, frame-heavy workload (small records, linger.ms=0)",
     ),

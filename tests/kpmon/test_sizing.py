@@ -20,17 +20,19 @@ from kpmon.figures import BENCHMARKS_BEGIN, BENCHMARKS_END, headline_specs, pick
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
-#: cost_bench.json in the shape issue 26 gives it (benchmarks/cost_bench.py): the frame-heavy workload's
-#: ratios at the top, the byte-heavy one's under its own key. The values are made up for the test.
+#: cost_bench.json in the shape benchmarks/cost_bench.py (issue 26) writes: the frame-heavy workload's
+#: ratios at the top, every workload's figures and ratios under ``workloads``. Values made up for the test.
 COST_BENCH: dict[str, Any] = {
     "benchmark": "cost_bench",
     "measured_at": "2026-11-29T10:00:00Z",
     "machine": {"cpu_model": "Test CPU (family 1 model 2)", "cpus": 2},
     "records_per_wire_frame": 0.55,
     "ratios": {"tap_over_broker": 0.3, "job_over_broker": 0.25, "broker_mirroring_over_direct": 1.08},
-    "frame_heavy": {"tap": {"cpu_us_per_frame": 48.0}},
-    "byte_heavy": {
-        "ratios": {"tap_over_broker": 0.12, "job_over_broker": 0.05, "broker_mirroring_over_direct": 1.02}
+    "workloads": {
+        "frame_heavy": {"figures": {"tap": {"us_per_frame": 48.0, "ms_per_mib": 310.0}}},
+        "byte_heavy": {
+            "ratios": {"tap_over_broker": 0.12, "job_over_broker": 0.05, "broker_mirroring_over_direct": 1.02}
+        },
     },
 }
 
@@ -62,7 +64,13 @@ def expected(inputs: sizing.Inputs) -> dict[str, float]:
         inputs.produce_mb_s / b * key(tap, f"summary.{cap}.produce.tap_mcores_per_mb_s")
         + inputs.fetch_mb_s / b * key(tap, f"summary.{cap}.consume.tap_mcores_per_mb_s")
     ) / 1000
-    by_frames = 2 * inputs.requests_per_s / b * COST_BENCH["frame_heavy"]["tap"]["cpu_us_per_frame"] / 1e6
+    by_frames = (
+        2
+        * inputs.requests_per_s
+        / b
+        * COST_BENCH["workloads"]["frame_heavy"]["figures"]["tap"]["us_per_frame"]
+        / 1e6
+    )
     records = 2 * inputs.requests_per_s * COST_BENCH["records_per_wire_frame"]
     bytes_s = (inputs.produce_mb_s + inputs.fetch_mb_s) * 1e6 * key(
         topic, f"mixes.produce_fetch_heavy.{cap}_value_ratio"
@@ -72,7 +80,7 @@ def expected(inputs: sizing.Inputs) -> dict[str, float]:
     prod = key(checks, "memory.producers.per_10k_bytes.held_after_close") / 10_000
     prod_open = key(checks, "memory.producers.per_10k_bytes.held") / 10_000
     group = key(checks, "memory.groups.per_10k_bytes.held_after_close") / 10_000
-    r, rb = COST_BENCH["ratios"], COST_BENCH["byte_heavy"]["ratios"]
+    r, rb = COST_BENCH["ratios"], COST_BENCH["workloads"]["byte_heavy"]["ratios"]
     return {
         "tap cores per broker, by bytes": by_bytes,
         "tap cores per broker, by frames": by_frames,
