@@ -724,11 +724,13 @@ def render_readme(figures: Mapping[str, Figure]) -> str:
     inputs = EXAMPLES["small"]
     est = estimate(inputs, figures)
     share = est.value("monitor CPU / broker CPU, frame-heavy")
+    by_frames = est.value("tap cores per broker, by frames")
     return (
         f"{README_BEGIN}\n**What it costs**, for {inputs.brokers} brokers at {num(inputs.produce_mb_s)} MB/s "
         f"produce and {num(inputs.requests_per_s)} requests/s: "
-        f"{show(est.value('tap cores per broker'), 'cores')} and "
-        f"{show(est.value('tap memory per broker'), 'MiB')} per broker for the tap, "
+        f"{show(est.value('tap cores per broker'), 'cores')}"
+        + (" (by bytes: its CPU per frame is not measured yet)" if by_frames is None else "")
+        + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap, "
         f"{show(est.value('executor cores'), 'executor cores')} and "
         f"{show(est.value('executor memory'), 'GiB')} for the job, "
         f"{show(est.value('tap-topic retention disk'), 'B')} of tap topic for 48 h at RF 3, "
