@@ -12,8 +12,8 @@ from typing import Any
 
 def cpu_model() -> str | None:
     """The CPU as ``/proc/cpuinfo`` names it: model name, family and model numbers, clock and cache
-    (None where there is none). A virtual machine may only say "AMD EPYC", and sessions have run on
-    different hosts behind the same "2 cores" (a full codec decode took 2.6 µs on one and 4.5-8.9 on
+    (None where there is none). A virtual machine may only say "AMD EPYC", and runs on different
+    dates have landed on different hosts behind the same "2 cores" (a full codec decode took 2.6 µs on one and 4.5-8.9 on
     another), so a figure is only comparable with figures from the same CPU."""
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -10,7 +10,19 @@ from collections.abc import Sequence
 from kpmon import __version__
 
 #: Subcommand modules; each exposes ``register(subparsers)`` which sets ``func`` on its parser.
-COMMANDS = ("decode", "schemas", "codec", "stack", "tap", "stream", "report", "export", "run", "deploy")
+COMMANDS = (
+    "decode",
+    "schemas",
+    "codec",
+    "stack",
+    "tap",
+    "stream",
+    "report",
+    "export",
+    "run",
+    "deploy",
+    "size",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ Spark hands a grouped stateful stage its rows one by one: each row is an entry o
 sort, and pyspark's ``transformWithStateInPandas`` serializer turns every Arrow batch into pandas,
 walks it with ``itertuples`` and builds a DataFrame again from the tuples, per row. At one row per
 frame that, and turning the DataFrame into dicts, was a quarter of the stateful workers' Python time
-(docs/benchmarks.md, fifth session).
+(docs/benchmarks.md, 2026-11-24, `0836b34`).
 
 So the ``mapInArrow`` stage makes one row per (source batch, bucket): the tap-record rows of that
 bucket's connections (``streaming.frames.FRAME_ROW_SCHEMA``, plus each frame's event time) as one
