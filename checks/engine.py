@@ -80,6 +80,7 @@ class Monitor:
         observer: ExchangeObserver | None = None,
         track_gaps: bool = True,
         report_frames: bool = True,
+        in_record_order: bool = False,
     ) -> None:
         self.rules = list(rules)
         self.ctx = ctx
@@ -91,6 +92,10 @@ class Monitor:
         #: and routes a frame on only for the rules that judge it (counted twice, the job's frame
         #: counters were the sum over both stages).
         self.report_frames = report_frames
+        #: The caller feeds one connection's frames in the order the tap wrote them (a connection
+        #: shard). A record is written when its last frame has passed, so a pipelined request can be
+        #: older than the response before it: that is not a late frame.
+        self.in_record_order = in_record_order
         self.states: dict[StateKey, State] = {}
         self.last_seen: dict[StateKey, int] = {}
         self.conns: dict[str, _ConnState] = {}
@@ -122,7 +127,8 @@ class Monitor:
             ctx.stats.frames += 1
         ts = frame.ts_ns
         if ts < self.released_ts:
-            ctx.stats.late_frames += 1
+            if not self.in_record_order:
+                ctx.stats.late_frames += 1
             self._release(frame)
         elif not self._lateness_ns and not self._heap:
             # No lateness (the stages' shards, fed in order): the frame would be pushed and popped
@@ -459,6 +465,7 @@ class Monitor:
         observer: ExchangeObserver | None = None,
         track_gaps: bool = True,
         report_frames: bool = True,
+        in_record_order: bool = False,
     ) -> Monitor:
         """A monitor with ``rules`` that carries on from ``to_state`` output."""
         body = _read_state(data)
@@ -469,6 +476,7 @@ class Monitor:
             observer=observer,
             track_gaps=track_gaps,
             report_frames=report_frames,
+            in_record_order=in_record_order,
         )
         monitor.states = {(rule, key): state for rule, key, state in body["states"]}
         monitor.last_seen = {(rule, key): ts for rule, key, ts in body["last_seen"]}

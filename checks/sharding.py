@@ -198,14 +198,16 @@ class ConnectionShard:
         self.used: list[str] = []
         if saved:
             state = _unpack(saved)
-            self.monitor = Monitor.from_state(state["monitor"], own_rules, self.ctx, observer=self._observe)
+            self.monitor = Monitor.from_state(
+                state["monitor"], own_rules, self.ctx, observer=self._observe, in_record_order=True
+            )
             self.sent = dict(state["sent"])
             self.used = list(state["used"])
         else:
-            self.monitor = Monitor(own_rules, self.ctx, observer=self._observe)
+            self.monitor = Monitor(own_rules, self.ctx, observer=self._observe, in_record_order=True)
 
     def feed(self, frames: Iterable[TapFrame]) -> list[Finding]:
-        """Frames of this connection, in seq order."""
+        """Frames of this connection, in the order the tap wrote them (seq order)."""
         findings: list[Finding] = []
         for frame in frames:
             findings.extend(self.monitor.feed(frame))

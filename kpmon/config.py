@@ -130,6 +130,16 @@ class TapConfig(_Section):
     queue_max_bytes: int = 256 * 1024 * 1024
     #: Frames larger than this are mirrored truncated to their header and flagged.
     max_mirrored_frame_bytes: int = 900_000
+    #: A request is held (as it will be mirrored) until its response completes the exchange record.
+    #: Past any of these bounds the oldest held request is written as a record of its own, counted in
+    #: ``kpmon_tap_lone_frames_total{reason}`` (docs/tap.md): requests in flight per connection...
+    max_in_flight: int = Field(default=1_000, gt=0)
+    #: ...bytes held per connection...
+    max_held_bytes_per_connection: int = Field(default=8 * 1024 * 1024, ge=0)
+    #: ...bytes held over the whole tap...
+    max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    #: ...and seconds a request is held.
+    max_held_seconds: float = Field(default=30.0, gt=0)
     rewrite_broker_addresses: bool = False
     #: With rewriting: a broker id that has no listener gets one on the fly (docs/tap.md)...
     dynamic_listeners: bool = True

@@ -12,6 +12,7 @@ import time
 import uuid
 
 from kpmon.config import KpmonConfig, TapConfig
+from tap.framing import HoldLimits
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink, NullMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings, install_uvloop, parse_hostport
@@ -112,6 +113,12 @@ def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
         clamp_api_versions=tap_cfg.clamp_api_versions,
         dynamic_listeners=tap_cfg.dynamic_listeners,
         dynamic_listener_ports=tap_cfg.dynamic_listener_ports,
+        hold_limits=HoldLimits(
+            tap_cfg.max_in_flight,
+            tap_cfg.max_held_bytes_per_connection,
+            int(tap_cfg.max_held_seconds * 1e9),
+        ),
+        max_held_bytes=tap_cfg.max_held_bytes,
     )
     return Tap(listener_specs(tap_cfg), sink, settings, metrics)
 

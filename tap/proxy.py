@@ -518,6 +518,10 @@ class TapConnection:
         if held is None or part is None:
             # Its request already went out alone (a bound was hit): the response follows it alone.
             self._write_lone(part, "request_written")
+        elif len(held.value or b"") + len(part.value or b"") > self.tap.settings.max_mirrored_frame_bytes:
+            # Each frame fits a tap record; the two together might not.
+            self._write_lone(held, "exchange_too_large")
+            self._write_lone(part, "exchange_too_large")
         else:
             self._write(taprecord.EXCHANGE, (held, part))
 

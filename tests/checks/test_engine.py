@@ -257,3 +257,27 @@ def test_header_only_records_are_not_decode_errors(flag: dict[str, str]) -> None
     monitor = checks.new_monitor()
     assert monitor.feed_all([frame]) + monitor.flush() == []
     assert monitor.stats.header_only == 1
+
+
+def test_pipelined_exchanges_in_record_order_are_neither_late_nor_gaps() -> None:
+    """Schema-2 records: a request is written with its response, so a connection's frames come in
+    record order (one seq per exchange) and a pipelined request is older than the response before it.
+    A monitor told so (a connection shard) counts no late frame; one that is not counts the request
+    it released after a newer frame."""
+    conv = Conversation()
+    first = conv.request(METADATA, 9, MD_REQ, 1 * SECOND)
+    second = conv.request(METADATA, 9, MD_REQ, 2 * SECOND)
+    answers = [conv.response(first, MD_RESP, 3 * SECOND), conv.response(second, MD_RESP, 4 * SECOND)]
+    records = [(first, answers[0]), (second, answers[1])]
+    for seq, pair in enumerate(records, start=1):
+        for frame in pair:
+            frame.seq = seq
+    frames = [frame for pair in records for frame in pair]
+    ordered = Monitor([Recorder()], Context(ChecksSettings(watermark_seconds=0)), in_record_order=True)
+    Recorder.events = []
+    ordered.feed_all(frames)
+    assert ordered.stats.late_frames == 0 and ordered.stats.gaps == 0 and ordered.stats.exchanges == 2
+    assert [e[0] for e in Recorder.events] == ["req", "resp", "req", "resp"]
+    unordered = Monitor([Recorder()], Context(ChecksSettings(watermark_seconds=0)))
+    unordered.feed_all(frames)
+    assert unordered.stats.late_frames == 1 and unordered.stats.gaps == 0

@@ -18,6 +18,7 @@ import codec
 from codec.taprecord import EXCHANGE, parse_record
 from tests.tap.conftest import TappedCluster
 from tests.tap.harness import TapRecord, TapThread, by_connection, read_topic
+from tests.tap.helpers import parsed, parts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -153,7 +154,7 @@ def test_transactional_commit_and_abort(tapped_cluster: TappedCluster, tap: tupl
     assert got == [b"committed"]
     records = _drain_tap(t, tapped_cluster, tap_topic)
     check_tap_topic(records)
-    apis = {int(r.headers["api_key"]) for r in records if r.headers["dir"] == b"req"}
+    apis = {p.api_key for _, p in parts(records) if p.direction == "req"}
     assert {22, 24, 26} <= apis  # InitProducerId, AddPartitionsToTxn, EndTxn
 
 
@@ -258,9 +259,9 @@ def test_payloads_do_not_leave_in_headers_and_meta(tapped_cluster: TappedCluster
     check_tap_topic(records, capture)
     assert all(marker not in r.value for r in records)
     if capture == "headers":
-        produce = [r for r in records if r.headers["dir"] == b"req" and r.headers["api_key"] == b"0"]
-        assert produce and all("capture_fallback" not in r.headers for r in produce)
-        body = codec.decode_request(produce[0].value).body
+        produce = [p for _, p in parts(records) if p.direction == "req" and p.api_key == 0]
+        assert produce and all("capture_fallback" not in p.flags for p in produce)
+        body = codec.decode_request(produce[0].value or b"").body
         batch = body["TopicData"][0]["PartitionData"][0]["Records"]
         assert batch is not None
 
@@ -300,7 +301,7 @@ def test_mirror_that_cannot_keep_up_drops_and_leaves_gaps(tapped_cluster: Tapped
         t.stop()
     assert drops > 0
     for _, recs in by_connection(records):
-        seqs = [int(r.headers["seq"]) for r in recs]
+        seqs = [r.seq for r in parsed(recs)]
         assert seqs == sorted(set(seqs)), "order kept; drops only leave gaps"
     assert len(records) + drops >= sum(1 for _ in records)
 
