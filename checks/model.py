@@ -191,3 +191,16 @@ class Finding:
             "evidence": self.evidence,
             "incomplete": self.incomplete,
         }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Finding:
+        """A finding back from ``to_dict`` (its ``id`` is derived, so it is not read)."""
+        return Finding(
+            rule=data["rule"],
+            severity=Severity(data["severity"]),
+            subject=data["subject"],
+            summary=data["summary"],
+            ts_ns=int(data["ts_ns"]),
+            evidence=data.get("evidence") or {},
+            incomplete=bool(data.get("incomplete")),
+        )

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from checks.alerts import Alert, AlertBook, AlertContext
-from checks.model import Finding, Severity
+from checks.model import Finding
 from streaming.paths import StreamPaths
 from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS
 
@@ -39,18 +39,6 @@ class Publisher(Protocol):
 
 class Gate(Protocol):
     def validate(self, batch_id: int, frames_agg: pd.DataFrame, findings: pd.DataFrame) -> Any: ...
-
-
-def finding_from_dict(data: dict[str, Any]) -> Finding:
-    return Finding(
-        rule=data["rule"],
-        severity=Severity(data["severity"]),
-        subject=data["subject"],
-        summary=data["summary"],
-        ts_ns=int(data["ts_ns"]),
-        evidence=data.get("evidence") or {},
-        incomplete=bool(data.get("incomplete")),
-    )
 
 
 @dataclass
@@ -140,7 +128,7 @@ class BatchSink:
             payload = json.loads(row["payload"]) if row.get("payload") else {}
             kind = row["kind"]
             if kind == "finding":
-                findings.append(finding_from_dict(payload))
+                findings.append(Finding.from_dict(payload))
             elif kind == "resolve":
                 resolves.append((payload["rule"], payload["subject"], int(payload["ts_ns"])))
             elif kind == "agg":

@@ -1,8 +1,13 @@
-"""checks.model: the shared-values pool rules keep equal state values in."""
+"""checks.model: the shared-values pool rules keep equal state values in; findings as dicts."""
 
 from __future__ import annotations
 
-from checks.model import SharedValues
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from checks.model import Finding, Severity, SharedValues
 
 
 def test_equal_values_are_held_once_and_made_once() -> None:
@@ -38,3 +43,27 @@ def test_the_pool_is_bounded_and_starts_afresh_when_full() -> None:
     # "a1" was forgotten: an equal string is held anew, while ``first`` stays valid where it is held.
     fresh = "".join(["a", "1"])
     assert pool.share(fresh) is fresh and first == "a1" and len(pool) == 2
+
+
+@given(
+    st.builds(
+        Finding,
+        rule=st.sampled_from(["producer.sequence_gap", "tap.gap", "envelope.inner_flex.header_version"]),
+        severity=st.sampled_from(list(Severity)),
+        subject=st.text(max_size=20),
+        summary=st.text(max_size=40),
+        ts_ns=st.integers(min_value=0, max_value=2**63 - 1),
+        evidence=st.dictionaries(
+            st.sampled_from(["conn", "seq", "offsets", "fields"]),
+            st.one_of(
+                st.integers(), st.text(max_size=8), st.lists(st.lists(st.integers(), max_size=2), max_size=2)
+            ),
+            max_size=4,
+        ),
+        incomplete=st.booleans(),
+    )
+)
+def test_a_finding_reads_back_from_its_dict(finding: Finding) -> None:
+    """The job's stage rows carry findings as ``to_dict`` JSON; ``from_dict`` is their one reader."""
+    back = Finding.from_dict(json.loads(json.dumps(finding.to_dict())))
+    assert back == finding and back.id == finding.id

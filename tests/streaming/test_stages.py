@@ -133,9 +133,9 @@ def run_bucketed(
 
 
 def findings_of(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
-    from streaming.sink import finding_from_dict
+    from checks.model import Finding
 
-    return summary([finding_from_dict(json.loads(r["payload"])) for r in rows if r["kind"] == "finding"])
+    return summary([Finding.from_dict(json.loads(r["payload"])) for r in rows if r["kind"] == "finding"])
 
 
 def test_stages_find_what_one_monitor_finds() -> None:
