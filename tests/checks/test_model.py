@@ -53,12 +53,18 @@ def test_the_pool_is_bounded_and_starts_afresh_when_full() -> None:
         subject=st.text(max_size=20),
         summary=st.text(max_size=40),
         ts_ns=st.integers(min_value=0, max_value=2**63 - 1),
-        evidence=st.dictionaries(
-            st.sampled_from(["conn", "seq", "offsets", "fields"]),
-            st.one_of(
-                st.integers(), st.text(max_size=8), st.lists(st.lists(st.integers(), max_size=2), max_size=2)
-            ),
-            max_size=4,
+        evidence=st.fixed_dictionaries(
+            {},
+            optional={
+                "offsets": st.lists(
+                    st.lists(st.integers(0, 2**40), min_size=2, max_size=2), min_size=1, max_size=2
+                ),
+                "conn": st.text(max_size=8),
+                "seq": st.integers(0, 2**40),
+                "fields": st.dictionaries(
+                    st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3
+                ),
+            },
         ),
         incomplete=st.booleans(),
     )
