@@ -35,8 +35,10 @@ SHAPE_FILE = "query-shape.json"
 BUCKET = "bucket"
 #: How a bucket becomes the grouping value its state is stored under: 1, the bucket number itself; 2,
 #: ``streaming.job.bucket_labels``; 3, stage one's buckets by CRC-32 of the connection
-#: (``streaming.stages.bucket_index``, in the bundles), stage two's by ``bucket_of``, both ``bucket_labels``.
-BUCKET_SCHEME = 3
+#: (``streaming.stages.bucket_index``, in the bundles), stage two's by Spark's xxhash64 of the route key,
+#: both ``bucket_labels``; 4, both stages' by ``streaming.stages.bucket_index`` (stage two's named by
+#: stage one), both ``bucket_labels``.
+BUCKET_SCHEME = 4
 
 
 class _RecordingHandle:

@@ -4,7 +4,7 @@
       -> mapInArrow(streaming.bundles.bundler)     tap-record rows, one bundle per (source batch, bucket of conn)
       -> withWatermark(event_time, checks.watermark_seconds)
       -> groupBy(bucket).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
-      -> groupBy(bucket of route_key).transformWithStateInPandas(KeyedProcessor)   stage two
+      -> groupBy(bucket of route_key, named by stage one).transformWithStateInPandas(KeyedProcessor)   stage two
       -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
 
 The job stays on micro-batch triggers: Spark's real-time mode supports neither foreachBatch nor Python
@@ -126,16 +126,6 @@ def bucket_labels(buckets: int, partitions: int) -> list[int]:
     return labels
 
 
-def bucket_of(column: str, buckets: int, partitions: int) -> Column:
-    """A stable bucket of a string column, as its grouping value (``bucket_labels``): xxhash64 is
-    seeded and fixed, so a key keeps its bucket across restarts and releases (the checkpoint's state
-    is stored per bucket)."""
-    from pyspark.sql import functions as F
-
-    index = F.pmod(F.xxhash64(F.col(column)), F.lit(buckets)).cast("int")
-    return bucket_label(index, buckets, partitions)
-
-
 def bucket_label(index: Column, buckets: int, partitions: int) -> Column:
     """Bucket number ``index`` (an int column) as its grouping value (``bucket_labels``)."""
     from pyspark.sql import functions as F
@@ -151,7 +141,7 @@ def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedPro
     settings = config.checks.settings()
     tune_gc = config.stream.worker_gc
     return (
-        ConnectionProcessor(settings, tune_gc=tune_gc, clocks=config.stream.buckets),
+        ConnectionProcessor(settings, tune_gc=tune_gc, buckets=config.stream.buckets),
         KeyedProcessor(settings, tune_gc=tune_gc),
     )
 
@@ -161,7 +151,7 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     from streaming.processors import OUTPUT_DDL, PASS_BUCKET, STAGE_ROWS_DDL
-    from streaming.stages import CLOCK, PASS_KEY
+    from streaming.stages import PASS_KEY
 
     connections, route_keys = stage_processors(config)
     buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
@@ -177,12 +167,13 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
             eventTimeColumnName="event_time",
         )
     )
+    # Stage one names each route and batch-clock row's stage-two bucket (``streaming.stages.bucket_index``,
+    # the one bucketing function, which ``LocalStages`` uses too); rows that pass through go together.
     routed = stage_one.withColumn(
         BUCKET,
-        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET))
-        # A batch-clock row names the stage-two bucket it is for (``streaming.stages``).
-        .when(F.col("kind") == CLOCK, bucket_label(F.col("flags"), buckets, partitions))
-        .otherwise(bucket_of("route_key", buckets, partitions)),
+        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(
+            bucket_label(F.col(BUCKET), buckets, partitions)
+        ),
     )
     return routed.groupBy(BUCKET).transformWithStateInPandas(route_keys, OUTPUT_DDL, "Append", "EventTime")
 

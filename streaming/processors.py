@@ -54,7 +54,7 @@ BUCKET_META = StructType([StructField("meta", BinaryType())])
 #: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
 STAGE_ROWS_DDL = (
     "kind string, route_key string, event_time timestamp, ts_ns long, at_ms long, conn string, "
-    "seq long, frame binary, flags int, payload string"
+    "seq long, frame binary, flags int, payload string, bucket int"
 )
 #: Stage two's output: what foreachBatch sees.
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
@@ -176,14 +176,14 @@ class _BucketProcessor(StatefulProcessor):
 
 class ConnectionProcessor(_BucketProcessor):
     """Stage one, grouped by a bucket of tap connections; its input rows are bundles of tap-record rows
-    (``streaming.bundles``). ``clocks``: stage two's bucket count, each sent the batch clock
-    (``streaming.stages``)."""
+    (``streaming.bundles``). ``buckets``: stage two's bucket count, each sent the batch clock, and what
+    each route row's bucket is taken modulo (``streaming.stages``)."""
 
     STATE_NAME = "connection"
 
-    def __init__(self, config: ChecksSettings, tune_gc: bool = False, clocks: int = 0) -> None:
+    def __init__(self, config: ChecksSettings, tune_gc: bool = False, buckets: int = 0) -> None:
         super().__init__(config, tune_gc)
-        self.clocks = clocks
+        self.buckets = buckets
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -193,7 +193,7 @@ class ConnectionProcessor(_BucketProcessor):
         ]
         armed = self._begin()
         result = connection_bucket(
-            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.clocks
+            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.buckets
         )
         out = self._apply(armed, result)
         if out:

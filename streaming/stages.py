@@ -51,7 +51,7 @@ from codec.taprecord import REQ, RESP, TapFrame, frame_from_row
 #: Stage-two key of rows that are already final (findings, aggregates...): passed through untouched.
 PASS_KEY = "~pass"
 #: Kind and route key of the batch clock's rows (module docstring). A clock row's ``at_ms`` is the newest
-#: event time among the frames of the stage-one call that sent it; ``flags``, the stage-two bucket it is for.
+#: event time among the frames of the stage-one call that sent it; ``bucket``, the stage-two bucket it is for.
 CLOCK = "clock"
 CLOCK_KEY = "~clock"
 NS_PER_MS = 1_000_000
@@ -70,6 +70,9 @@ STAGE_ROW_FIELDS = (
     "frame",
     "flags",
     "payload",
+    #: The stage-two bucket of a route or clock row (``bucket_index`` of its route key, by the same
+    #: function stage one's buckets use); None on rows that pass through.
+    "bucket",
 )
 #: Counters of ``checks.rule.Stats`` reported per batch (``findings`` is reported as findings).
 STAT_FIELDS = (
@@ -300,6 +303,7 @@ def _connection_step(
                 "frame": data,
                 "flags": flags,
                 "payload": None,
+                "bucket": None,
             }
         )
     out.extend(_resolve_rows(shard.ctx.resolved, event_ms))
@@ -499,9 +503,9 @@ def _earliest(a: int | None, b: int | None) -> int | None:
 
 
 def bucket_index(key: str, buckets: int) -> int:
-    """The bucket of a connection (stage one's bundles, ``streaming.bundles``) or of a key in
-    ``LocalStages``: CRC-32 is fixed, so a connection keeps its bucket across restarts and releases
-    (its state is stored per bucket)."""
+    """The bucket of a connection (stage one's bundles, ``streaming.bundles``) or of a route key (stage
+    one's route rows): the one bucketing function of the job and of ``LocalStages``. CRC-32 is fixed,
+    so a key keeps its bucket across restarts and releases (its state is stored per bucket)."""
     return zlib.crc32(key.encode()) % buckets
 
 
@@ -518,15 +522,16 @@ def connection_bucket(
     rows: Iterable[dict[str, Any]],
     watermark_ms: int,
     armed_ms: int | None,
-    clocks: int = 0,
+    buckets: int = 0,
 ) -> BucketResult:
     """Stage one for one bucket's rows of a micro-batch: ``connection_step`` per connection.
 
     Entries are ``(shard state, expiry ms)``. ``armed_ms`` is the bucket's timer as armed now; it stays
     when it is earlier than every new expiry (a busy bucket does not move its timer every batch).
-    ``clocks``: how many buckets stage two has, each sent a batch-clock row (module docstring); 0, none.
+    ``buckets``: how many buckets stage two has: each gets a batch-clock row (module docstring), and
+    each route row names its route key's bucket; 0, none (routes then name no bucket).
     """
-    combined = _Combiner()
+    combined = _Combiner(buckets)
     timer = armed_ms
     newest: int | None = None
     for conn, conn_rows in _group(rows, "conn").items():
@@ -543,7 +548,7 @@ def connection_bucket(
         timer = _earliest(timer, result.next_timer_ms)
     out = combined.rows()
     if newest is not None:
-        out.extend(clock_rows(newest, watermark_ms, clocks))
+        out.extend(clock_rows(newest, watermark_ms, buckets))
     return BucketResult(out, timer)
 
 
@@ -552,7 +557,7 @@ def clock_rows(newest_ms: int, watermark_ms: int, buckets: int) -> list[dict[str
     # Spark refuses rows at or before its watermark from a stage that feeds another stateful stage.
     event_ms = max(newest_ms, watermark_ms + 1)
     return [
-        _row(CLOCK, event_ms, newest_ms * NS_PER_MS, route_key=CLOCK_KEY, at_ms=newest_ms, flags=bucket)
+        _row(CLOCK, event_ms, newest_ms * NS_PER_MS, route_key=CLOCK_KEY, at_ms=newest_ms, bucket=bucket)
         for bucket in range(buckets)
     ]
 
@@ -580,7 +585,9 @@ class _Combiner:
     """``combine_rows``, row by row; a bucket call hands it its routes directly (``add_route``), so a
     routed frame is never a row of its own (a ten-column dict per frame, read back at once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, buckets: int = 0) -> None:
+        #: Stage two's bucket count, for each route row's ``bucket`` (0: not known, None).
+        self.buckets = buckets
         self.passed: list[dict[str, Any]] = []
         self.routes: dict[str, dict[str, Any]] = {}
         self.packed: dict[str, list[list[Any]]] = {}
@@ -631,6 +638,8 @@ class _Combiner:
         out = self.passed
         for key, route in self.routes.items():
             route["frame"] = facts.packb(self.packed[key])
+            if self.buckets:
+                route["bucket"] = bucket_index(key, self.buckets)
             out.append(route)
         for row, agg in self.aggs.values():
             row["payload"] = json.dumps(agg)
@@ -770,9 +779,11 @@ class _LocalBuckets:
     ) -> list[dict[str, Any]]:
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for row in rows:
-            # A batch-clock row names its bucket (``streaming.job.checks_pipeline`` groups it the same way).
-            clock = row.get("kind") == CLOCK
-            bucket = row["flags"] if clock else bucket_index(str(row[column]), len(self.stores))
+            # Stage one's output names each row's stage-two bucket (``streaming.job.checks_pipeline``
+            # groups by it); tap-record rows are bucketed by their connection here, as the bundles do.
+            bucket = row.get("bucket")
+            if bucket is None:
+                bucket = bucket_index(str(row[column]), len(self.stores))
             by_bucket.setdefault(bucket, []).append(row)
         out: list[dict[str, Any]] = []
         for b, bucket_rows in by_bucket.items():

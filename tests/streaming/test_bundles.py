@@ -168,10 +168,12 @@ def run_bundled(batch_size: int, buckets: int) -> list[dict[str, Any]]:
         for row in routed:
             if row["route_key"] == "~pass":
                 out.append(row)
-            elif row["kind"] == CLOCK:
-                keyed[row["flags"]].append(row)  # the batch clock names its bucket
             else:
-                keyed[bucket_index(row["route_key"], buckets)].append(row)
+                # Stage one names each route and clock row's stage-two bucket.
+                assert row["bucket"] == (
+                    row["bucket"] if row["kind"] == CLOCK else bucket_index(row["route_key"], buckets)
+                )
+                keyed[row["bucket"]].append(row)
         for b, rows in keyed.items():
             result = keyed_bucket(CONFIG, two[b], rows, watermark_ms, timers_two[b])
             timers_two[b] = result.timer_ms

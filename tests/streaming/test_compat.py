@@ -129,11 +129,16 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
     # A checkpoint from before the balanced bucket labels grouped by the bucket number: refused.
     numbered = {k: v for k, v in shape.items() if k != "bucket_scheme"}
     assert any(
-        "bucket grouping values changed (scheme 1 -> 3)" in p for p in check_compatible(numbered, shape)
+        "bucket grouping values changed (scheme 1 -> 4)" in p for p in check_compatible(numbered, shape)
     )
     # One from before stage one's bundles bucketed connections by Spark's xxhash64: refused.
     hashed = {**shape, "bucket_scheme": 2}
-    assert any("bucket grouping values changed (scheme 2 -> 3)" in p for p in check_compatible(hashed, shape))
+    assert any("bucket grouping values changed (scheme 2 -> 4)" in p for p in check_compatible(hashed, shape))
+    # One whose stage two bucketed route keys by Spark's xxhash64, not the job's one function: refused.
+    keyed_by_spark = {**shape, "bucket_scheme": 3}
+    assert any(
+        "bucket grouping values changed (scheme 3 -> 4)" in p for p in check_compatible(keyed_by_spark, shape)
+    )
 
     # A checkpoint from before the paged bucket state (an entry per key) has no state layout: refused,
     # with the reason, not only as the state variables it no longer declares.
@@ -220,8 +225,8 @@ def test_the_job_refuses_a_checkpoint_of_the_build_before_the_balanced_buckets(t
     record = json.loads(path.read_text())
     del record["shape"]["bucket_scheme"]  # what the build before wrote
     path.write_text(json.dumps(record))
-    assert any("scheme 1 -> 3" in p for p in checkpoint_problems(cfg))
-    with pytest.raises(IncompatibleCheckpoint, match=r"(?s)cannot resume.*scheme 1 -> 3.*new checkpoint"):
+    assert any("scheme 1 -> 4" in p for p in checkpoint_problems(cfg))
+    with pytest.raises(IncompatibleCheckpoint, match=r"(?s)cannot resume.*scheme 1 -> 4.*new checkpoint"):
         start(cfg)
     assert not StreamPaths.of(cfg).pid_file.exists()  # refused before anything started
     # A record that describes another checkpoint says nothing about this one.
