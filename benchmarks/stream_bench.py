@@ -437,6 +437,37 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
     return summary
 
 
+def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    """The whole monitor over the topic's backlog (``run_available_now``): decode, both stateful stages,
+    alert book, Great Expectations, hooks; ``stream_dir`` holds its alert book and spool. Shared with
+    ``cost_bench.py``, so both measure the same job the same way."""
+    from streaming.hooks import AlertHooks
+    from streaming.job import checks_pipeline, frame_bundles
+    from streaming.paths import StreamPaths
+    from streaming.quality import QualityGate
+    from streaming.sink import BatchSink
+
+    paths = StreamPaths(stream_dir)
+    paths.make()
+    hooks = AlertHooks(config, paths.spool)
+    gate = QualityGate(config.quality, None)
+    quality_seconds: list[float] = []
+    sink_seconds: list[float] = []
+
+    def on_result(result: Any) -> None:
+        quality_seconds.append(result.quality_seconds)
+        sink_seconds.append(result.seconds)
+
+    sink = BatchSink(paths, hooks, gate, on_result=on_result)
+    try:
+        out = run_available_now(checks_pipeline(frame_bundles(spark, config), config), sink, checkpoint)
+    finally:
+        hooks.close()
+    out["quality_seconds"] = round(sum(quality_seconds), 3)
+    out["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
+    return out
+
+
 def measure_latency(
     spark: Any, config: KpmonConfig, bootstrap: str, rate: float, seconds: float
 ) -> dict[str, Any]:
@@ -596,12 +627,8 @@ def main() -> int:
         STATE_BUCKETS["state_buckets"] = args.state_buckets
     from pyspark.sql import functions as F
 
-    from streaming.hooks import AlertHooks
-    from streaming.job import checks_pipeline, frame_bundles
-    from streaming.paths import StreamPaths
-    from streaming.quality import QualityGate
+    from streaming.job import frame_bundles
     from streaming.session import build_session
-    from streaming.sink import BatchSink
 
     home = Path(tempfile.mkdtemp(prefix="kpmon-stream-bench-"))
     stack = LocalStack(home / "stack")
@@ -654,26 +681,9 @@ def main() -> int:
         out["rows"] = run_available_now(rows, count, home / "ck-rows")
         print(rate_line(out["rows"]))
         print("3/3 the whole job ...", flush=True)
-        paths = StreamPaths(home / "state" / "stream")
-        paths.make()
-        hooks = AlertHooks(config, paths.spool)
-        gate = QualityGate(config.quality, None)
-        quality_seconds: list[float] = []
-        sink_seconds: list[float] = []
-
-        def on_result(result: Any) -> None:
-            quality_seconds.append(result.quality_seconds)
-            sink_seconds.append(result.seconds)
-
-        sink = BatchSink(paths, hooks, gate, on_result=on_result)
-        out["job"] = run_available_now(
-            checks_pipeline(frame_bundles(spark, config), config), sink, home / "ck-job"
-        )
-        out["job"]["quality_seconds"] = round(sum(quality_seconds), 3)
-        out["job"]["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
+        out["job"] = run_job(spark, config, home / "state" / "stream", home / "ck-job")
         if args.progress:
             PROGRESS["spark_stages"] = _spark_stages(spark)
-        hooks.close()
         print(rate_line(out["job"]))
         # Per wire frame (a request or a response), whatever the records hold: the unit the raw read of
         # the schema-1 backlog (one record per frame) and both builds share.
