@@ -324,8 +324,8 @@ PROGRESS: dict[str, list[dict[str, Any]]] = {}
 
 class CpuMeter:
     """CPU seconds used by this process (the driver: planning, the sink, Great Expectations) and every
-    Spark process (the JVM and its Python workers) while a run lasts; the Kafka broker is not counted.
-    Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
+    Spark process it started (the JVM and its Python workers, all its descendants) while a run lasts;
+    the Kafka broker is not counted, nor another program's Spark on a shared host. Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
     up to its last poll. Unlike rows per second, this hardly moves with what else the machine runs.
 
     ``split`` says where it went: the driver, the Spark JVM (and, within it, its JIT compiler threads,
@@ -350,23 +350,41 @@ class CpuMeter:
     def _read(self) -> dict[tuple[int, int], float]:
         """CPU seconds per (pid, 0) for each process, and per (pid, tid) for the JVM's JIT threads."""
         out: dict[tuple[int, int], float] = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+        for pid in self._descendants():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if int(pid) != os.getpid() and b"pyspark" not in cmdline:
+                if pid != os.getpid() and b"pyspark" not in cmdline:
                     continue
-                out[(int(pid), 0)] = self._ticks(Path(f"/proc/{pid}/stat").read_text())
+                out[(pid, 0)] = self._ticks(Path(f"/proc/{pid}/stat").read_text())
             except OSError:
                 continue
-            if int(pid) == os.getpid():
-                self.kinds[int(pid)] = "driver"
+            if pid == os.getpid():
+                self.kinds[pid] = "driver"
             elif b"java" in cmdline.split(b"\0", 1)[0]:
-                self.kinds[int(pid)] = "spark_jvm"
-                out.update(self._jit_threads(int(pid)))
+                self.kinds[pid] = "spark_jvm"
+                out.update(self._jit_threads(pid))
             else:
-                self.kinds[int(pid)] = "python_workers"
+                self.kinds[pid] = "python_workers"
+        return out
+
+    @staticmethod
+    def _descendants() -> list[int]:
+        """This process and every process below it (pyspark's JVM is its child, the Python workers the
+        JVM's); another program's Spark on the same host is not."""
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, ()))
         return out
 
     def _jit_threads(self, pid: int) -> dict[tuple[int, int], float]:
