@@ -324,8 +324,8 @@ PROGRESS: dict[str, list[dict[str, Any]]] = {}
 
 class CpuMeter:
     """CPU seconds used by this process (the driver: planning, the sink, Great Expectations) and every
-    Spark process (the JVM and its Python workers) while a run lasts; the Kafka broker is not counted.
-    Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
+    Spark process it started (the JVM and its Python workers, all its descendants) while a run lasts;
+    the Kafka broker is not counted, nor another program's Spark on a shared host. Polled from /proc, keeping each process's last reading, so a worker that exits mid-run still counts
     up to its last poll. Unlike rows per second, this hardly moves with what else the machine runs.
 
     ``split`` says where it went: the driver, the Spark JVM (and, within it, its JIT compiler threads,
@@ -350,23 +350,41 @@ class CpuMeter:
     def _read(self) -> dict[tuple[int, int], float]:
         """CPU seconds per (pid, 0) for each process, and per (pid, tid) for the JVM's JIT threads."""
         out: dict[tuple[int, int], float] = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+        for pid in self._descendants():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if int(pid) != os.getpid() and b"pyspark" not in cmdline:
+                if pid != os.getpid() and b"pyspark" not in cmdline:
                     continue
-                out[(int(pid), 0)] = self._ticks(Path(f"/proc/{pid}/stat").read_text())
+                out[(pid, 0)] = self._ticks(Path(f"/proc/{pid}/stat").read_text())
             except OSError:
                 continue
-            if int(pid) == os.getpid():
-                self.kinds[int(pid)] = "driver"
+            if pid == os.getpid():
+                self.kinds[pid] = "driver"
             elif b"java" in cmdline.split(b"\0", 1)[0]:
-                self.kinds[int(pid)] = "spark_jvm"
-                out.update(self._jit_threads(int(pid)))
+                self.kinds[pid] = "spark_jvm"
+                out.update(self._jit_threads(pid))
             else:
-                self.kinds[int(pid)] = "python_workers"
+                self.kinds[pid] = "python_workers"
+        return out
+
+    @staticmethod
+    def _descendants() -> list[int]:
+        """This process and every process below it (pyspark's JVM is its child, the Python workers the
+        JVM's); another program's Spark on the same host is not."""
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, ()))
         return out
 
     def _jit_threads(self, pid: int) -> dict[tuple[int, int], float]:
@@ -435,6 +453,37 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
     summary["cpu_us_per_frame"] = round(cpu_seconds / summary["rows"] * 1e6, 1) if summary["rows"] else None
     summary["cpu_seconds_by_process"] = meter.split
     return summary
+
+
+def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    """The whole monitor over the topic's backlog (``run_available_now``): decode, both stateful stages,
+    alert book, Great Expectations, hooks; ``stream_dir`` holds its alert book and spool. Shared with
+    ``cost_bench.py``, so both measure the same job the same way."""
+    from streaming.hooks import AlertHooks
+    from streaming.job import checks_pipeline, frame_bundles
+    from streaming.paths import StreamPaths
+    from streaming.quality import QualityGate
+    from streaming.sink import BatchSink
+
+    paths = StreamPaths(stream_dir)
+    paths.make()
+    hooks = AlertHooks(config, paths.spool)
+    gate = QualityGate(config.quality, None)
+    quality_seconds: list[float] = []
+    sink_seconds: list[float] = []
+
+    def on_result(result: Any) -> None:
+        quality_seconds.append(result.quality_seconds)
+        sink_seconds.append(result.seconds)
+
+    sink = BatchSink(paths, hooks, gate, on_result=on_result)
+    try:
+        out = run_available_now(checks_pipeline(frame_bundles(spark, config), config), sink, checkpoint)
+    finally:
+        hooks.close()
+    out["quality_seconds"] = round(sum(quality_seconds), 3)
+    out["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
+    return out
 
 
 def measure_latency(
@@ -596,12 +645,8 @@ def main() -> int:
         STATE_BUCKETS["state_buckets"] = args.state_buckets
     from pyspark.sql import functions as F
 
-    from streaming.hooks import AlertHooks
-    from streaming.job import checks_pipeline, frame_bundles
-    from streaming.paths import StreamPaths
-    from streaming.quality import QualityGate
+    from streaming.job import frame_bundles
     from streaming.session import build_session
-    from streaming.sink import BatchSink
 
     home = Path(tempfile.mkdtemp(prefix="kpmon-stream-bench-"))
     stack = LocalStack(home / "stack")
@@ -654,26 +699,9 @@ def main() -> int:
         out["rows"] = run_available_now(rows, count, home / "ck-rows")
         print(rate_line(out["rows"]))
         print("3/3 the whole job ...", flush=True)
-        paths = StreamPaths(home / "state" / "stream")
-        paths.make()
-        hooks = AlertHooks(config, paths.spool)
-        gate = QualityGate(config.quality, None)
-        quality_seconds: list[float] = []
-        sink_seconds: list[float] = []
-
-        def on_result(result: Any) -> None:
-            quality_seconds.append(result.quality_seconds)
-            sink_seconds.append(result.seconds)
-
-        sink = BatchSink(paths, hooks, gate, on_result=on_result)
-        out["job"] = run_available_now(
-            checks_pipeline(frame_bundles(spark, config), config), sink, home / "ck-job"
-        )
-        out["job"]["quality_seconds"] = round(sum(quality_seconds), 3)
-        out["job"]["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
+        out["job"] = run_job(spark, config, home / "state" / "stream", home / "ck-job")
         if args.progress:
             PROGRESS["spark_stages"] = _spark_stages(spark)
-        hooks.close()
         print(rate_line(out["job"]))
         # Per wire frame (a request or a response), whatever the records hold: the unit the raw read of
         # the schema-1 backlog (one record per frame) and both builds share.

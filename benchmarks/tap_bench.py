@@ -183,14 +183,15 @@ def quantile_le_ms(before: Buckets, after: Buckets, q: float) -> float | None:
 
 
 def tap_counters(metrics_port: int) -> dict[str, float]:
-    """The tap's own counters, summed over their labels: frames forwarded, mirror drops, delivery
-    errors, and the mirror queue's depth now."""
+    """The tap's own counters, summed over their labels: frames and bytes forwarded, mirror drops,
+    delivery errors, and the mirror queue's depth now."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     wanted = {
         "kpmon_tap_frames_total": "forwarded",
+        "kpmon_tap_bytes_total": "bytes_forwarded",
         "kpmon_tap_mirror_drops_total": "drops",
         "kpmon_tap_mirror_delivery_errors_total": "delivery_errors",
         "kpmon_tap_mirror_queue_depth": "queue_depth",
@@ -272,10 +273,12 @@ def wait_mirror_drained(
 
 
 class TapProcess:
-    def __init__(self, listen: int, broker: str, policy: str, mirror_bootstrap: str) -> None:
+    def __init__(
+        self, listen: int, broker: str, policy: str, mirror_bootstrap: str, topic: str | None = None
+    ) -> None:
         self.metrics_port = _free_port()
         self.policy = policy
-        self.topic = None if policy == "off" else f"kpmon.bench.{policy}"
+        self.topic = None if policy == "off" else (topic or f"kpmon.bench.{policy}")
         self.mirror_bootstrap = mirror_bootstrap
         cmd = [sys.executable, "-m", "kpmon.cli", "tap", "--listen", f"127.0.0.1:{listen}={broker}@1"]
         cmd += ["--metrics-port", str(self.metrics_port), "--log-level", "WARNING"]
