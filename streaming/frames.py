@@ -45,7 +45,6 @@ from codec.taprecord import (
     int_header,
     is_schema_2,
     parse_record_2,
-    record_frames,
 )
 
 FRAME_ROW_SCHEMA = pa.schema(
@@ -237,17 +236,18 @@ def record_rows(
     except RecordError:
         return [frame_row({}, value, partition, offset)]
     c = record.connection
+    conn = connection_of(c.conn, partition)
     rows: list[dict[str, Any]] = []
-    for frame, part in record_frames(record, partition, offset):
+    for part in record.parts:
         rows.append(
             {
-                Header.CONN: frame.conn,
-                Header.SEQ: _fitting(Header.SEQ, frame.seq),
-                Header.TS_NS: _fitting(Header.TS_NS, frame.ts_ns),
-                Header.DIR: frame.direction,
-                Header.API_KEY: _fitting(Header.API_KEY, frame.api_key),
-                Header.API_VERSION: _fitting(Header.API_VERSION, frame.api_version),
-                Header.CORR_ID: _fitting(Header.CORR_ID, frame.correlation_id),
+                Header.CONN: conn,
+                Header.SEQ: _fitting(Header.SEQ, record.seq),
+                Header.TS_NS: _fitting(Header.TS_NS, part.ts_ns),
+                Header.DIR: part.direction,
+                Header.API_KEY: _fitting(Header.API_KEY, part.api_key),
+                Header.API_VERSION: _fitting(Header.API_VERSION, part.api_version),
+                Header.CORR_ID: _fitting(Header.CORR_ID, part.correlation_id),
                 Header.CLIENT: c.client,
                 Header.BROKER: c.broker,
                 Header.BROKER_ID: _fitting(Header.BROKER_ID, c.broker_id),

@@ -74,7 +74,7 @@ def test_tls_on_both_sides(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
         await tap.stop()
         await broker.stop()
-        opened = json.loads(sink.records[0].value)
+        opened = json.loads(parts(sink.records[:1])[0][1].value or b"")
         assert opened["tls"]["version"].startswith("TLS")
         reqs = [(r, p) for r, p in parts(sink.records) if p.direction == "req"]
         assert len(reqs) == 3 and reqs[0][0].connection.listener == "SSL"
