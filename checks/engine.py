@@ -10,8 +10,8 @@ the watermark is processed at once and counted as late.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -57,9 +57,18 @@ class _ConnState:
         return request
 
 
-#: Called with ("on_request" | "on_response", exchange) for every top-level exchange, before the rules,
-#: and with ("on_header", exchange) for a request known only by its header (undecodable or header-only).
-ExchangeObserver = Callable[[str, Exchange], None]
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """An exchange the monitor handed its rules: what ``Monitor.take_dispatched`` returns (as h11
+    returns events), so a caller acts on it after the call instead of being called back during it."""
+
+    #: ``on_request`` or ``on_response`` for a top-level exchange; ``on_header`` for a request known
+    #: only by its header (undecodable or captured header-only).
+    hook: str
+    exchange: Exchange
+    #: The exchange an Envelope forwards, unwrapped once by the monitor (None: not an Envelope, or
+    #: its inner frames did not decode).
+    inner: Exchange | None = None
 
 
 class Monitor:
@@ -67,8 +76,9 @@ class Monitor:
 
     ``only_key`` restricts every rule to that one state key: a shard of the catalogue that sees only
     the frames routed to it (the streaming job keys its state stores this way); such a shard sees a
-    subset of each connection's frames, so it turns ``track_gaps`` off. ``observer`` sees each exchange
-    as it is dispatched, which is how a connection shard learns where to route frames.
+    subset of each connection's frames, so it turns ``track_gaps`` off. With ``record_dispatched``, the
+    monitor keeps every exchange it dispatches (``take_dispatched``), which is how a connection shard
+    learns where to route frames.
     """
 
     def __init__(
@@ -77,7 +87,7 @@ class Monitor:
         ctx: Context,
         *,
         only_key: str | None = None,
-        observer: ExchangeObserver | None = None,
+        record_dispatched: bool = False,
         track_gaps: bool = True,
         report_frames: bool = True,
         in_record_order: bool = False,
@@ -85,7 +95,8 @@ class Monitor:
         self.rules = list(rules)
         self.ctx = ctx
         self.only_key = only_key
-        self.observer = observer
+        #: What was dispatched since the last ``take_dispatched`` (None: not recorded).
+        self.dispatched: list[Dispatched] | None = [] if record_dispatched else None
         self.track_gaps = track_gaps
         #: Count the frames and exchanges, report undecodable frames and count header-only ones and
         #: unpaired answers. Off in a keyed shard: the connection shard did all of it for every frame,
@@ -171,6 +182,13 @@ class Monitor:
         self._drain(None)
         return self.take_findings()
 
+    def take_dispatched(self) -> list[Dispatched]:
+        """The exchanges dispatched since the last call, in order (``record_dispatched``)."""
+        out = self.dispatched or []
+        if self.dispatched is not None:
+            self.dispatched = []
+        return out
+
     def take_findings(self) -> list[Finding]:
         out, self.ctx.findings = self.ctx.findings, []
         return out
@@ -251,15 +269,15 @@ class Monitor:
     def _header_only_request(self, frame: TapFrame) -> None:
         """A request known only by its header: the rules that judge headers alone still see it.
 
-        Shown to the observer as ``on_header`` (``ex.req`` is the header, ``ex.request.message`` the only
+        Recorded as dispatched ``on_header`` (``ex.req`` is the header, ``ex.request.message`` the only
         thing added to the frame as it came): a shard routes it to the keyed rules that judge headers.
         """
         request = header_request(frame)
         if request is None:
             return
         exchange = Exchange(replace(frame, message=request), None)
-        if self.observer is not None:
-            self.observer("on_header", exchange)
+        if self.dispatched is not None:
+            self.dispatched.append(Dispatched("on_header", exchange))
         for rule in self.rules:
             if not rule.judges_headers or (
                 rule.api_keys is not None and request.api_key not in rule.api_keys
@@ -281,8 +299,10 @@ class Monitor:
         The hot loop of the whole monitor (once per rule per frame): the rules that look at an API,
         and whether each overrides ``hook``, are found once per API and hook, not for every frame."""
         api_key = exchange.api_key
-        if self.observer is not None and envelope is None:
-            self.observer(hook, exchange)
+        # An Envelope's inner exchange is unwrapped once: for its rules here and for the caller.
+        inner = unwrap_envelope(exchange) if api_key == ENVELOPE else None
+        if self.dispatched is not None and envelope is None:
+            self.dispatched.append(Dispatched(hook, exchange, inner))
         rules = self._rules_by_api.get((api_key, hook))
         if rules is None:
             rules = self._rules_by_api[(api_key, hook)] = [
@@ -299,10 +319,8 @@ class Monitor:
                         call(rule, key, hook, exchange, envelope)
                     else:
                         self._touch(rule.name, key, exchange)
-        if api_key == ENVELOPE:
-            inner = unwrap_envelope(exchange)
-            if inner is not None:
-                self._dispatch(hook, inner, exchange)
+        if inner is not None:
+            self._dispatch(hook, inner, exchange)
 
     def _touch(self, rule: str, key: str, exchange: Exchange) -> None:
         """Make the state of (rule, key) if new, and set its last-seen time to ``exchange``'s."""
@@ -462,7 +480,7 @@ class Monitor:
         ctx: Context,
         *,
         only_key: str | None = None,
-        observer: ExchangeObserver | None = None,
+        record_dispatched: bool = False,
         track_gaps: bool = True,
         report_frames: bool = True,
         in_record_order: bool = False,
@@ -473,7 +491,7 @@ class Monitor:
             rules,
             ctx,
             only_key=only_key,
-            observer=observer,
+            record_dispatched=record_dispatched,
             track_gaps=track_gaps,
             report_frames=report_frames,
             in_record_order=in_record_order,

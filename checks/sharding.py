@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from checks.codes import ENVELOPE
-from checks.engine import Monitor, StateFormatError, unwrap_envelope
+from checks.engine import Dispatched, Monitor, StateFormatError
 from checks.model import Exchange, Finding
 from checks.projections import ANSWER_KEYED, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
@@ -199,18 +199,23 @@ class ConnectionShard:
         if saved:
             state = _unpack(saved)
             self.monitor = Monitor.from_state(
-                state["monitor"], own_rules, self.ctx, observer=self._observe, in_record_order=True
+                state["monitor"], own_rules, self.ctx, record_dispatched=True, in_record_order=True
             )
             self.sent = dict(state["sent"])
             self.used = list(state["used"])
         else:
-            self.monitor = Monitor(own_rules, self.ctx, observer=self._observe, in_record_order=True)
+            self.monitor = Monitor(own_rules, self.ctx, record_dispatched=True, in_record_order=True)
 
     def feed(self, frames: Iterable[TapFrame]) -> list[Finding]:
         """Frames of this connection, in the order the tap wrote them (seq order)."""
         findings: list[Finding] = []
+        monitor = self.monitor
         for frame in frames:
-            findings.extend(self.monitor.feed(frame))
+            findings.extend(monitor.feed(frame))
+            # Route what the frame dispatched, after the rules ran on it (nothing they do changes
+            # where an exchange goes).
+            for event in monitor.take_dispatched():
+                self._observe(event)
         return findings
 
     def take_routes(self) -> list[Route]:
@@ -222,7 +227,12 @@ class ConnectionShard:
         return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
     def _keys(
-        self, ex: Exchange, first_use: bool, header_only: bool = False, answered: bool = False
+        self,
+        ex: Exchange,
+        inner: Exchange | None,
+        first_use: bool,
+        header_only: bool = False,
+        answered: bool = False,
     ) -> dict[str, _PlanStep]:
         """Route keys of ``ex``, each with the plan step that formed it (its kind, and whether it is a
         first-use-only route: the request goes there but its response will not); ``header_only``: of
@@ -237,8 +247,7 @@ class ConnectionShard:
                 for key in step[0].keys(ex):
                     out[prefix + key] = step
             return out
-        # An Envelope routes its own exchange and the one it forwards, rule by rule.
-        inner = unwrap_envelope(ex)
+        # An Envelope routes its own exchange and the one it forwards (``inner``), rule by rule.
         exchanges = [(ex, {id(entry[0]) for entry in plan})]
         if inner is not None:
             inner_plan = _route_plan(inner.api_key, header_only, first_use, api_key, answered)
@@ -261,14 +270,15 @@ class ConnectionShard:
             projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
         self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
 
-    def _observe(self, hook: str, ex: Exchange) -> None:
+    def _observe(self, event: Dispatched) -> None:
+        hook, ex, inner = event.hook, event.exchange, event.inner
         # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
         self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
         sent_key = f"{conn}|{ex.request.correlation_id}"
         if hook == "on_response":
-            self._observe_answer(ex, sent_key, incomplete)
+            self._observe_answer(ex, inner, sent_key, incomplete)
             return
         use = f"{ex.api_key}|{ex.api_version}"
         first_use = use not in self.used
@@ -280,12 +290,12 @@ class ConnectionShard:
             # nothing: no body to project; the client id is read from the bytes), the keyed shard
             # judges the header and reports no decode error of its own.
             frame = replace(ex.request, message=None)
-            for key, step in self._keys(ex, first_use, header_only=True).items():
+            for key, step in self._keys(ex, inner, first_use, header_only=True).items():
                 route(key, step[2], frame, ex.ts_ns, incomplete, request_only=True)
             return
         paired: list[str] = []
         request, ts_ns = ex.request, ex.ts_ns
-        for key, step in self._keys(ex, first_use).items():
+        for key, step in self._keys(ex, inner, first_use).items():
             first_use_only = step[3]
             route(key, step[2], request, ts_ns, incomplete, first_use_only)
             if not first_use_only:
@@ -294,7 +304,7 @@ class ConnectionShard:
             self.sent[sent_key] = paired
             self.ctx.trim(self.sent)
 
-    def _observe_answer(self, ex: Exchange, sent_key: str, incomplete: bool) -> None:
+    def _observe_answer(self, ex: Exchange, inner: Exchange | None, sent_key: str, incomplete: bool) -> None:
         kept = self.sent.pop(sent_key, None)
         response = ex.response
         if response is None:
@@ -303,7 +313,7 @@ class ConnectionShard:
         # The request's route keys stand; only the rules whose keys an answer can add to look again
         # (a request whose keys were not kept: every rule). Not a first use: no first-use-only routes
         # (those go with the request alone).
-        answered = self._keys(ex, first_use=False, answered=kept is not None)
+        answered = self._keys(ex, inner, first_use=False, answered=kept is not None)
         at = response.ts_ns
         route = self._route
         request = ex.request
