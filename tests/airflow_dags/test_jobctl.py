@@ -129,3 +129,24 @@ def test_what_runs_is_read_from_proc_when_not_spawned_here(tmp_path: Path, paths
         proc.kill()
         proc.wait(5)
     assert jobctl.describe_running(paths) is None
+
+
+def test_the_config_chooses_the_job_control(tmp_path: Path) -> None:
+    local = tmp_path / "local.yaml"
+    local.write_text(f"state_dir: {tmp_path}\n")
+    assert isinstance(jobctl.control_for(str(local)), jobctl.LocalControl)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        f"state_dir: {tmp_path}\nstream:\n  master: spark://m.example:7077\ndeploy:\n  target: standalone\n"
+    )
+    control = jobctl.control_for(str(cluster))
+    assert isinstance(control, jobctl.StandaloneControl)
+    assert control.rest.url == "http://m.example:6066"
+
+
+def test_a_record_written_before_targets_existed_is_a_local_process(tmp_path: Path) -> None:
+    old = {"pid": 123, "python": sys.executable, "config": "c.yaml", "log": "l", "started_at": 1.0}
+    record = jobctl.JobRecord.from_dict(old)
+    assert (record.target, record.driver_id, record.handle) == ("local", "", "123")
+    remote = jobctl.JobRecord(0, sys.executable, "c.yaml", "", 1.0, {}, "standalone", "driver-1-0000")
+    assert jobctl.JobRecord.from_dict(remote.to_dict()) == remote and remote.handle == "driver-1-0000"
