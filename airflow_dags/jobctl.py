@@ -372,7 +372,11 @@ class LocalControl:
     target = "local"
 
     def describe_running(self, paths: StreamPaths) -> JobRecord | None:
-        return describe_running(paths)
+        pid = running_pid(paths)
+        if pid is None:
+            return None
+        # A live process whose command line cannot be read is still the job: it must be stopped.
+        return describe_running(paths) or JobRecord(pid, "", "", "", 0.0)
 
     def is_running(self, record: JobRecord) -> bool:
         return is_alive(record.pid)

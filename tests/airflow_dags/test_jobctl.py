@@ -150,3 +150,21 @@ def test_a_record_written_before_targets_existed_is_a_local_process(tmp_path: Pa
     assert (record.target, record.driver_id, record.handle) == ("local", "", "123")
     remote = jobctl.JobRecord(0, sys.executable, "c.yaml", "", 1.0, {}, "standalone", "driver-1-0000")
     assert jobctl.JobRecord.from_dict(remote.to_dict()) == remote and remote.handle == "driver-1-0000"
+
+
+def test_the_local_control_finds_and_stops_the_process(paths: StreamPaths) -> None:
+    proc = start(
+        paths,
+        """
+        import os, sys, time
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.05)
+        """,
+        str(paths.stop_marker),
+    )
+    control = jobctl.LocalControl()
+    record = control.describe_running(paths)
+    assert record is not None and record.handle == str(proc.pid) and control.is_running(record)
+    result = control.stop(paths, record, timeout=30)
+    assert (result.how, result.pid) == ("graceful", proc.pid)
+    assert not control.is_running(record) and control.describe_running(paths) is None
