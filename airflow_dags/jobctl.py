@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -394,35 +395,32 @@ class LocalControl:
         return stop(paths, record.pid if record else None, timeout=timeout, term_grace=term_grace)
 
 
-class StandaloneControl:
-    """A driver on a Spark standalone cluster, through the master's REST submission server.
+class ClusterControl:
+    """A driver on a cluster, which the cluster's API submits, reports on and kills.
 
-    The driver runs on a worker and reads and writes the same state directory as the DAGs (a shared
-    mount, which the config requires to be absolute): the shipped config, ``progress.json`` and the stop
-    marker are where they are for a local job.
+    The driver runs on another host and reads and writes the same state directory as the DAGs (a
+    shared mount, which the config requires to be absolute): the shipped config, ``progress.json`` and
+    the stop marker are where they are for a local job. Subclasses say how to submit, ask and kill.
     """
 
-    target = "standalone"
+    target = ""
+    #: The cluster's states of a driver that runs or is about to.
+    active_states: frozenset[str] = frozenset()
 
-    def __init__(self, config: KpmonConfig, poll: float = 1.0) -> None:
-        from deploy.spark.rest import StandaloneRest, rest_url_of
-
-        self.master = config.stream.master
-        self.rest = StandaloneRest(
-            rest_url_of(self.master, config.deploy.rest_url), config.deploy.request_timeout_seconds
-        )
+    def __init__(self, poll: float = 1.0) -> None:
         self.poll = poll
 
-    def _state(self, record: JobRecord) -> str:
-        from deploy.spark.rest import RestError
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        raise NotImplementedError
 
-        try:
-            return self.rest.status(record.driver_id).state
-        except RestError as exc:
-            raise JobControlError(f"driver {record.driver_id}: {exc}") from exc
+    def state(self, driver_id: str) -> str:
+        raise NotImplementedError
+
+    def _kill(self, driver_id: str) -> None:
+        raise NotImplementedError
 
     def describe_running(self, paths: StreamPaths) -> JobRecord | None:
-        """The last recorded submission, if the master says it is still active. A driver submitted by
+        """The last recorded submission, if the cluster says it is still active. A driver submitted by
         other means is not known here."""
         record = read_record(paths)
         if record is None or record.target != self.target or not record.driver_id:
@@ -430,33 +428,15 @@ class StandaloneControl:
         return record if self.is_running(record) else None
 
     def is_running(self, record: JobRecord) -> bool:
-        from deploy.spark.rest import ACTIVE_STATES
-
-        return bool(record.driver_id) and self._state(record) in ACTIVE_STATES
+        return bool(record.driver_id) and self.state(record.driver_id) in self.active_states
 
     def start(self, spec: JobSpec, paths: StreamPaths | None = None) -> JobRecord:
-        from deploy.spark.rest import RestError, create_request
-        from deploy.spark.submit import DRIVER_FILE, SubmitError, plan_cluster_submission
-        from streaming.connector import spark_version
-
         config = load(spec.config)
         paths = paths or StreamPaths.of(config)
         paths.make()
-        try:
-            plan = plan_cluster_submission(config, spec.python, paths.root / "submit")
-        except SubmitError as exc:
-            raise JobControlError(str(exc)) from exc
-        write_private(plan.config_file, plan.config_yaml)
-        version = spark_version()
-        request = create_request(
-            str(DRIVER_FILE), ["--config", str(plan.config_file)], plan.properties, spec.env, version
-        )
         started = time.time()
-        try:
-            driver = self.rest.submit(request)
-        except RestError as exc:
-            raise JobControlError(str(exc)) from exc
-        # The driver's console output stays on its worker (<work dir>/<driver id>/stderr).
+        driver = self._submit(spec, config, paths)
+        # The driver's console output stays on the cluster (its worker's or container's log).
         record = JobRecord(0, spec.python, spec.config, "", started, dict(spec.env), self.target, driver)
         write_record(paths, record)
         return record
@@ -475,8 +455,6 @@ class StandaloneControl:
         timeout: float = 180.0,
         term_grace: float = 30.0,
     ) -> StopResult:
-        from deploy.spark.rest import RestError
-
         started = time.monotonic()
         record = record or self.describe_running(paths)
         if record is None or not self.is_running(record):
@@ -487,10 +465,7 @@ class StandaloneControl:
         try:
             if not self._wait_ended(record, started + timeout):
                 how = "killed"
-                try:
-                    self.rest.kill(record.driver_id)
-                except RestError as exc:
-                    raise JobControlError(f"cannot kill driver {record.driver_id}: {exc}") from exc
+                self._kill(record.driver_id)
                 if not self._wait_ended(record, time.monotonic() + term_grace + 30.0):
                     raise JobControlError(f"driver {record.driver_id} is still active after its kill")
         finally:
@@ -498,9 +473,144 @@ class StandaloneControl:
         return StopResult(how, time.monotonic() - started, None)
 
 
+class StandaloneControl(ClusterControl):
+    """A driver on a Spark standalone cluster, through the master's REST submission server."""
+
+    target = "standalone"
+
+    def __init__(self, config: KpmonConfig, poll: float = 1.0) -> None:
+        from deploy.spark.rest import ACTIVE_STATES, StandaloneRest, rest_url_of
+
+        super().__init__(poll)
+        self.active_states = ACTIVE_STATES
+        self.rest = StandaloneRest(
+            rest_url_of(config.stream.master, config.deploy.rest_url), config.deploy.request_timeout_seconds
+        )
+
+    def state(self, driver_id: str) -> str:
+        from deploy.spark.rest import RestError
+
+        try:
+            return self.rest.status(driver_id).state
+        except RestError as exc:
+            raise JobControlError(f"driver {driver_id}: {exc}") from exc
+
+    def _kill(self, driver_id: str) -> None:
+        from deploy.spark.rest import RestError
+
+        try:
+            self.rest.kill(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"cannot kill driver {driver_id}: {exc}") from exc
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        from deploy.spark.rest import RestError, create_request
+        from deploy.spark.submit import DRIVER_FILE, SubmitError, plan_cluster_submission
+        from streaming.connector import spark_version
+
+        try:
+            plan = plan_cluster_submission(config, spec.python, paths.root / "submit")
+        except SubmitError as exc:
+            raise JobControlError(str(exc)) from exc
+        write_private(plan.config_file, plan.config_yaml)
+        request = create_request(
+            str(DRIVER_FILE), ["--config", str(plan.config_file)], plan.properties, spec.env, spark_version()
+        )
+        try:
+            return self.rest.submit(request)
+        except RestError as exc:
+            raise JobControlError(str(exc)) from exc
+
+
+#: spark-submit's YARN client names the application it submitted in its log.
+_YARN_APP = re.compile(r"\bSubmitted application (application_\d+_\d+)")
+
+
+class YarnControl(ClusterControl):
+    """An application on YARN: spark-submit in cluster mode (``kpmon deploy submit``'s plan, returning
+    once the application is accepted), its state and kill through the ResourceManager's REST API."""
+
+    target = "yarn"
+
+    def __init__(self, config: KpmonConfig, poll: float = 1.0, submit_timeout: float = 600.0) -> None:
+        from deploy.spark.rest import YARN_ACTIVE_STATES, ResourceManagerRest
+
+        super().__init__(poll)
+        self.active_states = YARN_ACTIVE_STATES
+        assert config.deploy.rest_url is not None  # the config requires it for this target
+        self.rm = ResourceManagerRest(config.deploy.rest_url, config.deploy.request_timeout_seconds)
+        self.submit_timeout = submit_timeout
+
+    def state(self, driver_id: str) -> str:
+        from deploy.spark.rest import RestError
+
+        try:
+            return self.rm.state(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"application {driver_id}: {exc}") from exc
+
+    def _kill(self, driver_id: str) -> None:
+        from deploy.spark.rest import RestError
+
+        try:
+            self.rm.kill(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"cannot kill application {driver_id}: {exc}") from exc
+
+    @staticmethod
+    def plan(spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> Any:
+        """The spark-submit plan: cluster mode, the build's interpreter on every node."""
+        from deploy.spark.submit import SubmitError, SubmitOptions, plan_submit
+
+        deploy = config.deploy
+        options = SubmitOptions(
+            target="yarn",
+            deploy_mode="cluster",
+            connector=deploy.connector,
+            jars_dir=Path(deploy.jars_dir) if deploy.jars_dir else None,
+            executor_python=spec.python,
+            shared_checkpoint=True,
+            conf={
+                "spark.yarn.submit.waitAppCompletion": "false",
+                "spark.driver.cores": str(deploy.driver_cores),
+                "spark.driver.memory": deploy.driver_memory,
+                **deploy.spark_conf,
+            },
+        )
+        try:
+            return plan_submit(config, options, paths.root / "submit")
+        except SubmitError as exc:
+            raise JobControlError(str(exc)) from exc
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        from deploy.spark.submit import materialize
+
+        plan = self.plan(spec, config, paths)
+        materialize(plan)
+        try:
+            done = subprocess.run(
+                plan.argv,
+                env={**os.environ, **plan.env, **spec.env},
+                cwd=plan.workdir,
+                capture_output=True,
+                text=True,
+                timeout=self.submit_timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise JobControlError(f"spark-submit: {exc}") from exc
+        found = _YARN_APP.search(done.stdout + done.stderr)
+        if done.returncode != 0 or found is None:
+            tail_lines = (done.stderr or done.stdout).strip().splitlines()[-8:]
+            raise JobControlError(f"spark-submit exited {done.returncode}: {' / '.join(tail_lines)}")
+        return found.group(1)
+
+
 def control_for(config: KpmonConfig | str | os.PathLike[str]) -> JobControl:
     """The job control of a config's ``deploy.target``."""
     config = config if isinstance(config, KpmonConfig) else load(config)
     if config.deploy.target == "standalone":
         return StandaloneControl(config)
+    if config.deploy.target == "yarn":
+        return YarnControl(config)
     return LocalControl()

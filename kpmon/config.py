@@ -357,10 +357,11 @@ class DeployConfig(_Section):
 
     #: ``local``: a detached process on the Airflow worker's host. ``standalone``: a driver on a Spark
     #: standalone cluster (``stream.master`` ``spark://``), submitted in cluster mode through the
-    #: master's REST submission server.
-    target: Literal["local", "standalone"] = "local"
+    #: master's REST submission server. ``yarn``: an application (``stream.master`` ``yarn``) submitted
+    #: by spark-submit in cluster mode, watched and killed through the ResourceManager's REST API.
+    target: Literal["local", "standalone", "yarn"] = "local"
     #: standalone: the master's REST submission server (``spark.master.rest.enabled``). Default: the
-    #: master's host at Spark's REST port, 6066.
+    #: master's host at Spark's REST port, 6066. yarn (required): the ResourceManager's web address.
     rest_url: str | None = None
     #: standalone: how the driver gets the Kafka connector (as ``kpmon deploy submit --connector``):
     #: ``packages`` resolves it from Maven Central on the driver; ``jars`` ships ``jars_dir`` (the same
@@ -400,15 +401,21 @@ class KpmonConfig(_Section):
 
     @model_validator(mode="after")
     def _deploy_matches_master(self) -> KpmonConfig:
-        if self.deploy.target == "standalone":
-            if not self.stream.master.startswith("spark://"):
+        target = self.deploy.target
+        if target != "local":
+            masters = {"standalone": "spark://HOST:PORT", "yarn": "yarn"}
+            if not self.stream.master.startswith(masters[target].split("HOST")[0]):
                 raise ValueError(
-                    f"deploy.target standalone needs stream.master spark://HOST:PORT, not {self.stream.master!r}"
+                    f"deploy.target {target} needs stream.master {masters[target]}, not {self.stream.master!r}"
                 )
             if not Path(self.state_dir).is_absolute():
                 # The driver runs on a worker: it and the DAGs meet in the state directory (progress,
                 # stop marker, shipped config), which must be the same shared mount on both sides.
-                raise ValueError("deploy.target standalone needs an absolute state_dir on a shared mount")
+                raise ValueError(f"deploy.target {target} needs an absolute state_dir on a shared mount")
+            if target == "yarn" and not self.deploy.rest_url:
+                raise ValueError(
+                    "deploy.target yarn needs deploy.rest_url, the ResourceManager's web address"
+                )
         return self
 
     @property

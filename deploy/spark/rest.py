@@ -126,3 +126,50 @@ class StandaloneRest:
     def kill(self, submission_id: str) -> bool:
         """Ask the master to kill the driver; False if it was not running (already ended or unknown)."""
         return bool(self._call("POST", f"kill/{submission_id}").get("success"))
+
+
+#: YARN application states (``YarnApplicationState``) in which the application runs or is about to.
+YARN_ACTIVE_STATES = frozenset({"NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING"})
+
+
+class ResourceManagerRest:
+    """A YARN ResourceManager's REST API (``/ws/v1/cluster``): an application's state, and its kill.
+
+    Applications are submitted by spark-submit (``deploy.spark.submit``), which stages the job's files
+    in the cluster's filesystem; only the state and the kill go through here.
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method: str, app_id: str, body: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        path = f"{self.url}/ws/v1/cluster/apps/{app_id}/state"
+        request = urllib.request.Request(
+            path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                answer = json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise RestError(f"{method} {path}: HTTP {exc.code} {exc.read()[:300]!r}") from exc
+        except (OSError, ValueError) as exc:
+            raise RestError(f"{method} {path}: {exc}") from exc
+        if not isinstance(answer, dict):
+            raise RestError(f"{method} {path}: the ResourceManager answered {answer!r}")
+        return answer
+
+    def state(self, app_id: str) -> str:
+        """The application's ``YarnApplicationState``, or ``NOT_FOUND``."""
+        answer = self._call("GET", app_id)
+        return "NOT_FOUND" if answer is None else str(answer.get("state", "UNKNOWN"))
+
+    def kill(self, app_id: str) -> None:
+        """Ask for the kill; the ResourceManager answers 202 while it is under way, 200 once done."""
+        if self._call("PUT", app_id, {"state": "KILLED"}) is None:
+            raise RestError(f"the ResourceManager does not know {app_id}")

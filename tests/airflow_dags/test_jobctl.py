@@ -168,3 +168,63 @@ def test_the_local_control_finds_and_stops_the_process(paths: StreamPaths) -> No
     result = control.stop(paths, record, timeout=30)
     assert (result.how, result.pid) == ("graceful", proc.pid)
     assert not control.is_running(record) and control.describe_running(paths) is None
+
+
+RECORDED_RM = Path(__file__).resolve().parents[1] / "data" / "yarn" / "rm-state-exchanges.json"
+YARN_APP = "application_1795880000000_0007"
+
+
+def yarn_config(tmp_path: Path, rm_url: str) -> Path:
+    path = tmp_path / "yarn.yaml"
+    path.write_text(
+        f"state_dir: {tmp_path}\nstream:\n  master: yarn\n  checkpoint_dir: hdfs:///kpmon/ckpt\n"
+        f"deploy:\n  target: yarn\n  rest_url: {rm_url}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("script", "how"), [("graceful", "graceful"), ("killed", "killed"), ("unknown", "not running")]
+)
+def test_the_yarn_control_stops_through_the_marker_then_the_resourcemanager(
+    tmp_path: Path, script: str, how: str
+) -> None:
+    """Against RECORDED ResourceManager exchanges (tests/data/yarn, labelled there), not a live one."""
+    import json
+
+    from tests.airflow_dags.recorded import Replay
+
+    recording = json.loads(RECORDED_RM.read_text())
+    assert recording["label"].startswith("RECORDING")
+    with Replay(recording["scripts"][script]) as rm:
+        config = yarn_config(tmp_path, rm.url)
+        control = jobctl.control_for(str(config))
+        assert isinstance(control, jobctl.YarnControl)
+        control.poll = 0.01
+        paths = StreamPaths.of(jobctl.load(config))
+        paths.make()
+        record = jobctl.JobRecord(0, sys.executable, str(config), "", 1.0, {}, "yarn", YARN_APP)
+        jobctl.write_record(paths, record)
+        # The graceful script's driver ends on the marker; the others get no time to.
+        result = control.stop(paths, record, timeout=30.0 if script == "graceful" else 0.0, term_grace=5.0)
+        assert result.how == how
+        assert rm.unexpected == [] and rm.unplayed == []
+        assert not paths.stop_marker.exists()
+
+
+def test_the_yarn_control_submits_in_cluster_mode_with_the_builds_python(tmp_path: Path) -> None:
+    config = jobctl.load(yarn_config(tmp_path, "http://rm.example:8088"))
+    paths = StreamPaths.of(config)
+    plan = jobctl.YarnControl.plan(jobctl.JobSpec("/opt/build-b/bin/python", "b.yaml"), config, paths)
+    argv = plan.argv
+    assert argv[argv.index("--master") + 1] == "yarn" and argv[argv.index("--deploy-mode") + 1] == "cluster"
+    confs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+    assert confs["spark.yarn.submit.waitAppCompletion"] == "false"
+    assert (
+        confs["spark.pyspark.python"]
+        == confs["spark.yarn.appMasterEnv.PYSPARK_PYTHON"]
+        == "/opt/build-b/bin/python"
+    )
+    assert plan.config_file.parent == paths.root / "submit"
+    found = jobctl._YARN_APP.search(f"INFO Client: Submitted application {YARN_APP}")
+    assert found is not None and found.group(1) == YARN_APP
