@@ -320,7 +320,9 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
     mode = options.deploy_mode or defaults.get("spark.submit.deployMode", "client")
     if target == "standalone" and mode == "cluster":
         raise SubmitError(
-            "Spark standalone cannot run a Python driver in cluster mode; use --deploy-mode client"
+            "spark-submit cannot submit a Python driver in standalone cluster mode; use --deploy-mode "
+            "client, or let the Airflow DAGs submit it through the master's REST server (deploy.target: "
+            "standalone, docs/operations.md)"
         )
     notes = check_checkpoint(
         config.stream.checkpoint_dir,
