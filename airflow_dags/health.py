@@ -84,9 +84,15 @@ def check_and_heal(
     if redeploying is not None:
         log.info("health: redeploy %s is under way; not judging the job", redeploying)
         return {"status": "redeploying", "reason": f"redeploy {redeploying} is under way", "pid": None}
-    pid = jobctl.running_pid(paths)
-    status, reason, batch = diagnose(read_progress(paths.progress), pid is not None, now, config)
+    # Liveness from the job's target (its process here, or its driver's state on the cluster); progress
+    # from the file the job writes in the state directory, wherever its driver runs.
+    control = jobctl.control_for(config)
+    running = control.describe_running(paths)
+    pid = running.pid if running is not None else None
+    status, reason, batch = diagnose(read_progress(paths.progress), running is not None, now, config)
     result: dict[str, Any] = {"status": status, "reason": reason, "batch_id": batch, "pid": pid}
+    if running is not None and running.driver_id:
+        result["driver"] = running.driver_id
     if status not in ("stalled", "lagging", "failed", "died"):
         log.info("health: %s (%s)", status, reason)
         return result
@@ -103,6 +109,7 @@ def check_and_heal(
             "reason": reason,
             "batch_id": batch,
             "pid": pid,
+            "target": control.target,
             "state_root": str(paths.root),
         },
         context=config.alert_context(),
@@ -110,21 +117,33 @@ def check_and_heal(
     result["alert"] = alert.to_dict()
     result["delivery"] = (publish or opsalerts.publish)(config, [alert])
     if params.restart:
-        result["restart"] = restart(paths, params)
+        result["restart"] = restart(paths, params, control)
     return result
 
 
-def restart(paths: StreamPaths, params: HealthParams) -> dict[str, Any]:
+def restart(
+    paths: StreamPaths, params: HealthParams, control: jobctl.JobControl | None = None
+) -> dict[str, Any]:
     """Stop whatever is left of the job and start it again with the build and config it ran with."""
-    record = jobctl.describe_running(paths) or jobctl.read_record(paths)
+    control = control or jobctl.control_for(params.config)
+    running = control.describe_running(paths)
+    record = running or jobctl.read_record(paths)
     python = params.python or (record.python if record else "") or sys.executable
     config = (record.config if record and record.config else "") or params.config
-    stopped = jobctl.stop(paths, timeout=params.stop_timeout_seconds)
-    started = jobctl.spawn(jobctl.JobSpec(python, config, dict(record.env) if record else {}), paths)
-    log.warning("health: restarted the job (%s) as pid %d, log %s", stopped.how, started.pid, started.log)
+    stopped = control.stop(paths, running, timeout=params.stop_timeout_seconds)
+    started = control.start(jobctl.JobSpec(python, config, dict(record.env) if record else {}), paths)
+    log.warning(
+        "health: restarted the job (%s) as %s %s, log %s",
+        stopped.how,
+        control.target,
+        started.handle,
+        started.log or "on the cluster",
+    )
     return {
         "stopped": stopped.how,
         "pid": started.pid,
+        "handle": started.handle,
+        "target": control.target,
         "python": python,
         "config": config,
         "log": started.log,

@@ -9,6 +9,11 @@ No Airflow in here, so it is unit-testable on its own. The job contract it relie
 * it stops gracefully (finishes the running batch) when ``<state_dir>/stream/STOP`` appears or on
   SIGTERM.
 
+``JobControl`` is the same contract per deploy target (the config's ``deploy.target``): ``LocalControl``
+is the process on this host described above, ``StandaloneControl`` a driver on a Spark standalone cluster
+(REST submission, status, kill), which reads the same stop marker and writes the same progress file in
+a state directory shared with the DAGs. ``control_for`` picks one from a config.
+
 Each spawn is also recorded in ``<state_dir>/stream/jobctl.json`` (interpreter, config, log), which is how
 a later DAG run knows what to restart on rollback. Relative ``state_dir`` values resolve against the
 working directory of whoever reads them: give Airflow-managed configs an absolute ``state_dir``.
@@ -18,15 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from kpmon.config import KpmonConfig, load_config
+from kpmon.config import KpmonConfig, load_config, write_private
 from streaming.paths import StreamPaths
 
 RECORD_FILE = "jobctl.json"
@@ -53,16 +59,26 @@ class JobSpec:
 
 @dataclass
 class JobRecord:
+    #: The job's process on this host; 0 for a driver on a cluster.
     pid: int
     python: str
     config: str
     log: str
     started_at: float
     env: dict[str, str] = field(default_factory=dict)
+    #: The deploy target that started it (``deploy.target``).
+    target: str = "local"
+    #: The cluster's id of the driver (a standalone submission id); empty for a local process.
+    driver_id: str = ""
 
     @property
     def spec(self) -> JobSpec:
         return JobSpec(self.python, self.config, dict(self.env))
+
+    @property
+    def handle(self) -> str:
+        """What identifies this run of the job on its target: the driver id, else the pid."""
+        return self.driver_id or str(self.pid)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,12 +92,15 @@ class JobRecord:
             log=str(data.get("log", "")),
             started_at=float(data.get("started_at", 0.0)),
             env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+            target=str(data.get("target") or "local"),
+            driver_id=str(data.get("driver_id") or ""),
         )
 
 
 @dataclass
 class StopResult:
-    #: "not running", "graceful" (the STOP marker), "sigterm" or "sigkill".
+    #: "not running", "graceful" (the STOP marker), "sigterm" or "sigkill"; on a cluster, "killed"
+    #: (through the cluster's API).
     how: str
     seconds: float
     pid: int | None = None
@@ -318,3 +337,280 @@ def tail(path: str | os.PathLike[str], lines: int = 30) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+# -- one interface per deploy target ------------------------------------------------------------------------
+
+
+class JobControl(Protocol):
+    """Start, find and stop the job on one deploy target (``deploy.target`` of its config)."""
+
+    target: str
+
+    def describe_running(self, paths: StreamPaths) -> JobRecord | None:
+        """What runs on these paths, or None."""
+        ...
+
+    def is_running(self, record: JobRecord) -> bool: ...
+
+    def start(self, spec: JobSpec, paths: StreamPaths | None = None) -> JobRecord: ...
+
+    def stop(
+        self,
+        paths: StreamPaths,
+        record: JobRecord | None = None,
+        timeout: float = 180.0,
+        term_grace: float = 30.0,
+    ) -> StopResult:
+        """The stop marker first (the running batch finishes and commits); the target's own kill after
+        ``timeout``. Returns once the job is gone."""
+        ...
+
+
+class LocalControl:
+    """A detached process on this host (``spawn``, ``stop``)."""
+
+    target = "local"
+
+    def describe_running(self, paths: StreamPaths) -> JobRecord | None:
+        pid = running_pid(paths)
+        if pid is None:
+            return None
+        # A live process whose command line cannot be read is still the job: it must be stopped.
+        return describe_running(paths) or JobRecord(pid, "", "", "", 0.0)
+
+    def is_running(self, record: JobRecord) -> bool:
+        return is_alive(record.pid)
+
+    def start(self, spec: JobSpec, paths: StreamPaths | None = None) -> JobRecord:
+        return spawn(spec, paths)
+
+    def stop(
+        self,
+        paths: StreamPaths,
+        record: JobRecord | None = None,
+        timeout: float = 180.0,
+        term_grace: float = 30.0,
+    ) -> StopResult:
+        return stop(paths, record.pid if record else None, timeout=timeout, term_grace=term_grace)
+
+
+class ClusterControl:
+    """A driver on a cluster, which the cluster's API submits, reports on and kills.
+
+    The driver runs on another host and reads and writes the same state directory as the DAGs (a
+    shared mount, which the config requires to be absolute): the shipped config, ``progress.json`` and
+    the stop marker are where they are for a local job. Subclasses say how to submit, ask and kill.
+    """
+
+    target = ""
+    #: The cluster's states of a driver that runs or is about to.
+    active_states: frozenset[str] = frozenset()
+
+    def __init__(self, poll: float = 1.0) -> None:
+        self.poll = poll
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        raise NotImplementedError
+
+    def state(self, driver_id: str) -> str:
+        raise NotImplementedError
+
+    def _kill(self, driver_id: str) -> None:
+        raise NotImplementedError
+
+    def describe_running(self, paths: StreamPaths) -> JobRecord | None:
+        """The last recorded submission, if the cluster says it is still active. A driver submitted by
+        other means is not known here."""
+        record = read_record(paths)
+        if record is None or record.target != self.target or not record.driver_id:
+            return None
+        return record if self.is_running(record) else None
+
+    def is_running(self, record: JobRecord) -> bool:
+        return bool(record.driver_id) and self.state(record.driver_id) in self.active_states
+
+    def start(self, spec: JobSpec, paths: StreamPaths | None = None) -> JobRecord:
+        config = load(spec.config)
+        paths = paths or StreamPaths.of(config)
+        paths.make()
+        started = time.time()
+        driver = self._submit(spec, config, paths)
+        # The driver's console output stays on the cluster (its worker's or container's log).
+        record = JobRecord(0, spec.python, spec.config, "", started, dict(spec.env), self.target, driver)
+        write_record(paths, record)
+        return record
+
+    def _wait_ended(self, record: JobRecord, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            if not self.is_running(record):
+                return True
+            time.sleep(self.poll)
+        return not self.is_running(record)
+
+    def stop(
+        self,
+        paths: StreamPaths,
+        record: JobRecord | None = None,
+        timeout: float = 180.0,
+        term_grace: float = 30.0,
+    ) -> StopResult:
+        started = time.monotonic()
+        record = record or self.describe_running(paths)
+        if record is None or not self.is_running(record):
+            return StopResult("not running", 0.0, None)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        paths.stop_marker.touch()
+        how = "graceful"
+        try:
+            if not self._wait_ended(record, started + timeout):
+                how = "killed"
+                self._kill(record.driver_id)
+                if not self._wait_ended(record, time.monotonic() + term_grace + 30.0):
+                    raise JobControlError(f"driver {record.driver_id} is still active after its kill")
+        finally:
+            paths.stop_marker.unlink(missing_ok=True)
+        return StopResult(how, time.monotonic() - started, None)
+
+
+class StandaloneControl(ClusterControl):
+    """A driver on a Spark standalone cluster, through the master's REST submission server."""
+
+    target = "standalone"
+
+    def __init__(self, config: KpmonConfig, poll: float = 1.0) -> None:
+        from deploy.spark.rest import ACTIVE_STATES, StandaloneRest, rest_url_of
+
+        super().__init__(poll)
+        self.active_states = ACTIVE_STATES
+        self.rest = StandaloneRest(
+            rest_url_of(config.stream.master, config.deploy.rest_url), config.deploy.request_timeout_seconds
+        )
+
+    def state(self, driver_id: str) -> str:
+        from deploy.spark.rest import RestError
+
+        try:
+            return self.rest.status(driver_id).state
+        except RestError as exc:
+            raise JobControlError(f"driver {driver_id}: {exc}") from exc
+
+    def _kill(self, driver_id: str) -> None:
+        from deploy.spark.rest import RestError
+
+        try:
+            self.rest.kill(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"cannot kill driver {driver_id}: {exc}") from exc
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        from deploy.spark.rest import RestError, create_request
+        from deploy.spark.submit import DRIVER_FILE, SubmitError, plan_cluster_submission
+        from streaming.connector import spark_version
+
+        try:
+            plan = plan_cluster_submission(config, spec.python, paths.root / "submit")
+        except SubmitError as exc:
+            raise JobControlError(str(exc)) from exc
+        write_private(plan.config_file, plan.config_yaml)
+        request = create_request(
+            str(DRIVER_FILE), ["--config", str(plan.config_file)], plan.properties, spec.env, spark_version()
+        )
+        try:
+            return self.rest.submit(request)
+        except RestError as exc:
+            raise JobControlError(str(exc)) from exc
+
+
+#: spark-submit's YARN client names the application it submitted in its log.
+_YARN_APP = re.compile(r"\bSubmitted application (application_\d+_\d+)")
+
+
+class YarnControl(ClusterControl):
+    """An application on YARN: spark-submit in cluster mode (``kpmon deploy submit``'s plan, returning
+    once the application is accepted), its state and kill through the ResourceManager's REST API."""
+
+    target = "yarn"
+
+    def __init__(self, config: KpmonConfig, poll: float = 1.0, submit_timeout: float = 600.0) -> None:
+        from deploy.spark.rest import YARN_ACTIVE_STATES, ResourceManagerRest
+
+        super().__init__(poll)
+        self.active_states = YARN_ACTIVE_STATES
+        assert config.deploy.rest_url is not None  # the config requires it for this target
+        self.rm = ResourceManagerRest(config.deploy.rest_url, config.deploy.request_timeout_seconds)
+        self.submit_timeout = submit_timeout
+
+    def state(self, driver_id: str) -> str:
+        from deploy.spark.rest import RestError
+
+        try:
+            return self.rm.state(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"application {driver_id}: {exc}") from exc
+
+    def _kill(self, driver_id: str) -> None:
+        from deploy.spark.rest import RestError
+
+        try:
+            self.rm.kill(driver_id)
+        except RestError as exc:
+            raise JobControlError(f"cannot kill application {driver_id}: {exc}") from exc
+
+    @staticmethod
+    def plan(spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> Any:
+        """The spark-submit plan: cluster mode, the build's interpreter on every node."""
+        from deploy.spark.submit import SubmitError, SubmitOptions, plan_submit
+
+        deploy = config.deploy
+        options = SubmitOptions(
+            target="yarn",
+            deploy_mode="cluster",
+            connector=deploy.connector,
+            jars_dir=Path(deploy.jars_dir) if deploy.jars_dir else None,
+            executor_python=spec.python,
+            shared_checkpoint=True,
+            conf={
+                "spark.yarn.submit.waitAppCompletion": "false",
+                "spark.driver.cores": str(deploy.driver_cores),
+                "spark.driver.memory": deploy.driver_memory,
+                **deploy.spark_conf,
+            },
+        )
+        try:
+            return plan_submit(config, options, paths.root / "submit")
+        except SubmitError as exc:
+            raise JobControlError(str(exc)) from exc
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        from deploy.spark.submit import materialize
+
+        plan = self.plan(spec, config, paths)
+        materialize(plan)
+        try:
+            done = subprocess.run(
+                plan.argv,
+                env={**os.environ, **plan.env, **spec.env},
+                cwd=plan.workdir,
+                capture_output=True,
+                text=True,
+                timeout=self.submit_timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise JobControlError(f"spark-submit: {exc}") from exc
+        found = _YARN_APP.search(done.stdout + done.stderr)
+        if done.returncode != 0 or found is None:
+            tail_lines = (done.stderr or done.stdout).strip().splitlines()[-8:]
+            raise JobControlError(f"spark-submit exited {done.returncode}: {' / '.join(tail_lines)}")
+        return found.group(1)
+
+
+def control_for(config: KpmonConfig | str | os.PathLike[str]) -> JobControl:
+    """The job control of a config's ``deploy.target``."""
+    config = config if isinstance(config, KpmonConfig) else load(config)
+    if config.deploy.target == "standalone":
+        return StandaloneControl(config)
+    if config.deploy.target == "yarn":
+        return YarnControl(config)
+    return LocalControl()

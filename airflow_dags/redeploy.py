@@ -287,7 +287,7 @@ def _validate(params: Params, run_stamp: str) -> dict[str, Any]:
                 f"{which} config has a relative state_dir ({cfg.state_dir}): it resolves from {os.getcwd()}"
             )
     cur_paths, new_paths = StreamPaths.of(current), StreamPaths.of(new)
-    running = jobctl.describe_running(cur_paths)
+    running = jobctl.control_for(current).describe_running(cur_paths)
     recorded = jobctl.read_record(cur_paths)
     current_python = (
         params.current_python or (running.python if running else "") or (recorded.python if recorded else "")
@@ -362,6 +362,8 @@ def _validate(params: Params, run_stamp: str) -> dict[str, Any]:
             "config": params.current_config,
             "python": current_python,
             "pid": running.pid if running else None,
+            "handle": running.handle if running else None,
+            "target": current.deploy.target,
             "running": running is not None,
             "state_root": str(cur_paths.root),
             "checkpoint": cur_checkpoint,
@@ -371,6 +373,7 @@ def _validate(params: Params, run_stamp: str) -> dict[str, Any]:
             "config": effective,
             "requested_config": params.new_config,
             "python": params.new_python,
+            "target": effective_config.deploy.target,
             "state_root": str(effective_paths.root),
             "checkpoint": effective_paths.checkpoint(effective_config),
             "fresh_start": fresh,
@@ -475,16 +478,25 @@ def stop_current(params: Params, journal: Journal) -> dict[str, Any]:
 
 def _stop_current(params: Params, plan: dict[str, Any]) -> dict[str, Any]:
     paths = StreamPaths(Path(plan["current"]["state_root"]))
-    pid = jobctl.running_pid(paths)
-    if pid is None:
+    control = jobctl.control_for(plan["current"]["config"])
+    running = control.describe_running(paths)
+    if running is None:
         return {"was_running": False, "how": "not running", "batch_id": plan["current"]["batch_id"]}
-    result = jobctl.stop(paths, pid, timeout=params.stop_timeout_seconds)
+    result = control.stop(paths, running, timeout=params.stop_timeout_seconds)
     progress = read_progress(paths.progress) or {}
     batch = progress.get("batchId")
-    log.info("stop: job %d stopped (%s) in %.1f s after batch %s", pid, result.how, result.seconds, batch)
+    log.info(
+        "stop: job %s stopped (%s) in %.1f s after batch %s",
+        running.handle,
+        result.how,
+        result.seconds,
+        batch,
+    )
     return {
         "was_running": True,
-        "pid": pid,
+        "pid": running.pid,
+        "handle": running.handle,
+        "target": control.target,
         "how": result.how,
         "seconds": round(result.seconds, 3),
         "batch_id": batch if isinstance(batch, int) else None,
@@ -499,10 +511,21 @@ def start_new(params: Params, journal: Journal) -> dict[str, Any]:
         plan = _plan(journal)
         stopped = journal.get("stop_current") or {}
         paths = StreamPaths(Path(plan["new"]["state_root"]))
-        if jobctl.running_pid(paths) is not None:
+        control = jobctl.control_for(plan["new"]["config"])
+        if control.describe_running(paths) is not None:
             raise DeployError(f"a job is already running on {paths.root}: the old one did not stop")
-        record = jobctl.spawn(jobctl.JobSpec(plan["new"]["python"], plan["new"]["config"]), paths)
-        log.info("start: new job %d (%s, %s), log %s", record.pid, record.python, record.config, record.log)
+        try:
+            record = control.start(jobctl.JobSpec(plan["new"]["python"], plan["new"]["config"]), paths)
+        except jobctl.JobControlError as exc:
+            raise DeployError(f"cannot start the new job on {control.target}: {exc}") from exc
+        log.info(
+            "start: new job %s on %s (%s, %s), log %s",
+            record.handle,
+            control.target,
+            record.python,
+            record.config,
+            record.log or "on the cluster",
+        )
         baseline = stopped.get("batch_id") if plan["new"]["resumes"] else None
         return {**record.to_dict(), "baseline_batch": baseline}
 
@@ -526,6 +549,8 @@ def health_gate(
             raise DeployError("the new job was not started")
         config = _load(plan["new"]["config"], "new")
         paths = StreamPaths.of(config)
+        control = jobctl.control_for(config)
+        record = jobctl.JobRecord.from_dict(started)
         gate = HealthGate(
             params.health_batches,
             since=float(started["started_at"]),
@@ -538,15 +563,12 @@ def health_gate(
             now = clock()
             progress = read_progress(paths.progress)
             health = judge(progress, now, config.stream)
-            verdict = gate.observe(now, jobctl.is_alive(int(started["pid"])), progress, health)
+            verdict = gate.observe(now, control.is_running(record), progress, health)
             if verdict.reason != last_reason:
                 log.info("health gate: %s (%s)", verdict.outcome, verdict.reason)
                 last_reason = verdict.reason
             if verdict.outcome == FAIL:
-                raise DeployError(
-                    f"health gate failed: {verdict.reason}. Last lines of {started['log']}:\n"
-                    f"{jobctl.tail(started['log'], 15)}"
-                )
+                raise DeployError(f"health gate failed: {verdict.reason}. {_job_log(record)}")
             if verdict.outcome == PASS:
                 break
             sleep(poll)
@@ -603,23 +625,37 @@ def rollback(
         started = journal.get("start_new")
         failed_step, reason = _failure(journal)
         old_pid = plan["current"]["pid"]
+        old_handle = plan["current"].get("handle") or (str(old_pid) if old_pid else None)
         actions: list[str] = []
         new_paths = StreamPaths(Path(plan["new"]["state_root"]))
         old_paths = StreamPaths(Path(plan["current"]["state_root"]))
-        candidates = {jobctl.running_pid(new_paths), started.get("pid") if started else None}
-        for pid in sorted(p for p in candidates if p and p != old_pid and jobctl.is_alive(p)):
-            result = jobctl.stop(new_paths, pid, timeout=params.stop_timeout_seconds, term_grace=15.0)
-            actions.append(f"stopped new job {pid} ({result.how}, {result.seconds:.1f} s)")
+        new_control = jobctl.control_for(plan["new"]["config"])
+        old_control = jobctl.control_for(plan["current"]["config"])
+        candidates: dict[str, jobctl.JobRecord] = {}
+        for record in (
+            new_control.describe_running(new_paths),
+            jobctl.JobRecord.from_dict(started) if started else None,
+        ):
+            if record is not None and record.handle != old_handle:
+                candidates[record.handle] = record
+        for handle, record in sorted(candidates.items()):
+            if not new_control.is_running(record):
+                continue
+            result = new_control.stop(new_paths, record, timeout=params.stop_timeout_seconds, term_grace=15.0)
+            actions.append(f"stopped new job {handle} ({result.how}, {result.seconds:.1f} s)")
         restarted: dict[str, Any] | None = None
-        old_alive = jobctl.running_pid(old_paths)
+        old_alive = old_control.describe_running(old_paths)
         if plan["current"]["running"] and old_alive is None:
             spec = jobctl.JobSpec(plan["current"]["python"], plan["current"]["config"])
-            record = jobctl.spawn(spec, old_paths)
-            confirmed = _wait_started(old_paths, record, restart_timeout or params.start_timeout_seconds)
+            record = old_control.start(spec, old_paths)
+            confirmed = _wait_started(
+                old_control, old_paths, record, restart_timeout or params.start_timeout_seconds
+            )
             restarted = {**record.to_dict(), "confirmed": confirmed}
             actions.append(
-                f"restarted the previous build (pid {record.pid}, {spec.python}, {spec.config})"
-                + ("" if confirmed else f"; it has not reported progress yet, see {record.log}")
+                f"restarted the previous build ({old_control.target} {record.handle}, {spec.python}, "
+                f"{spec.config})"
+                + ("" if confirmed else f"; it has not reported progress yet. {_job_log(record)}")
             )
         if not actions:
             return {
@@ -662,11 +698,20 @@ def rollback(
     return _journaled(journal, "rollback", body)
 
 
-def _wait_started(paths: StreamPaths, record: jobctl.JobRecord, timeout: float) -> bool:
+def _job_log(record: jobctl.JobRecord) -> str:
+    """Where to read what the job said: the end of its log here, or where its driver keeps it."""
+    if record.driver_id:
+        return f"See driver {record.driver_id}'s stderr in its worker's work directory."
+    return f"Last lines of {record.log}:\n{jobctl.tail(record.log, 15)}"
+
+
+def _wait_started(
+    control: jobctl.JobControl, paths: StreamPaths, record: jobctl.JobRecord, timeout: float
+) -> bool:
     """Whether the restarted job reports its query started (a progress file newer than the spawn)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not jobctl.is_alive(record.pid):
+        if not control.is_running(record):
             return False
         progress = read_progress(paths.progress) or {}
         if float((progress.get("kpmon") or {}).get("written_at", 0.0)) >= record.started_at:

@@ -361,6 +361,38 @@ class AlertsConfig(_Section):
         return hooks
 
 
+class DeployConfig(_Section):
+    """Where the Airflow DAGs run the streaming job, and how they reach it (airflow_dags/jobctl.py,
+    docs/operations.md)."""
+
+    #: ``local``: a detached process on the Airflow worker's host. ``standalone``: a driver on a Spark
+    #: standalone cluster (``stream.master`` ``spark://``), submitted in cluster mode through the
+    #: master's REST submission server. ``yarn``: an application (``stream.master`` ``yarn``) submitted
+    #: by spark-submit in cluster mode, watched and killed through the ResourceManager's REST API.
+    target: Literal["local", "standalone", "yarn"] = "local"
+    #: standalone: the master's REST submission server (``spark.master.rest.enabled``). Default: the
+    #: master's host at Spark's REST port, 6066. yarn (required): the ResourceManager's web address.
+    rest_url: str | None = None
+    #: standalone: how the driver gets the Kafka connector (as ``kpmon deploy submit --connector``):
+    #: ``packages`` resolves it from Maven Central on the driver; ``jars`` ships ``jars_dir`` (the same
+    #: path on every worker); ``provided``: the cluster's classpath has it.
+    connector: Literal["packages", "jars", "provided"] = "packages"
+    #: standalone, ``connector: jars``: the pre-resolved jars (default: the local cache).
+    jars_dir: str | None = None
+    driver_cores: int = Field(default=1, gt=0)
+    driver_memory: str = "2g"
+    #: Spark properties of the submission, over deploy/spark/common.conf and standalone.conf.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    #: Timeout of one request to the cluster's API.
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _rest_url(self) -> DeployConfig:
+        if self.rest_url is not None and not re.fullmatch(r"https?://[^\s/]+/?", self.rest_url):
+            raise ValueError(f"rest_url must be http(s)://HOST:PORT, not {self.rest_url!r}")
+        return self
+
+
 class KpmonConfig(_Section):
     """The whole configuration. Every field has a default that runs the embedded local stack."""
 
@@ -375,6 +407,26 @@ class KpmonConfig(_Section):
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
+
+    @model_validator(mode="after")
+    def _deploy_matches_master(self) -> KpmonConfig:
+        target = self.deploy.target
+        if target != "local":
+            masters = {"standalone": "spark://HOST:PORT", "yarn": "yarn"}
+            if not self.stream.master.startswith(masters[target].split("HOST")[0]):
+                raise ValueError(
+                    f"deploy.target {target} needs stream.master {masters[target]}, not {self.stream.master!r}"
+                )
+            if not Path(self.state_dir).is_absolute():
+                # The driver runs on a worker: it and the DAGs meet in the state directory (progress,
+                # stop marker, shipped config), which must be the same shared mount on both sides.
+                raise ValueError(f"deploy.target {target} needs an absolute state_dir on a shared mount")
+            if target == "yarn" and not self.deploy.rest_url:
+                raise ValueError(
+                    "deploy.target yarn needs deploy.rest_url, the ResourceManager's web address"
+                )
+        return self
 
     @property
     def tap_cluster(self) -> KafkaClusterConfig:

@@ -320,7 +320,9 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
     mode = options.deploy_mode or defaults.get("spark.submit.deployMode", "client")
     if target == "standalone" and mode == "cluster":
         raise SubmitError(
-            "Spark standalone cannot run a Python driver in cluster mode; use --deploy-mode client"
+            "spark-submit cannot submit a Python driver in standalone cluster mode; use --deploy-mode "
+            "client, or let the Airflow DAGs submit it through the master's REST server (deploy.target: "
+            "standalone, docs/operations.md)"
         )
     notes = check_checkpoint(
         config.stream.checkpoint_dir,
@@ -439,3 +441,57 @@ def materialize(plan: SubmitPlan) -> None:
 def run(plan: SubmitPlan) -> int:
     materialize(plan)
     return subprocess.run(plan.argv, env=os.environ | plan.env, cwd=plan.workdir, check=False).returncode
+
+
+@dataclass(frozen=True)
+class ClusterSubmission:
+    """A standalone cluster-mode driver for the master's REST server (``deploy.spark.rest``)."""
+
+    properties: dict[str, str]
+    #: The effective config the driver reads, and where it is written (the shared state directory).
+    config_yaml: str
+    config_file: Path
+    notes: list[str]
+
+
+def plan_cluster_submission(
+    config: KpmonConfig, python: str, staging_dir: Path, spark_version: str | None = None
+) -> ClusterSubmission:
+    """The Spark properties of a standalone cluster-mode driver (``deploy.target: standalone``).
+
+    The same settings as ``plan_submit`` (common.conf, standalone.conf, the connector), with the driver on
+    a worker: ``python`` (the build's interpreter) must exist at that path on every worker, and the
+    shipped config is written to ``staging_dir``, which the workers must see at the same path.
+    """
+    from streaming.paths import StreamPaths
+
+    notes = check_checkpoint(StreamPaths.of(config).checkpoint(config), "standalone", True, [])
+    if spark_version is None:
+        from streaming.connector import spark_version as installed_spark_version
+
+        spark_version = installed_spark_version()
+    deploy = config.deploy
+    options = SubmitOptions(
+        target="standalone",
+        connector=deploy.connector,
+        jars_dir=Path(deploy.jars_dir) if deploy.jars_dir else None,
+    )
+    conf = target_defaults("standalone")
+    connector = _connector_conf(options, spark_version)
+    conf |= connector
+    conf |= {
+        "spark.master": config.stream.master,
+        "spark.app.name": options.name,
+        "spark.submit.deployMode": "cluster",
+        # Restarts are the health DAG's decision (it alerts first): the master must not relaunch on its own.
+        "spark.driver.supervise": "false",
+        "spark.driver.cores": str(deploy.driver_cores),
+        "spark.driver.memory": deploy.driver_memory,
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+    }
+    conf |= deploy.spark_conf
+    text = resolved_config(shipped_config(config, connector))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return ClusterSubmission(conf, text, staging_dir / f"kpmon-submit-{digest}.yaml", notes)

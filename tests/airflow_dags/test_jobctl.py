@@ -129,3 +129,102 @@ def test_what_runs_is_read_from_proc_when_not_spawned_here(tmp_path: Path, paths
         proc.kill()
         proc.wait(5)
     assert jobctl.describe_running(paths) is None
+
+
+def test_the_config_chooses_the_job_control(tmp_path: Path) -> None:
+    local = tmp_path / "local.yaml"
+    local.write_text(f"state_dir: {tmp_path}\n")
+    assert isinstance(jobctl.control_for(str(local)), jobctl.LocalControl)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        f"state_dir: {tmp_path}\nstream:\n  master: spark://m.example:7077\ndeploy:\n  target: standalone\n"
+    )
+    control = jobctl.control_for(str(cluster))
+    assert isinstance(control, jobctl.StandaloneControl)
+    assert control.rest.url == "http://m.example:6066"
+
+
+def test_a_record_written_before_targets_existed_is_a_local_process(tmp_path: Path) -> None:
+    old = {"pid": 123, "python": sys.executable, "config": "c.yaml", "log": "l", "started_at": 1.0}
+    record = jobctl.JobRecord.from_dict(old)
+    assert (record.target, record.driver_id, record.handle) == ("local", "", "123")
+    remote = jobctl.JobRecord(0, sys.executable, "c.yaml", "", 1.0, {}, "standalone", "driver-1-0000")
+    assert jobctl.JobRecord.from_dict(remote.to_dict()) == remote and remote.handle == "driver-1-0000"
+
+
+def test_the_local_control_finds_and_stops_the_process(paths: StreamPaths) -> None:
+    proc = start(
+        paths,
+        """
+        import os, sys, time
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.05)
+        """,
+        str(paths.stop_marker),
+    )
+    control = jobctl.LocalControl()
+    record = control.describe_running(paths)
+    assert record is not None and record.handle == str(proc.pid) and control.is_running(record)
+    result = control.stop(paths, record, timeout=30)
+    assert (result.how, result.pid) == ("graceful", proc.pid)
+    assert not control.is_running(record) and control.describe_running(paths) is None
+
+
+RECORDED_RM = Path(__file__).resolve().parents[1] / "data" / "yarn" / "rm-state-exchanges.json"
+YARN_APP = "application_1795880000000_0007"
+
+
+def yarn_config(tmp_path: Path, rm_url: str) -> Path:
+    path = tmp_path / "yarn.yaml"
+    path.write_text(
+        f"state_dir: {tmp_path}\nstream:\n  master: yarn\n  checkpoint_dir: hdfs:///kpmon/ckpt\n"
+        f"deploy:\n  target: yarn\n  rest_url: {rm_url}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("script", "how"), [("graceful", "graceful"), ("killed", "killed"), ("unknown", "not running")]
+)
+def test_the_yarn_control_stops_through_the_marker_then_the_resourcemanager(
+    tmp_path: Path, script: str, how: str
+) -> None:
+    """Against RECORDED ResourceManager exchanges (tests/data/yarn, labelled there), not a live one."""
+    import json
+
+    from tests.airflow_dags.recorded import Replay
+
+    recording = json.loads(RECORDED_RM.read_text())
+    assert recording["label"].startswith("RECORDING")
+    with Replay(recording["scripts"][script]) as rm:
+        config = yarn_config(tmp_path, rm.url)
+        control = jobctl.control_for(str(config))
+        assert isinstance(control, jobctl.YarnControl)
+        control.poll = 0.01
+        paths = StreamPaths.of(jobctl.load(config))
+        paths.make()
+        record = jobctl.JobRecord(0, sys.executable, str(config), "", 1.0, {}, "yarn", YARN_APP)
+        jobctl.write_record(paths, record)
+        # The graceful script's driver ends on the marker; the others get no time to.
+        result = control.stop(paths, record, timeout=30.0 if script == "graceful" else 0.0, term_grace=5.0)
+        assert result.how == how
+        assert rm.unexpected == [] and rm.unplayed == []
+        assert not paths.stop_marker.exists()
+
+
+def test_the_yarn_control_submits_in_cluster_mode_with_the_builds_python(tmp_path: Path) -> None:
+    config = jobctl.load(yarn_config(tmp_path, "http://rm.example:8088"))
+    paths = StreamPaths.of(config)
+    plan = jobctl.YarnControl.plan(jobctl.JobSpec("/opt/build-b/bin/python", "b.yaml"), config, paths)
+    argv = plan.argv
+    assert argv[argv.index("--master") + 1] == "yarn" and argv[argv.index("--deploy-mode") + 1] == "cluster"
+    confs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+    assert confs["spark.yarn.submit.waitAppCompletion"] == "false"
+    assert (
+        confs["spark.pyspark.python"]
+        == confs["spark.yarn.appMasterEnv.PYSPARK_PYTHON"]
+        == "/opt/build-b/bin/python"
+    )
+    assert plan.config_file.parent == paths.root / "submit"
+    found = jobctl._YARN_APP.search(f"INFO Client: Submitted application {YARN_APP}")
+    assert found is not None and found.group(1) == YARN_APP

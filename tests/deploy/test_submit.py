@@ -482,3 +482,48 @@ def test_pack_a_real_venv(tmp_path: Path) -> None:
     assert {"bin/python", "bin/activate", "pyvenv.cfg"} <= names
     with pytest.raises(PackError, match="not a virtual environment"):
         pack_module.pack(PackOptions(output=tmp_path / "x.tar.gz", venv=tmp_path / "missing"))
+
+
+def standalone_config(tmp_path: Path, **deploy: Any) -> KpmonConfig:
+    return KpmonConfig.model_validate(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "stream": {"master": "spark://master.example:7077"},
+            "deploy": {"target": "standalone", **deploy},
+        }
+    )
+
+
+def test_a_standalone_cluster_driver_gets_the_submit_settings_with_its_python_everywhere(
+    tmp_path: Path,
+) -> None:
+    from deploy.spark.submit import plan_cluster_submission
+
+    config = standalone_config(
+        tmp_path, connector="packages", driver_memory="3g", spark_conf={"spark.executor.memory": "6g"}
+    )
+    plan = plan_cluster_submission(config, "/opt/build-b/bin/python", tmp_path / "staging", "4.2.0")
+    props = plan.properties
+    assert props["spark.master"] == "spark://master.example:7077"
+    assert props["spark.submit.deployMode"] == "cluster" and props["spark.driver.supervise"] == "false"
+    for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.executorEnv.PYSPARK_PYTHON"):
+        assert props[key] == "/opt/build-b/bin/python"
+    assert (props["spark.driver.memory"], props["spark.driver.cores"]) == ("3g", "1")
+    # deploy.spark_conf wins over standalone.conf; the state-store settings come from common.conf.
+    assert props["spark.executor.memory"] == "6g" and props["spark.cores.max"] == "4"
+    assert props["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB
+    assert props["spark.jars.packages"] == connector_coordinate("4.2.0")
+    shipped = yaml.safe_load(plan.config_yaml)
+    assert shipped["stream"]["spark_conf"]["spark.jars.packages"] == connector_coordinate("4.2.0")
+    assert shipped["deploy"]["target"] == "standalone"
+    assert plan.config_file.parent == tmp_path / "staging"
+    # The default checkpoint is under the state directory, which a standalone target requires shared.
+    assert plan.notes and "shared mount" in plan.notes[0]
+
+
+def test_a_standalone_cluster_driver_with_jars_needs_the_connector_there(tmp_path: Path) -> None:
+    from deploy.spark.submit import plan_cluster_submission
+
+    config = standalone_config(tmp_path, connector="jars", jars_dir=str(tmp_path / "empty"))
+    with pytest.raises(SubmitError, match="spark-sql-kafka"):
+        plan_cluster_submission(config, sys.executable, tmp_path, "4.2.0")

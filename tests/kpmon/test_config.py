@@ -34,3 +34,32 @@ def test_errors_name_the_bad_key(tmp_path: Path) -> None:
 def test_an_environment_value_that_is_not_yaml_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="KPMON__TAP__TOPIC"):
         load_config(environ={"KPMON__TAP__TOPIC": "*not-an-alias"})
+
+
+def test_a_standalone_deploy_needs_a_spark_master_and_a_shared_absolute_state_dir(tmp_path: Path) -> None:
+    path = tmp_path / "kpmon.yaml"
+    env = {"KPMON__DEPLOY__TARGET": "standalone"}
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: local[2]\n")
+    with pytest.raises(ConfigError, match="spark://"):
+        load_config(path, environ=env)
+    path.write_text("state_dir: relative\nstream:\n  master: spark://m:7077\n")
+    with pytest.raises(ConfigError, match="absolute state_dir"):
+        load_config(path, environ=env)
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: spark://m:7077\n")
+    assert load_config(path, environ=env).deploy.target == "standalone"
+    with pytest.raises(ConfigError, match="rest_url"):
+        load_config(path, environ={**env, "KPMON__DEPLOY__REST_URL": "m:6066"})
+    assert load_config(path, environ={}).deploy.target == "local"
+
+
+def test_a_yarn_deploy_needs_the_yarn_master_and_the_resourcemanager(tmp_path: Path) -> None:
+    path = tmp_path / "kpmon.yaml"
+    env = {"KPMON__DEPLOY__TARGET": "yarn"}
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: spark://m:7077\n")
+    with pytest.raises(ConfigError, match=r"stream\.master yarn"):
+        load_config(path, environ=env)
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: yarn\n")
+    with pytest.raises(ConfigError, match="ResourceManager"):
+        load_config(path, environ=env)
+    config = load_config(path, environ={**env, "KPMON__DEPLOY__REST_URL": "http://rm:8088"})
+    assert (config.deploy.target, config.deploy.rest_url) == ("yarn", "http://rm:8088")

@@ -1,0 +1,63 @@
+"""Replays recorded HTTP exchanges on loopback, in order, for a client no real server can run for here.
+
+Each exchange is the request expected (method, path, JSON body if any) and the recorded answer (status,
+JSON body). A request that is not the next one recorded is answered 599 and remembered, so the test
+fails on it; ``unplayed`` lists what the client never asked.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Replay:
+    def __init__(self, exchanges: list[dict[str, Any]]) -> None:
+        self.exchanges = list(exchanges)
+        self.unexpected: list[str] = []
+        replay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                expected = replay.exchanges[0] if replay.exchanges else None
+                if expected is None or (expected["method"], expected["path"], expected.get("request")) != (
+                    self.command,
+                    self.path,
+                    body,
+                ):
+                    replay.unexpected.append(f"{self.command} {self.path} {body}")
+                    status, answer = 599, {"unexpected": True}
+                else:
+                    replay.exchanges.pop(0)
+                    status, answer = expected["status"], expected["response"]
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = _answer
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Replay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def unplayed(self) -> list[dict[str, Any]]:
+        return self.exchanges
