@@ -349,11 +349,11 @@ def _no_finding_lost_nor_alert_sent_twice(story: Story) -> None:
 
     watermark_ns = wait_for(caught_up, 300, "the restarted driver to catch up with the tap topic")
     import checks
-    from codec.taprecord import frame_from_record
+    from codec.taprecord import frames_from_record
 
     monitor = checks.new_monitor(config.checks.settings())
     reference = monitor.feed_all(
-        frame_from_record(r.headers, r.value, r.partition, r.offset) for r in records
+        frame for r in records for frame in frames_from_record(r.headers, r.value, r.partition, r.offset)
     )
     cutoff = watermark_ns - 1_000_000_000
     expected = {f.id for f in reference if f.ts_ns < cutoff}
