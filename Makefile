@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# Wheels only: a dependency whose newest release has no wheel for this Python resolves to an older
-	@# one that has, instead of compiling for minutes. pyspark is published only as a source archive
-	@# (it builds in seconds: no compiled code).
+	@# one that has, instead of compiling for minutes. pyspark is published only as a source archive,
+	@# with no code to compile (Python and jars).
 	$(PY) -m pip install -q --only-binary=:all: --no-binary=pyspark -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
