@@ -12,11 +12,12 @@ export KPMON_HOME ?= $(CURDIR)/.kpmon
 
 .PHONY: setup jars tools debian-tools native schemas lint typecheck test unit run clean
 
-# Two jobs: the set-up steps need nothing from each other but the venv, and lint and typecheck only the
-# venv, so pip's downloads, apt, the Go build, mypyc and mypy overlap on a 2-core machine. Not with
-# `clean` among the goals, which must not run beside what it removes.
+# Four jobs: the set-up steps need nothing from each other but the venv, and lint and typecheck only
+# the venv, so pip, apt and the jar downloads (network waits, and a Maven start per jar) overlap
+# with the Go build, mypyc and mypy on a 2-core machine. Not with `clean` among the goals,
+# which must not run beside what it removes.
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
-MAKEFLAGS += -j2
+MAKEFLAGS += -j4
 endif
 
 $(STAMP): pyproject.toml
@@ -83,13 +84,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: setup
-	$(PY) -m pytest -m "not integration" -q
-
 # The suite on both cores (pytest-xdist), a test file at a time per worker, so that a file's module
 # fixtures (a Spark session, a secured stack) start once. Each worker starts the session fixtures it
 # needs for itself (a Kafka stack is a JVM of its own, in a fresh directory on kernel-chosen ports).
 XDIST := -n 2 --dist loadfile
+
+unit: setup
+	$(PY) -m pytest -m "not integration" -q $(XDIST)
+
 test: setup lint typecheck
 	$(PY) -m pytest -q $(XDIST)
 	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.
