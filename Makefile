@@ -12,12 +12,23 @@ export KPMON_HOME ?= $(CURDIR)/.kpmon
 
 .PHONY: setup jars tools debian-tools native schemas lint typecheck test unit run clean
 
+# Four jobs: the set-up steps need nothing from each other but the venv, and lint and typecheck only
+# the venv, so pip, apt and the jar downloads (network waits, and a Maven start per jar) overlap
+# with the Go build, mypyc and mypy on a 2-core machine. Not with `clean` among the goals,
+# which must not run beside what it removes.
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+MAKEFLAGS += -j4
+endif
+
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.11 found (tried python3.13, python3.12, python3.11, python3); install one or set PYTHON=/path/to/python"; exit 1; }
 	@$(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { echo "error: $(PYTHON) is not a Python >= 3.11 (found: $$($(PYTHON) --version 2>&1))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[all,dev,bench,ops]'
+	@# Wheels only: a dependency whose newest release has no wheel for this Python resolves to an older
+	@# one that has, instead of compiling for minutes. pyspark is published only as a source archive,
+	@# with no code to compile (Python and jars).
+	$(PY) -m pip install -q --only-binary=:all: --no-binary=pyspark -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
 setup: $(STAMP) jars tools debian-tools native
@@ -31,42 +42,30 @@ native: $(NATIVE)
 $(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py deploy/native.py)
 	$(PY) -m deploy.native
 
-# tcpdump captures real client<->broker traffic for the pcap tests; tshark dissects what
-# `kpmon export --pcap` writes (docs/quickstart.md). From Debian's packages, once.
+# From Debian's packages, once: tcpdump captures real client<->broker traffic for the pcap tests;
+# tshark dissects what `kpmon export --pcap` writes (docs/quickstart.md); promtool (package prometheus)
+# checks and unit-tests the alerting rules for kpmon itself (deploy/prometheus, docs/operations.md);
+# a real Alertmanager (prometheus-alertmanager) receives the alertmanager hook's payloads in the tests
+# (docs/alerting.md). Prebuilt, they install in seconds, where a Go build of promtool or Alertmanager
+# takes minutes of both cores. No recommends: prometheus would pull in a node exporter daemon.
+DEBIAN_TOOLS := tcpdump tshark promtool prometheus-alertmanager
 debian-tools:
-	@if ! command -v tcpdump >/dev/null || ! command -v tshark >/dev/null; then \
-		echo "kpmon: installing tcpdump and tshark (Debian packages)"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q tcpdump tshark; \
+	@for tool in $(DEBIAN_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		echo "kpmon: installing tcpdump, tshark, prometheus (for promtool) and prometheus-alertmanager (Debian packages)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			tcpdump tshark prometheus prometheus-alertmanager; \
 	fi
 
-# kubeconform validates the Kubernetes manifests (deploy/k8s); built once from the Go module proxy.
-# A real Prometheus Alertmanager receives the alertmanager hook's payloads in the tests (docs/alerting.md).
+# kubeconform validates the Kubernetes manifests (deploy/k8s); built once from the Go module proxy
+# (about a minute: neither Debian nor PyPI has a build of it).
 KUBECONFORM := $(KPMON_HOME)/bin/kubeconform
-ALERTMANAGER := $(KPMON_HOME)/cache/alertmanager-0.28.1/alertmanager
-# promtool checks and unit-tests the alerting rules for kpmon itself (deploy/prometheus, docs/operations.md).
-PROMTOOL := $(KPMON_HOME)/bin/promtool
-tools: $(KUBECONFORM) $(ALERTMANAGER) $(PROMTOOL)
+tools: $(KUBECONFORM)
 $(KUBECONFORM):
 	@if command -v go >/dev/null; then \
 		echo "kpmon: building kubeconform v0.7.0 (once)"; \
 		GOBIN=$(KPMON_HOME)/bin go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0; \
 	else echo "kpmon: go not found: manifest schema checks will be skipped (docs/cluster-mode.md)"; fi
-$(ALERTMANAGER):
-	@if command -v go >/dev/null; then \
-		echo "kpmon: building Alertmanager v0.28.1 for the hook tests (once, a few minutes)"; \
-		GOBIN=$(dir $(ALERTMANAGER)) CGO_ENABLED=0 go install github.com/prometheus/alertmanager/cmd/alertmanager@v0.28.1; \
-	else echo "kpmon: go not found: the real-Alertmanager hook test will be skipped"; fi
-
-# Prometheus 3.5.0 is the Go module version v0.305.0. Its go.mod has replace directives, which
-# `go install pkg@version` refuses, so it is built from a throwaway module that requires it.
-$(PROMTOOL):
-	@if command -v go >/dev/null; then \
-		echo "kpmon: building promtool (Prometheus 3.5.0) for the alerting-rule tests (once, several minutes)"; \
-		work=$$(mktemp -d) && cd $$work && printf 'module kpmon.local/promtool\n\ngo 1.24\n' > go.mod && \
-		GOFLAGS=-mod=mod go get github.com/prometheus/prometheus/cmd/promtool@v0.305.0 && \
-		CGO_ENABLED=0 go build -o $(PROMTOOL) github.com/prometheus/prometheus/cmd/promtool && \
-		cd / && rm -rf $$work; \
-	else echo "kpmon: go not found: the alerting-rule tests (promtool) will fail"; fi
 
 # Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
 jars: $(STAMP)
@@ -85,13 +84,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The suite on both cores (pytest-xdist), a test file at a time per worker, so that a file's module
+# fixtures (a Spark session, a secured stack) start once. Each worker starts the session fixtures it
+# needs for itself (a Kafka stack is a JVM of its own, in a fresh directory on kernel-chosen ports).
+XDIST := -n 2 --dist loadfile
+
 unit: setup
-	$(PY) -m pytest -m "not integration" -q
+	$(PY) -m pytest -m "not integration" -q $(XDIST)
 
 test: setup lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.
-	KPMON_NATIVE=0 $(PY) -m pytest -q -m "not integration" $(PURE_TESTS)
+	KPMON_NATIVE=0 $(PY) -m pytest -q $(XDIST) -m "not integration" $(PURE_TESTS)
 
 run: setup
 	$(VENV)/bin/kpmon run

@@ -8,7 +8,9 @@ nothing needs to be running beforehand and parallel runs do not collide.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,16 @@ from deploy.local.stack import LocalStack
 from deploy.versions import KAFKA_LATEST, KAFKA_LEGACY
 from tap.proxy import parse_hostport
 from tests.tap.harness import TappedCluster, free_port, start_stack
+
+# ----- pytest-xdist workers (`make test` runs the suite on both cores) ---------------------------------
+
+# A worker runs as `python -c`, so its __main__ has neither a spec nor a file. pyspark.sql.connect, which
+# Great Expectations imports, takes exactly that for a doctest run and calls sys.exit(0) when its
+# optional dependencies are missing, which ends the worker during collection. A spec named __main__
+# says "a program", and multiprocessing's spawn skips re-importing such a main module, as it does now.
+_main = sys.modules["__main__"]
+if _main.__spec__ is None and not hasattr(_main, "__file__") and not hasattr(sys, "ps1"):
+    _main.__spec__ = ModuleSpec("__main__", None)
 
 # ----- local Kafka stack (deploy/local) -------------------------------------------------------------
 

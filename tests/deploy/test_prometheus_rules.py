@@ -1,14 +1,14 @@
 """The alerting rules and the Grafana dashboard for kpmon itself (deploy/prometheus, deploy/grafana).
 
 ``promtool check rules`` and ``promtool test rules`` (tests/deploy/prometheus/kpmon-rules-test.yaml)
-judge the rules; promtool is built by ``make setup`` (Makefile) into ``$KPMON_HOME/bin``. That the
-metrics they name are really exported is tests/deploy/test_monitoring_metrics.py's job.
+judge the rules; promtool comes from Debian's ``prometheus`` package, which ``make setup`` installs
+(Makefile); the rules use nothing newer than its Prometheus 2.42. That the metrics they name are really
+exported is tests/deploy/test_monitoring_metrics.py's job.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-
-from kpmon.paths import kpmon_home
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "kpmon-rules.yaml"
@@ -42,12 +40,9 @@ WATCHED = {
 
 
 def promtool() -> str:
-    candidate = kpmon_home() / "bin" / "promtool"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
     found = shutil.which("promtool")
     if found is None:
-        pytest.fail("promtool is missing: `make setup` builds it into $KPMON_HOME/bin (needs Go)")
+        pytest.fail("promtool is missing: `make setup` installs it (Debian package prometheus)")
     return found
 
 

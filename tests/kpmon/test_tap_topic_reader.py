@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 import codec
 from codec.protocol import ApiKey
@@ -27,11 +28,28 @@ def _produce(stack: LocalStack, topic: str, corr_ids: range, partition: int = 0)
 
 
 def _topic(stack: LocalStack, partitions: int) -> str:
+    """A new topic whose every partition already answers an offsets request. Right after the creation
+    a busy broker can still answer NOT_LEADER_OR_FOLLOWER for a moment (seen with both cores loaded by
+    the suite's two workers), and these tests read at once."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"kpmon.tap.reader.{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "kpmon-test-ready"})
+    try:
+        deadline = time.monotonic() + 30
+        for partition in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+    finally:
+        consumer.close()
     return topic
 
 

@@ -1,14 +1,13 @@
 """A real Prometheus Alertmanager on loopback, for the alertmanager hook's integration test.
 
-The binary is built once with ``go install`` (the Go toolchain fetches the module) into the kpmon cache,
-like the Kafka distributions: later runs start it offline. Without Go and without a cached binary the
-test is skipped, saying why.
+The binary is Debian's ``prometheus-alertmanager`` (0.25, with the v2 API the hook posts to), which
+``make setup`` installs; an ``alertmanager`` on the PATH serves too. Without either the test is skipped,
+saying why.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -18,11 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kpmon.paths import cache_dir
 from tests.streaming.hooks.receiver import free_port
 
-ALERTMANAGER_VERSION = "0.28.1"
-_MODULE = "github.com/prometheus/alertmanager/cmd/alertmanager"
 _CONFIG = """
 route:
   receiver: discard
@@ -33,17 +29,9 @@ receivers:
 
 
 def alertmanager_binary() -> Path | None:
-    """The cached binary, building it first if Go is available; None if neither."""
-    target = cache_dir() / f"alertmanager-{ALERTMANAGER_VERSION}" / "alertmanager"
-    if target.exists():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GOBIN": str(target.parent), "CGO_ENABLED": "0"}
-    subprocess.run([go, "install", f"{_MODULE}@v{ALERTMANAGER_VERSION}"], env=env, check=True, timeout=1800)
-    return target
+    """Debian's build (its own name for the binary), else an ``alertmanager`` on the PATH; None if neither."""
+    found = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    return Path(found) if found else None
 
 
 @contextmanager

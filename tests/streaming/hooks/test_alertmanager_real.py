@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def alertmanager_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = alertmanager_binary()
     if binary is None:
-        pytest.skip("no cached Alertmanager and no Go toolchain to build it")
+        pytest.skip("no Alertmanager: `make setup` installs it (Debian package prometheus-alertmanager)")
     with running_alertmanager(binary, tmp_path_factory.mktemp("alertmanager")) as url:
         yield url
 
