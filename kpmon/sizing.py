@@ -86,8 +86,9 @@ FIGURES: tuple[FigureSpec, ...] = (
         "job.cpu_us_per_frame",
         "stream_bench.json",
         "job.cpu_us_per_frame",
-        "µs CPU per tap record",
-        "the whole streaming job's CPU (driver, JVM, Python workers) per tap record, local[2]",
+        "µs CPU per wire frame",
+        "the whole streaming job's CPU (driver, JVM, Python workers) per wire frame (the committed run read "
+        "a schema-1 backlog: one record per frame), local[2]",
     ),
     FigureSpec(
         "job.frames_per_s", "stream_bench.json", "job.rows_per_second", "frames/s", "the job's sustained rate"
@@ -433,16 +434,18 @@ def estimate(inputs: Inputs, figures: Mapping[str, Figure]) -> Estimate:
         overhead,
     )
 
-    # Executors: the job's CPU per record at the utilisation its latency was measured at.
+    # Executors: the job's CPU per wire frame at the utilisation its latency was measured at. Per wire
+    # frame, not per tap record: a schema-2 record holds an exchange's two frames, and the job decodes
+    # and checks each.
     job_us, job_rate = b.fig("job.cpu_us_per_frame"), b.fig("job.frames_per_s")
     lat_rate, p95 = b.fig("latency.rate_frames_per_s"), b.fig("latency.p95_s")
     cores: float | None = None
     if job_us.value is not None and job_rate.value and lat_rate.value is not None:
         load = lat_rate.value / job_rate.value
-        busy = records_s * job_us.value / 1e6
+        busy = wire_frames * job_us.value / 1e6
         cores = max(1, math.ceil(busy / load))
         how = (
-            f"⌈{num(records_s)} records/s x {job_us.value} µs ÷ 10⁶ = {num(busy)} busy cores, "
+            f"⌈{num(wire_frames)} wire frames/s x {job_us.value} µs ÷ 10⁶ = {num(busy)} busy cores, "
             f"÷ {num(load)} (the load the p95 was measured at: {num(lat_rate.value)} of "
             f"{num(job_rate.value)} frames/s)⌉"
         )

@@ -76,7 +76,9 @@ def expected(inputs: sizing.Inputs) -> dict[str, float]:
         topic, f"mixes.produce_fetch_heavy.{cap}_value_ratio"
     ) + records * key(topic, "record_overhead_bytes")
     load_at_p95 = key(stream, "latency.rate_frames_per_second") / key(stream, "job.rows_per_second")
-    cores = max(1, math.ceil(records * key(stream, "job.cpu_us_per_frame") / 1e6 / load_at_p95))
+    # The job's CPU is per wire frame (two per request), whatever the records hold.
+    wire = 2 * inputs.requests_per_s
+    cores = max(1, math.ceil(wire * key(stream, "job.cpu_us_per_frame") / 1e6 / load_at_p95))
     prod = key(checks, "memory.producers.per_10k_bytes.held_after_close") / 10_000
     prod_open = key(checks, "memory.producers.per_10k_bytes.held") / 10_000
     group = key(checks, "memory.groups.per_10k_bytes.held_after_close") / 10_000
