@@ -71,7 +71,7 @@ def fleet():
     records = [r for i in range(60) for r in session(i, start + i * 3_000_000, zombie=i % 7 == 0)]
     out = []
     for offset, (key, raw, headers) in enumerate(records):
-        out.append(frames_from_record(dict(headers), raw, 0, offset)[0])
+        out.extend(frames_from_record(dict(headers or {}), raw, 0, offset))
     return sorted(out, key=lambda f: (f.ts_ns, f.conn, f.seq))
 
 out = {}
