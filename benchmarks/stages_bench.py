@@ -46,8 +46,9 @@ import pyarrow as pa  # noqa: E402
 
 import codec  # noqa: E402
 from benchmarks.results_file import header, write  # noqa: E402
-from benchmarks.stream_bench import session  # noqa: E402
+from benchmarks.stream_bench import SCHEMA, session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
+from codec import taprecord  # noqa: E402
 from kpmon.config import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch, read_bundle  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
@@ -63,15 +64,23 @@ SETTINGS = ChecksSettings(watermark_seconds=2.0)
 
 
 def tap_records(sessions: int, produces: int = 18) -> list[tuple[dict[str, str], bytes, int, int]]:
-    """Sessions interleaved by time, as (headers, value, partition, offset) on two tap partitions."""
+    """Sessions interleaved by the time the tap wrote each record, as (headers, value, partition,
+    offset) on two tap partitions, in the schema ``stream_bench.SCHEMA`` names (``--schema``)."""
     out: list[tuple[int, dict[str, str], bytes, int]] = []
     start = 1_700_000_000 * 10**9
     for index in range(sessions):
         for key, raw, headers in session(index, start + index * 2_000_000, produces=produces):
-            h = dict(headers)
-            out.append((int(h["ts_ns"]), h, raw, zlib.crc32(key) % 2))
+            h = dict(headers or ())
+            written = taprecord.record_time_ns(h, raw)
+            assert written is not None, "the benchmark writes only tap records"
+            out.append((written, h, raw, zlib.crc32(key) % 2))
     out.sort(key=lambda item: item[0])
     return [(h, raw, part, offset) for offset, (_, h, raw, part) in enumerate(out)]
+
+
+def frames_of(records: list[tuple[dict[str, str], bytes, int, int]]) -> int:
+    """The frames the records hold (one per schema-1 record, an exchange's two per schema-2 one)."""
+    return sum(len(taprecord.parse_record(h, raw).parts) for h, raw, _, _ in records)
 
 
 #: Records per Arrow batch the Kafka source hands ``mapInArrow`` (Spark's ``maxRecordsPerBatch``).
@@ -109,12 +118,14 @@ def unbundled(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
 
 
 def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
+    parts = [part for headers, raw, _, _ in records for part in taprecord.parse_record(headers, raw).parts]
     start = time.perf_counter()
-    for headers, raw, _, _ in records:
-        if headers["dir"] == "req":
-            codec.decode_request(raw)
-        elif headers["dir"] == "resp":
-            codec.decode_response(raw, int(headers["api_key"]), int(headers["api_version"]))
+    for part in parts:
+        if part.direction == "req":
+            codec.decode_request(part.value or b"")
+        elif part.direction == "resp":
+            assert part.api_key is not None and part.api_version is not None
+            codec.decode_response(part.value or b"", part.api_key, part.api_version)
     return time.perf_counter() - start
 
 
@@ -211,7 +222,8 @@ def drive(
         routed = step("stage1", stages.stage_one, rows, watermark_ms)
         step("stage2", stages.stage_two, routed, watermark_ms)
         if chunk:
-            max_ms = max(max_ms, max(int(r[0]["ts_ns"]) // NS_PER_MS for r in chunk))
+            newest = max(taprecord.record_time_ns(headers, raw) or 0 for headers, raw, _, _ in chunk)
+            max_ms = max(max_ms, newest // NS_PER_MS)
             watermark_ms = max(watermark_ms, max_ms - lateness_ms)
 
 
@@ -249,7 +261,7 @@ def main() -> int:
         default="paged",
         help="each bucket's state: the job's pages (counting round trips), or plain dicts",
     )
-    parser.add_argument("--batch", type=int, default=20_000, help="frames per micro-batch")
+    parser.add_argument("--batch", type=int, default=20_000, help="tap records per micro-batch")
     parser.add_argument("--profile", choices=["decode", "stage1", "stage2"], help="cProfile one part")
     parser.add_argument(
         "--default-gc",
@@ -257,14 +269,22 @@ def main() -> int:
         help="keep CPython's collector settings (default: the job's workers' settings, stream.worker_gc)",
     )
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--schema",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="tap-record schema: 2 (one record per exchange, what taps write) or 1 (one per frame)",
+    )
     args = parser.parse_args()
-    print(f"building {args.sessions} sessions...", flush=True)
+    SCHEMA["version"] = args.schema
+    print(f"building {args.sessions} sessions (tap-record schema {args.schema})...", flush=True)
     records = tap_records(args.sessions, args.produces)
     worker_gc = not args.default_gc and StreamConfig().worker_gc
     if worker_gc:
         # As the job's stateful workers run (streaming/workergc.py), after the imports and the input.
         tune_worker_gc()
-    frames = len(records)
+    frames = frames_of(records)
     load_before = os.getloadavg()
     decode_s = full_decode(records)
     trips = RoundTrips(args.store == "paged")
@@ -281,7 +301,7 @@ def main() -> int:
     stages_us = us["stage1"] + us["stage2"]
     gc_label = "worker settings" if worker_gc else "CPython defaults"
     print(
-        f"frames {frames} ({args.sessions} sessions of {args.produces} Produce exchanges), batch {args.batch}, "
+        f"frames {frames} in {len(records)} schema-{args.schema} records ({args.sessions} sessions of {args.produces} Produce exchanges), batch {args.batch}, "
         f"buckets {StreamConfig().buckets}, store {args.store}, collector: {gc_label}"
     )
     print(f"  full codec decode (comparison)  {floor_us:7.1f} µs/frame")
@@ -308,6 +328,8 @@ def main() -> int:
         record.update(
             load_average={"before": load_before, "after": load_after},
             frames=frames,
+            schema=args.schema,
+            records=len(records),
             sessions=args.sessions,
             produces=args.produces,
             store=args.store,

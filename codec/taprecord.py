@@ -574,8 +574,17 @@ def _opt(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def parse_record_2(value: bytes) -> TapRecord:
-    """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
+#: A schema-2 part's metadata as ``read_record_2`` hands it over (``pack_record``'s list, checked):
+#: direction, ts_ns, api key, api version, correlation id, redacted names, flags, size, then where its
+#: bytes start in the value. Its ints are unchecked (``_opt`` reads them).
+RawPart = tuple[str, Any, Any, Any, Any, Any, Any, int, int]
+
+
+def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart]]:
+    """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
+    ``Part`` objects: the kind, ``seq``, the connection and each part's raw metadata with where its
+    bytes are. ``RecordError`` when it does not follow the schema. The one reader of the layout:
+    ``parse_record_2`` builds on it, and the job's columnar read (``streaming.frames``) reads it so."""
     if len(value) < _PREFIX.size:
         raise RecordError("shorter than its prefix")
     _, length = _PREFIX.unpack_from(value)
@@ -584,37 +593,48 @@ def parse_record_2(value: bytes) -> TapRecord:
     if end > len(value):
         raise RecordError(f"metadata of {length} bytes overruns the {len(value)}-byte value")
     try:
-        meta = msgpack.unpackb(value[start:end], raw=False)
+        meta = msgpack.unpackb(memoryview(value)[start:end], raw=False)
         kind, seq, static, raw_parts = meta
         connection = _static(static)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise RecordError(f"unreadable metadata: {exc}") from exc
     if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
         raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
-    parts: list[Part] = []
+    parts: list[RawPart] = []
     pos = end
+    total = len(value)
     for raw in raw_parts:
         if not isinstance(raw, list) or len(raw) < 8:
             raise RecordError("a frame's metadata is not a list of its fields")
         direction, ts_ns, api_key, api_version, corr, redacted, flags, size = raw[:8]
-        if direction not in DIRECTIONS or not isinstance(size, int) or size < 0 or pos + size > len(value):
+        if direction not in DIRECTIONS or not isinstance(size, int) or size < 0 or pos + size > total:
             raise RecordError(f"frame {len(parts)}: bad direction {direction!r} or length {size!r}")
-        parts.append(
-            Part(
-                direction,
-                _opt(ts_ns) or 0,
-                _opt(api_key),
-                _opt(api_version),
-                _opt(corr),
-                value[pos : pos + size],
-                tuple(redacted.split(",")) if isinstance(redacted, str) and redacted else (),
-                {str(k): str(v) for k, v in flags.items()} if isinstance(flags, dict) else {},
-            )
-        )
+        parts.append((direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos))
         pos += size
-    if pos != len(value):
-        raise RecordError(f"{len(value) - pos} bytes after the last frame")
-    return TapRecord(2, kind, seq, connection, tuple(parts))
+    if pos != total:
+        raise RecordError(f"{total - pos} bytes after the last frame")
+    return kind, seq, connection, parts
+
+
+def part_of(value: bytes, raw: RawPart) -> Part:
+    """One part of ``read_record_2``'s output, with its bytes."""
+    direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos = raw
+    return Part(
+        direction,
+        _opt(ts_ns) or 0,
+        _opt(api_key),
+        _opt(api_version),
+        _opt(corr),
+        value[pos : pos + size],
+        tuple(redacted.split(",")) if isinstance(redacted, str) and redacted else (),
+        {str(k): str(v) for k, v in flags.items()} if isinstance(flags, dict) else {},
+    )
+
+
+def parse_record_2(value: bytes) -> TapRecord:
+    """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
+    kind, seq, connection, parts = read_record_2(value)
+    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts))
 
 
 def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1) -> TapRecord:

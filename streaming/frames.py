@@ -45,6 +45,8 @@ from codec.taprecord import (
     int_header,
     is_schema_2,
     parse_record_2,
+    part_of,
+    read_record_2,
 )
 
 FRAME_ROW_SCHEMA = pa.schema(
@@ -297,9 +299,28 @@ def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
-    """The frames' rows of schema-2 records, and each row's source row (``sources[i]`` of record i)."""
-    rows: list[dict[str, Any]] = []
+    """The frames' rows of schema-2 records, and each row's source row (``sources[i]`` of record i).
+
+    Column by column, as ``record_rows`` would make them row by row: this runs for every record of
+    the stream, and a dict per frame then ``from_pylist`` cost more than reading the records. A part
+    with flags or redacted names, and a record that breaks the schema, take ``record_rows`` itself."""
+    columns: dict[str, list[Any]] = {name: [] for name in FRAME_ROW_SCHEMA.names}
+    conn_col, seq_col, ts_col, dir_col = (
+        columns[n] for n in (Header.CONN, Header.SEQ, Header.TS_NS, Header.DIR)
+    )
+    api_col, ver_col, corr_col = (columns[n] for n in (Header.API_KEY, Header.API_VERSION, Header.CORR_ID))
+    client_col, broker_col, broker_id_col = (
+        columns[n] for n in (Header.CLIENT, Header.BROKER, Header.BROKER_ID)
+    )
+    listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
+    only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
+    partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
+    seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
+    ts_lo, ts_hi = _INT_BOUNDS[Header.TS_NS]
+    i32_lo, i32_hi = _INT_BOUNDS[Header.API_KEY]
+    id_lo, id_hi = _INT_BOUNDS[Header.BROKER_ID]
+    names = FRAME_ROW_SCHEMA.names
     for value, partition, offset, source in zip(
         batch.column("value").to_pylist(),
         batch.column("partition").to_pylist(),
@@ -307,10 +328,53 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         sources.tolist(),
         strict=True,
     ):
-        made = record_rows({}, value, partition, offset)
-        rows.extend(made)
-        origins.extend([source] * len(made))
-    return pa.RecordBatch.from_pylist(rows, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
+        try:
+            _, seq, c, parts = read_record_2(value)
+        except RecordError:
+            parts = []
+        if not parts:
+            # Broken, or (never written by a tap) a record of no frames: as the reference reads it.
+            for row in record_rows({}, value, partition, offset):
+                for name in names:
+                    columns[name].append(row[name])
+                origins.append(source)
+            continue
+        conn = connection_of(c.conn, partition)
+        seq_value = seq if seq_lo <= seq <= seq_hi else None
+        broker_id = c.broker_id
+        if broker_id is not None and not id_lo <= broker_id <= id_hi:
+            broker_id = None
+        for raw in parts:
+            direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos = raw
+            if flags or redacted:
+                part = part_of(value, raw)
+                header_only = part.header_only
+            else:
+                header_only = False
+            ts = ts_ns if type(ts_ns) is int else 0
+            conn_col.append(conn)
+            seq_col.append(seq_value)
+            ts_col.append(ts if ts_lo <= ts <= ts_hi else None)
+            dir_col.append(direction)
+            api_col.append(api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None)
+            ver_col.append(
+                api_version if type(api_version) is int and i32_lo <= api_version <= i32_hi else None
+            )
+            corr_col.append(corr if type(corr) is int and i32_lo <= corr <= i32_hi else None)
+            client_col.append(c.client)
+            broker_col.append(c.broker)
+            broker_id_col.append(broker_id)
+            listener_col.append(c.listener)
+            tap_col.append(c.tap)
+            capture_col.append(c.capture)
+            only_col.append(header_only)
+            partition_col.append(partition)
+            offset_col.append(offset)
+            size_col.append(size)
+            value_col.append(value[pos : pos + size])
+            origins.append(source)
+    arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
 
 
 def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array) -> pa.RecordBatch:

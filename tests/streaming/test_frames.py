@@ -182,6 +182,18 @@ def test_an_exchange_record_is_two_rows_with_the_record_seq() -> None:
     }
 
 
+@pytest.mark.parametrize("wide", [2**31, -(2**31) - 1, 2**40, 2**63 - 1, -(2**40)])
+def test_schema_2_integers_beyond_their_column_are_null(wide: int) -> None:
+    """Each integer a schema-2 record packs, beyond its column's type, reads as null as the reference
+    reads it (msgpack holds any int64; the columns are int32 or int64)."""
+    static = pack_static(Connection("tap-1-7", "", "", wide, None, "", "full"))
+    parts = [Part("req", wide if wide > 0 else 1, wide, 3, 5, b"R"), Part("resp", 2, 18, wide, wide, b"S")]
+    batch = source_batch([(None, pack_record(EXCHANGE, wide if wide > 0 else 0, static, parts), 0, 1)])
+    assert_same(batch)
+    row = frame_columns(batch).to_pylist()[0]
+    assert row["api_key"] is None and row["broker_id"] is None
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(records, max_size=12), st.integers(min_value=0, max_value=3))
 def test_columns_equal_the_per_record_reference(batch_records: list[Record], skip: int) -> None:
