@@ -182,6 +182,21 @@ def _driver_log(story: Story, record: jobctl.JobRecord | None) -> str:
     return stderr.read_text(errors="replace")[-4000:] if stderr.exists() else f"(no {stderr})"
 
 
+def _cluster_summary(story: Story) -> str:
+    """What the master says of its workers, applications and drivers: why a driver may get no cores."""
+    try:
+        state = story.cluster.state()
+    except OSError as exc:
+        return f"(master's state unreadable: {exc})"
+    workers = [
+        (w.get("id"), w.get("state"), w.get("coresused"), w.get("memoryused"))
+        for w in state.get("workers", [])
+    ]
+    apps = [(a.get("id"), a.get("state"), a.get("cores")) for a in state.get("activeapps", [])]
+    drivers = [(d.get("id"), d.get("state"), d.get("worker")) for d in state.get("activedrivers", [])]
+    return f"workers {workers}; active apps {apps}; active drivers {drivers}"
+
+
 @pytest.fixture(scope="module")
 def story(
     cluster: Cluster, kafka_stack: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathFactory
@@ -317,18 +332,21 @@ def test_standalone_health_restarts_a_killed_driver(story: Story) -> None:
 
     dag = DagBag(str(DAGS)).dags["kpmon_health"]
     killed_at = time.time()
-    run = dag.test(run_conf={"config": story.configs["B"], "report_minutes": 5})
+    run = dag.test(run_conf={"config": victim.config, "report_minutes": 5})
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
     assert states["check_and_heal"] == "success", states
     restarted = control.describe_running(story.paths)
     assert restarted is not None and restarted.driver_id != victim.driver_id
-    assert restarted.config == story.configs["B"]
+    assert restarted.config == victim.config
     # The killed driver's checkpoint is usable: the new driver commits batches after the last one.
-    wait_for(
-        lambda: _batch_after(story.paths, killed_at, batch if isinstance(batch, int) else None),
-        FIRST_BATCH_SECONDS,
-        "a batch from the driver the health DAG restarted",
-    )
+    try:
+        wait_for(
+            lambda: _batch_after(story.paths, killed_at, batch if isinstance(batch, int) else None),
+            FIRST_BATCH_SECONDS,
+            "a batch from the driver the health DAG restarted",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_cluster_summary(story)}\n{_driver_log(story, restarted)}") from None
     _no_finding_lost_nor_alert_sent_twice(story)
 
 
