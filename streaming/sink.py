@@ -138,6 +138,14 @@ class BatchSink:
         findings.sort(key=lambda f: (f.ts_ns, f.rule, f.subject, f.id))
         frames_agg = self._frames_agg(aggs)
         result = BatchResult(batch_id, findings, [], dict(stats), int(frames_agg["frames"].sum()))
+        book = self.books.before(batch_id)
+        # The checks' alerts go out before the data-quality gate runs: the gate is a second opinion on
+        # the batch, and its time (a tenth to a third of a second a batch, benchmarks/quality_bench.py)
+        # must not delay an alert. Its own alerts follow in a second publish of the same batch.
+        checked = self._apply(book, findings, resolves)
+        self._publish(batch_id, list(checked.values()), result)
+        judged: list[Finding] = []
+        passed: list[tuple[str, str, int]] = []
         if self.gate is not None:
             q_started = time.perf_counter()
             try:
@@ -149,12 +157,34 @@ class BatchSink:
                 result.stats["quality_errors"] = 1
             else:
                 result.quality_success = bool(quality.success)
-                findings.extend(quality.findings)
+                judged = list(quality.findings)
                 # A suite that passes again clears its alert (the gate reports what it judged and met).
-                at = max((f.ts_ns for f in findings), default=0)
-                resolves.extend((rule, subject, at) for rule, subject in getattr(quality, "passed", ()))
+                at = max((f.ts_ns for f in (*findings, *judged)), default=0)
+                passed = [(rule, subject, at) for rule, subject in getattr(quality, "passed", ())]
             result.quality_seconds = time.perf_counter() - q_started
-        book = self.books.before(batch_id)
+        findings.extend(judged)
+        later = self._apply(book, judged, passed)
+        # Quiet alerts resolve by themselves, in event time, so a replayed batch resolves the same ones.
+        for alert in [a for a in book.open.values() if a.last_seen < newest_ns - self.resolve_after_ns]:
+            resolved = book.resolve(alert.rule, alert.subject, newest_ns)
+            if resolved is not None:
+                later[resolved.id] = resolved
+                result.stats["quiet_resolved"] = result.stats.get("quiet_resolved", 0) + 1
+        result.alerts = list({**checked, **later}.values())
+        result.findings_by_rule = dict(Counter(f.rule for f in findings))
+        self._write_batch(result)
+        self._publish(batch_id, list(later.values()), result)
+        self.books.save(batch_id, book)
+        result.seconds = time.perf_counter() - started
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
+
+    @staticmethod
+    def _apply(
+        book: AlertBook, findings: list[Finding], resolves: list[tuple[str, str, int]]
+    ) -> dict[str, Alert]:
+        """The alerts ``findings`` and ``resolves`` touch in ``book``, by id."""
         touched: dict[str, Alert] = {}
         for finding in findings:
             alert = book.add(finding)
@@ -163,26 +193,16 @@ class BatchSink:
             resolved = book.resolve(rule, subject, ts)
             if resolved is not None:
                 touched[resolved.id] = resolved
-        # Quiet alerts resolve by themselves, in event time, so a replayed batch resolves the same ones.
-        for alert in [a for a in book.open.values() if a.last_seen < newest_ns - self.resolve_after_ns]:
-            resolved = book.resolve(alert.rule, alert.subject, newest_ns)
-            if resolved is not None:
-                touched[resolved.id] = resolved
-                result.stats["quiet_resolved"] = result.stats.get("quiet_resolved", 0) + 1
-        result.alerts = list(touched.values())
-        result.findings_by_rule = dict(Counter(f.rule for f in findings))
-        self._write_batch(result)
-        if self.hooks is not None and result.alerts:
-            try:
-                self.hooks.publish(result.alerts)
-            except Exception as exc:  # publish() is not supposed to raise; never let a hook stop the stream
-                log.error("batch %d: alert hooks raised: %s", batch_id, exc)
-                result.stats["hook_errors"] = 1
-        self.books.save(batch_id, book)
-        result.seconds = time.perf_counter() - started
-        if self.on_result is not None:
-            self.on_result(result)
-        return result
+        return touched
+
+    def _publish(self, batch_id: int, alerts: list[Alert], result: BatchResult) -> None:
+        if self.hooks is None or not alerts:
+            return
+        try:
+            self.hooks.publish(alerts)
+        except Exception as exc:  # publish() is not supposed to raise; never let a hook stop the stream
+            log.error("batch %d: alert hooks raised: %s", batch_id, exc)
+            result.stats["hook_errors"] = 1
 
     @staticmethod
     def _frames_agg(aggs: list[dict[str, Any]]) -> pd.DataFrame:

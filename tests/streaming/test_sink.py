@@ -171,3 +171,25 @@ def test_alerts_carry_the_sinks_context_across_a_restart(tmp_path: Path) -> None
         1, [finding_row("producer.sequence_gap", "producer:1", 9)]
     )
     assert again.alerts[0].id == alert.id and again.alerts[0].count == 2
+
+
+def test_the_checks_alerts_go_out_before_the_gate_runs(tmp_path: Path) -> None:
+    """The gate's time must not delay an alert: its own alerts follow in a second publish."""
+    s, rec = sink(tmp_path)
+
+    class WatchingGate(FakeGate):
+        def validate(self, batch_id: int, frames_agg: pd.DataFrame, findings: pd.DataFrame) -> Verdict:
+            # What was published when the gate started judging the batch.
+            self.published_before = [[a.rule for a in alerts] for alerts in rec.published]
+            return super().validate(batch_id, frames_agg, findings)
+
+    gate = WatchingGate(fail=True)
+    s.gate = gate
+    result = s.process(0, [finding_row("producer.stale_epoch", "producer:7", 1, "critical"), agg_row(3)])
+    assert gate.published_before == [["producer.stale_epoch"]]
+    assert [[a.rule for a in alerts] for alerts in rec.published] == [["producer.stale_epoch"], ["quality.x"]]
+    assert sorted(a.rule for a in result.alerts) == ["producer.stale_epoch", "quality.x"]
+    assert sorted(f["rule"] for f in read_batches(s.paths)[-1]["findings"]) == [
+        "producer.stale_epoch",
+        "quality.x",
+    ]
