@@ -60,7 +60,7 @@ STREAM = {
     "stop_timeout_seconds": 30,
     "spark_conf": {"spark.ui.enabled": "false"},
 }
-#: The driver takes one of the worker's two cores, the one executor the other.
+#: The driver takes one of the worker's cores, the one executor another.
 DEPLOY = {
     "target": "standalone",
     "connector": "jars",
@@ -105,7 +105,9 @@ def _stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A master with its REST server and one worker of 2 cores and 2 GiB, all on loopback."""
+    """A master with its REST server and one worker of 4 cores and 4 GiB, all on loopback: a driver and
+    its executor take half, so a new driver and its executor find room while the master is still
+    reclaiming a killed one's (the cores are the master's accounting; the machine may have two)."""
     home = tmp_path_factory.mktemp("spark-standalone")
     port, ui, rest = free_port(), free_port(), free_port()
     (home / "master.conf").write_text(
@@ -132,8 +134,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
               "--webui-port", str(ui), "--properties-file", str(home / "master.conf"))  # fmt: skip
         wait_for(lambda: _quiet(found.state), 90, "the master's web UI")
-        spawn("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-              "--memory", "2g", "--webui-port", str(free_port()), "--work-dir", str(home / "work"), master)  # fmt: skip
+        spawn("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "4",
+              "--memory", "4g", "--webui-port", str(free_port()), "--work-dir", str(home / "work"), master)  # fmt: skip
         wait_for(lambda: (_quiet(found.state) or {}).get("aliveworkers") == 1, 90, "a registered worker")
         yield found
     finally:
