@@ -614,8 +614,8 @@ class KubernetesControl(ClusterControl):
     Each start creates a new application, ``<deploy.kubernetes.application>-<UTC time>``, so a
     rollback never mistakes the new build's application for the old one. The driver reads the stop
     marker and writes its progress on the SparkApplication's claim, which the Airflow worker mounts at
-    the same path (``state_dir``). The kill is the deletion of the application, in the foreground: the
-    object goes once its driver and executor pods are gone.
+    the same path (``state_dir``). The kill is the deletion of the application, in the foreground; the
+    application counts as running until both the object and its driver pod are gone.
     """
 
     target = "kubernetes"

@@ -33,12 +33,22 @@ PLURAL = "sparkapplications"
 #: (a failing driver under ``restartPolicy: OnFailure`` is resubmitted). ``NEW`` stands for the empty
 #: state of an application the operator has not picked up yet. ``UNKNOWN`` (the driver pod's node is
 #: unreachable) counts as running: a second driver on the same checkpoint is worse than waiting.
+#: ``DRIVER_TERMINATING``: the object is gone but its driver pod is not yet.
 ACTIVE_STATES = frozenset(
-    {"NEW", "SUBMITTED", "RUNNING", "PENDING_RERUN", "INVALIDATING", "SUCCEEDING", "FAILING", "UNKNOWN"}
+    {
+        "NEW",
+        "SUBMITTED",
+        "RUNNING",
+        "PENDING_RERUN",
+        "INVALIDATING",
+        "SUCCEEDING",
+        "FAILING",
+        "UNKNOWN",
+        "DRIVER_TERMINATING",
+    }
 )
-#: Ended for good: ``COMPLETED`` (the driver exited 0, as after the stop marker), ``FAILED`` (out of
-#: retries), ``SUBMISSION_FAILED``; ``NOT_FOUND``: no such object (deleted).
-ENDED_STATES = frozenset({"COMPLETED", "FAILED", "SUBMISSION_FAILED", "NOT_FOUND"})
+# Every other state has ended for good: COMPLETED (the driver exited 0, as after the stop marker),
+# FAILED (out of retries), SUBMISSION_FAILED; NOT_FOUND: neither the object nor its driver pod is left.
 
 
 class OperatorError(RuntimeError):
@@ -239,7 +249,11 @@ class SparkApplications:
             missing_ok=True,
         )
         if not isinstance(found, dict):
-            return ApplicationStatus(name, "NOT_FOUND")
+            # Whether deleting the object also waited for its driver pod depends on how the operator
+            # owns the pod: the pod itself says whether it still runs.
+            phase = self.driver_phase(name)
+            running = phase is not None and phase not in ("Succeeded", "Failed")
+            return ApplicationStatus(name, "DRIVER_TERMINATING" if running else "NOT_FOUND")
         state = (found.get("status") or {}).get("applicationState") or {}
         return ApplicationStatus(
             name,
@@ -248,9 +262,25 @@ class SparkApplications:
             bool((found.get("metadata") or {}).get("deletionTimestamp")),
         )
 
+    def driver_phase(self, name: str) -> str | None:
+        """The phase of the application's driver pod (the operator names it ``<name>-driver``), or None
+        without one."""
+        from kubernetes import client
+
+        pod = self._call(
+            f"read pod {name}-driver",
+            lambda: client.CoreV1Api(self.api.api_client).read_namespaced_pod(
+                f"{name}-driver", self.namespace, _request_timeout=self.timeout
+            ),
+            missing_ok=True,
+        )
+        if pod is None:
+            return None
+        return str(getattr(pod.status, "phase", None) or "Unknown")
+
     def delete(self, name: str) -> bool:
-        """Delete the application and, before the object goes, its driver and executor pods (foreground
-        deletion); False if there was none."""
+        """Delete the application in the foreground (the object stays, marked as being deleted, until
+        the dependents that block it are gone); False if there was none."""
         from kubernetes import client
 
         answer = self._call(

@@ -150,7 +150,7 @@ def test_start_creates_a_valid_sparkapplication_and_watches_it(
 def test_the_operators_states_map_to_running_or_ended(tmp_path: Path, api: Replay) -> None:
     control = control_of(config_file(tmp_path, api.url))
     seen = []
-    for _ in range(10):
+    for _ in range(11):
         status = control.apps.status(RUNNING)
         seen.append((status.state, status.state in control.active_states, status.deleting, status.message))
     assert seen == [
@@ -165,7 +165,15 @@ def test_the_operators_states_map_to_running_or_ended(tmp_path: Path, api: Repla
         ("SUBMISSION_FAILED", False, False, "failed to run spark-submit: exit status 1"),
         # Being deleted: its pods are still there, so it still runs.
         ("RUNNING", True, True, None),
+        # Deleted, but its driver pod is still terminating: it still runs.
+        ("DRIVER_TERMINATING", True, False, None),
         ("NOT_FOUND", False, False, None),
+    ]
+    assert [r["path"].rsplit("/", 2)[-2] for r in api.received][-4:] == [
+        "sparkapplications",
+        "pods",
+        "sparkapplications",
+        "pods",
     ]
 
 
@@ -194,10 +202,11 @@ def test_a_driver_that_ignores_the_marker_is_deleted_after_the_timeout(
     result = control_of(config).stop(paths, record_of(config), timeout=0.0, term_grace=5.0)
     assert result.how == "killed" and not result.graceful
     delete = next(r for r in api.received if r["method"] == "DELETE")
-    # The marker first, the deletion past the timeout; foreground, so the object outlives its pods,
-    # and the stop returns only once it is gone (the 404 after the object "being deleted").
+    # The marker first, the deletion past the timeout (in the foreground); the stop returns only once
+    # the object and then its driver pod are gone.
     assert delete["probe"] is True and delete["body"] == {"propagationPolicy": "Foreground"}
-    assert [r["method"] for r in api.received][-2:] == ["GET", "GET"]
+    after = [r["path"].rsplit("/", 2)[-2] for r in api.received[api.received.index(delete) + 1 :]]
+    assert after == ["sparkapplications", "sparkapplications", "pods", "sparkapplications", "pods"]
     assert not paths.stop_marker.exists()
 
 

@@ -269,7 +269,8 @@ def bound_role(account: str) -> dict[str, Any]:
 
 
 def test_the_airflow_account_may_manage_sparkapplications_and_nothing_else() -> None:
-    """What deploy/spark/sparkapplication.py calls for deploy.target kubernetes: create, read, delete."""
+    """What deploy/spark/sparkapplication.py calls for deploy.target kubernetes: create, read and delete
+    an application, read its driver pod."""
     from deploy.spark import sparkapplication
 
     assert one("ServiceAccount", "kpmon-airflow")
@@ -278,7 +279,8 @@ def test_the_airflow_account_may_manage_sparkapplications_and_nothing_else() -> 
             "apiGroups": [sparkapplication.GROUP],
             "resources": [sparkapplication.PLURAL],
             "verbs": ["create", "get", "delete"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]
 
 
