@@ -4,7 +4,8 @@ Each exchange is the request expected (method, path, JSON body if any) and the r
 JSON body). A request that is not the next one recorded is answered 599 and remembered, so the test
 fails on it; ``unplayed`` lists what the client never asked. An exchange with ``"any_request": true``
 takes any body, which the test checks itself: ``received`` keeps every request as it came, with its
-``Authorization`` header and what ``probe`` (the test's view of the world at that moment) returned.
+``Authorization`` header and what ``probe`` returned when it came: the test's view of the world at that
+moment, or a change to it (what the real system would have done by then).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 
 class Replay:
-    def __init__(self, exchanges: list[dict[str, Any]], probe: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, exchanges: list[dict[str, Any]], probe: Callable[[str, str], Any] | None = None
+    ) -> None:
         self.exchanges = list(exchanges)
         self.unexpected: list[str] = []
         self.received: list[dict[str, Any]] = []
@@ -33,7 +36,7 @@ class Replay:
                         "path": self.path,
                         "body": body,
                         "authorization": self.headers.get("Authorization"),
-                        "probe": probe() if probe is not None else None,
+                        "probe": probe(self.command, self.path) if probe is not None else None,
                     }
                 )
                 expected = replay.exchanges[0] if replay.exchanges else None

@@ -98,7 +98,7 @@ def paths(tmp_path: Path) -> StreamPaths:
 def api(request: pytest.FixtureRequest, paths: StreamPaths) -> Iterator[Replay]:
     """The recorded script named by the test's parameter; each request notes whether the stop marker
     was there when it came."""
-    with Replay(script(request.param), probe=paths.stop_marker.exists) as replay:
+    with Replay(script(request.param), probe=lambda _method, _path: paths.stop_marker.exists()) as replay:
         yield replay
         assert replay.unexpected == [] and replay.unplayed == []
 
@@ -275,3 +275,93 @@ def test_kpmon_health_alerts_and_replaces_a_failed_application(
     recorded = jobctl.read_record(paths)
     assert recorded is not None and recorded.driver_id == restart["handle"]
     assert_valid([app], tmp_path)
+
+
+def test_kpmon_redeploy_swaps_the_application_and_rolls_back_to_the_previous_image(
+    tmp_path: Path, paths: StreamPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redeploy DAG's steps with this target: build A's application stops on the marker, build B's
+    is created from the new config, B fails its health gate, and the rollback deletes B and creates A's
+    image again from the current config."""
+    from airflow_dags import redeploy
+
+    restored = RECORDING["names"]["restored"]
+    names = iter([CREATED, restored])
+    monkeypatch.setattr(jobctl.KubernetesControl, "application_name", lambda self: next(names))
+
+    def world(method: str, path: str) -> bool:
+        # The restored driver reports its started query, as the real one would by then.
+        if method == "GET" and path.endswith(f"/{restored}"):
+            progress = {"batchId": 12, "kpmon": {"written_at": time.time(), "state": "running"}}
+            paths.progress.write_text(json.dumps(progress))
+        return paths.stop_marker.exists()
+
+    with Replay(script("redeploy_rollback"), probe=world) as api:
+        current = config_file(tmp_path, api.url, image="kpmon:0.1.0")
+        new = current.with_name("kpmon-next.yaml")
+        new.write_text(current.read_text().replace("kpmon:0.1.0", "kpmon:0.2.0"))
+        jobctl.write_record(paths, record_of(current))
+        params = redeploy.Params(
+            new_config=str(new),
+            current_config=str(current),
+            new_python=sys.executable,
+            current_python=sys.executable,
+            stop_timeout_seconds=30.0,
+            start_timeout_seconds=30.0,
+        )
+        journal = redeploy.Journal(paths.root / "redeploy" / "run1.json")
+        checkpoint = str(tmp_path / "claim" / "checkpoints" / "stream")
+        journal.write(
+            "validate",
+            {
+                "current": {
+                    "config": str(current),
+                    "python": sys.executable,
+                    "pid": 0,
+                    "handle": RUNNING,
+                    "target": "kubernetes",
+                    "running": True,
+                    "state_root": str(paths.root),
+                    "checkpoint": checkpoint,
+                    "batch_id": 11,
+                },
+                "new": {
+                    "config": str(new),
+                    "requested_config": str(new),
+                    "python": sys.executable,
+                    "target": "kubernetes",
+                    "state_root": str(paths.root),
+                    "checkpoint": checkpoint,
+                    "fresh_start": False,
+                    "resumes": True,
+                },
+            },
+        )
+        stopped = redeploy.stop_current(params, journal)
+        assert (stopped["how"], stopped["handle"], stopped["target"]) == ("graceful", RUNNING, "kubernetes")
+        started = redeploy.start_new(params, journal)
+        assert (started["driver_id"], started["baseline_batch"]) == (CREATED, None)
+        journal.write("health_gate.failed", {"error": "health gate failed: no batch", "type": "DeployError"})
+        sent: list[Any] = []
+
+        def publish(_config: Any, alerts: list[Any]) -> dict[str, Any]:
+            sent.extend(alerts)
+            return {"delivered": True}
+
+        result = redeploy.rollback(params, journal, "run1", publish=publish)
+        assert api.unexpected == [] and api.unplayed == []
+    assert result["rolled_back"] and result["restarted"]["driver_id"] == restored
+    assert result["restarted"]["confirmed"] is True
+    assert result["actions"][0].startswith(f"stopped new job {CREATED} (graceful")
+    assert [a.rule for a in sent] == ["ops.redeploy_rolled_back"]
+    # A build is an image: B ran the new config's, the rollback runs the current config's again.
+    apps = created(api)
+    assert [(a["metadata"]["name"], a["spec"]["image"]) for a in apps] == [
+        (CREATED, "kpmon:0.2.0"),
+        (restored, "kpmon:0.1.0"),
+    ]
+    # Both stops were graceful: the application ended while the marker was down, and was deleted after.
+    deletes = [i for i, r in enumerate(api.received) if r["method"] == "DELETE"]
+    assert [(api.received[i - 1]["probe"], api.received[i]["probe"]) for i in deletes] == [(True, False)] * 2
+    assert not paths.stop_marker.exists()
+    assert_valid(apps, tmp_path)
