@@ -152,7 +152,8 @@ def test_the_operators_states_map_to_running_or_ended(tmp_path: Path, api: Repla
     seen = []
     for _ in range(11):
         status = control.apps.status(RUNNING)
-        seen.append((status.state, status.state in control.active_states, status.deleting, status.message))
+        assert status.active == (status.state in control.active_states)  # what is_running asks
+        seen.append((status.state, status.active, status.deleting, status.message))
     assert seen == [
         ("SUBMITTED", True, False, None),
         ("RUNNING", True, False, None),
