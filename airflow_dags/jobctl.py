@@ -10,9 +10,10 @@ No Airflow in here, so it is unit-testable on its own. The job contract it relie
   SIGTERM.
 
 ``JobControl`` is the same contract per deploy target (the config's ``deploy.target``): ``LocalControl``
-is the process on this host described above, ``StandaloneControl`` a driver on a Spark standalone cluster
-(REST submission, status, kill), which reads the same stop marker and writes the same progress file in
-a state directory shared with the DAGs. ``control_for`` picks one from a config.
+is the process on this host described above; ``StandaloneControl`` a driver on a Spark standalone cluster
+(REST submission, status, kill), ``YarnControl`` a YARN application, ``KubernetesControl`` a spark-operator
+SparkApplication: each reads the same stop marker and writes the same progress file in a state directory
+shared with the DAGs. ``control_for`` picks one from a config.
 
 Each spawn is also recorded in ``<state_dir>/stream/jobctl.json`` (interpreter, config, log), which is how
 a later DAG run knows what to restart on rollback. Relative ``state_dir`` values resolve against the
@@ -606,6 +607,91 @@ class YarnControl(ClusterControl):
         return found.group(1)
 
 
+class KubernetesControl(ClusterControl):
+    """A spark-operator SparkApplication, created, watched (``.status.applicationState.state``) and
+    deleted through the Kubernetes API (``deploy/spark/sparkapplication.py``).
+
+    Each start creates a new application, ``<deploy.kubernetes.application>-<UTC time>``, so a
+    rollback never mistakes the new build's application for the old one. The driver reads the stop
+    marker and writes its progress on the SparkApplication's claim, which the Airflow worker mounts at
+    the same path (``state_dir``). The kill is the deletion of the application, in the foreground; the
+    application counts as running until both the object and its driver pod are gone.
+    """
+
+    target = "kubernetes"
+
+    def __init__(
+        self, config: KpmonConfig, poll: float = 1.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        from deploy.spark.sparkapplication import ACTIVE_STATES
+
+        super().__init__(poll)
+        self.active_states = ACTIVE_STATES
+        self.settings = config.deploy.kubernetes
+        self.request_timeout = config.deploy.request_timeout_seconds
+        #: Names the applications (their UTC start time).
+        self.clock = clock
+        self._apps: Any = None
+
+    @property
+    def apps(self) -> Any:
+        """The API client, connected on first use (a config is read in many places that never call it)."""
+        from deploy.spark.sparkapplication import OperatorError, SparkApplications
+
+        if self._apps is None:
+            try:
+                self._apps = SparkApplications.connect(self.settings, self.request_timeout)
+            except OperatorError as exc:
+                raise JobControlError(str(exc)) from exc
+        return self._apps
+
+    def _api(self, call: Callable[[Any], Any]) -> Any:
+        from deploy.spark.sparkapplication import OperatorError
+
+        try:
+            return call(self.apps)
+        except OperatorError as exc:
+            raise JobControlError(str(exc)) from exc
+
+    def state(self, driver_id: str) -> str:
+        return str(self._api(lambda apps: apps.status(driver_id).state))
+
+    def _kill(self, driver_id: str) -> None:
+        self._api(lambda apps: apps.delete(driver_id))
+
+    def application_name(self) -> str:
+        return f"{self.settings.application}-{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}"
+
+    def _submit(self, spec: JobSpec, config: KpmonConfig, paths: StreamPaths) -> str:
+        from deploy.spark.sparkapplication import plan_application
+        from deploy.spark.submit import SubmitError
+
+        try:
+            plan = plan_application(config, self.application_name(), paths.root / "submit")
+        except SubmitError as exc:
+            raise JobControlError(str(exc)) from exc
+        write_private(plan.config_file, plan.config_yaml)
+        return str(self._api(lambda apps: apps.create(plan.application)))
+
+    def stop(
+        self,
+        paths: StreamPaths,
+        record: JobRecord | None = None,
+        timeout: float = 180.0,
+        term_grace: float = 30.0,
+    ) -> StopResult:
+        """As for every cluster target; then an application that ended by itself (on the marker, or
+        failed) is deleted too, so ended applications do not pile up in the namespace. Its driver has
+        exited already: nothing waits for the deletion."""
+        recorded = record or read_record(paths)
+        result = super().stop(paths, record, timeout=timeout, term_grace=term_grace)
+        if result.how != "killed" and recorded is not None and recorded.target == self.target:
+            name = recorded.driver_id
+            if name:
+                self._api(lambda apps: apps.delete(name))
+        return result
+
+
 def control_for(config: KpmonConfig | str | os.PathLike[str]) -> JobControl:
     """The job control of a config's ``deploy.target``."""
     config = config if isinstance(config, KpmonConfig) else load(config)
@@ -613,4 +699,6 @@ def control_for(config: KpmonConfig | str | os.PathLike[str]) -> JobControl:
         return StandaloneControl(config)
     if config.deploy.target == "yarn":
         return YarnControl(config)
+    if config.deploy.target == "kubernetes":
+        return KubernetesControl(config)
     return LocalControl()

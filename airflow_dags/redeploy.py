@@ -700,6 +700,10 @@ def rollback(
 
 def _job_log(record: jobctl.JobRecord) -> str:
     """Where to read what the job said: the end of its log here, or where its driver keeps it."""
+    if record.target == "kubernetes":
+        return f"See the driver pod's log: kubectl logs {record.driver_id}-driver."
+    if record.target == "yarn":
+        return f"See the application's logs: yarn logs -applicationId {record.driver_id}."
     if record.driver_id:
         return f"See driver {record.driver_id}'s stderr in its worker's work directory."
     return f"Last lines of {record.log}:\n{jobctl.tail(record.log, 15)}"

@@ -361,6 +361,30 @@ class AlertsConfig(_Section):
         return hooks
 
 
+class KubernetesDeployConfig(_Section):
+    """``deploy.target: kubernetes``: the SparkApplication the DAGs create, and how they reach the API
+    server (deploy/spark/sparkapplication.py, docs/operations.md)."""
+
+    #: ``in_cluster``: the service account of the pod the Airflow task runs in (its mounted token and
+    #: CA). ``kubeconfig``: the file ``kubeconfig`` (default ``$KUBECONFIG``, else ``~/.kube/config``)
+    #: at its ``context`` (default: its current context).
+    auth: Literal["in_cluster", "kubeconfig"] = "in_cluster"
+    kubeconfig: str | None = None
+    context: str | None = None
+    #: Where the SparkApplication is created (the spark-operator must watch it).
+    namespace: str = Field(default="kpmon", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    #: Each start creates ``<application>-<UTC time>``, so a run's application is never mistaken for
+    #: the one before it; short, as the driver pod and its services are named after it.
+    application: str = Field(default="kpmon-stream", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=30)
+    #: The build's image (the job runs the kpmon installed in it). Default:
+    #: deploy/k8s/sparkapplication.yaml's.
+    image: str | None = None
+    #: Where the driver and the executors mount the application's claim (checkpoints-pvc.yaml). The
+    #: Airflow worker mounts the same claim at the same path, with ``state_dir`` under it. Default:
+    #: deploy/k8s/sparkapplication.yaml's (``/var/lib/kpmon``).
+    mount_path: str | None = Field(default=None, pattern=r"^/")
+
+
 class DeployConfig(_Section):
     """Where the Airflow DAGs run the streaming job, and how they reach it (airflow_dags/jobctl.py,
     docs/operations.md)."""
@@ -369,7 +393,9 @@ class DeployConfig(_Section):
     #: standalone cluster (``stream.master`` ``spark://``), submitted in cluster mode through the
     #: master's REST submission server. ``yarn``: an application (``stream.master`` ``yarn``) submitted
     #: by spark-submit in cluster mode, watched and killed through the ResourceManager's REST API.
-    target: Literal["local", "standalone", "yarn"] = "local"
+    #: ``kubernetes``: a spark-operator SparkApplication (``stream.master`` ``k8s://``), created,
+    #: watched and deleted through the Kubernetes API (``kubernetes`` below).
+    target: Literal["local", "standalone", "yarn", "kubernetes"] = "local"
     #: standalone: the master's REST submission server (``spark.master.rest.enabled``). Default: the
     #: master's host at Spark's REST port, 6066. yarn (required): the ResourceManager's web address.
     rest_url: str | None = None
@@ -381,10 +407,12 @@ class DeployConfig(_Section):
     jars_dir: str | None = None
     driver_cores: int = Field(default=1, gt=0)
     driver_memory: str = "2g"
-    #: Spark properties of the submission, over deploy/spark/common.conf and standalone.conf.
+    #: Spark properties of the submission, over deploy/spark/common.conf and the target's .conf
+    #: (kubernetes: over the SparkApplication's ``sparkConf``).
     spark_conf: dict[str, str] = Field(default_factory=dict)
     #: Timeout of one request to the cluster's API.
     request_timeout_seconds: float = Field(default=30.0, gt=0)
+    kubernetes: KubernetesDeployConfig = Field(default_factory=KubernetesDeployConfig)
 
     @model_validator(mode="after")
     def _rest_url(self) -> DeployConfig:
@@ -413,7 +441,7 @@ class KpmonConfig(_Section):
     def _deploy_matches_master(self) -> KpmonConfig:
         target = self.deploy.target
         if target != "local":
-            masters = {"standalone": "spark://HOST:PORT", "yarn": "yarn"}
+            masters = {"standalone": "spark://HOST:PORT", "yarn": "yarn", "kubernetes": "k8s://HOST"}
             if not self.stream.master.startswith(masters[target].split("HOST")[0]):
                 raise ValueError(
                     f"deploy.target {target} needs stream.master {masters[target]}, not {self.stream.master!r}"
@@ -422,6 +450,11 @@ class KpmonConfig(_Section):
                 # The driver runs on a worker: it and the DAGs meet in the state directory (progress,
                 # stop marker, shipped config), which must be the same shared mount on both sides.
                 raise ValueError(f"deploy.target {target} needs an absolute state_dir on a shared mount")
+            if target == "kubernetes" and self.deploy.connector == "jars":
+                raise ValueError(
+                    "deploy.target kubernetes gets the Kafka connector from the operator (connector: "
+                    "packages) or the image (provided), not from jars on the Airflow worker"
+                )
             if target == "yarn" and not self.deploy.rest_url:
                 raise ValueError(
                     "deploy.target yarn needs deploy.rest_url, the ResourceManager's web address"

@@ -256,11 +256,32 @@ def test_stateful_partitions_match_the_executor_slots(config: KpmonConfig) -> No
 def test_driver_service_account_may_manage_executor_pods() -> None:
     account = one("SparkApplication")["spec"]["driver"]["serviceAccount"]
     assert one("ServiceAccount", account)
-    binding = one("RoleBinding")
-    assert {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in binding["subjects"]
-    role = one("Role", binding["roleRef"]["name"])
+    role = bound_role(account)
     pods = next(r for r in role["rules"] if "pods" in r["resources"])
     assert {"create", "delete", "watch", "list"} <= set(pods["verbs"])
+
+
+def bound_role(account: str) -> dict[str, Any]:
+    """The one Role bound to ServiceAccount ``account`` of the namespace."""
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    (binding,) = [b for b in kind("RoleBinding") if subject in b["subjects"]]
+    return one("Role", binding["roleRef"]["name"])
+
+
+def test_the_airflow_account_may_manage_sparkapplications_and_nothing_else() -> None:
+    """What deploy/spark/sparkapplication.py calls for deploy.target kubernetes: create, read and delete
+    an application, read its driver pod."""
+    from deploy.spark import sparkapplication
+
+    assert one("ServiceAccount", "kpmon-airflow")
+    assert bound_role("kpmon-airflow")["rules"] == [
+        {
+            "apiGroups": [sparkapplication.GROUP],
+            "resources": [sparkapplication.PLURAL],
+            "verbs": ["create", "get", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    ]
 
 
 def test_pod_template_agrees_with_the_manifests() -> None:

@@ -63,3 +63,29 @@ def test_a_yarn_deploy_needs_the_yarn_master_and_the_resourcemanager(tmp_path: P
         load_config(path, environ=env)
     config = load_config(path, environ={**env, "KPMON__DEPLOY__REST_URL": "http://rm:8088"})
     assert (config.deploy.target, config.deploy.rest_url) == ("yarn", "http://rm:8088")
+
+
+def test_a_kubernetes_deploy_needs_a_k8s_master_a_shared_state_dir_and_no_local_jars(tmp_path: Path) -> None:
+    path = tmp_path / "kpmon.yaml"
+    env = {"KPMON__DEPLOY__TARGET": "kubernetes"}
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: yarn\n")
+    with pytest.raises(ConfigError, match=r"stream\.master k8s://"):
+        load_config(path, environ=env)
+    path.write_text("state_dir: relative\nstream:\n  master: k8s://https://api:6443\n")
+    with pytest.raises(ConfigError, match="absolute state_dir"):
+        load_config(path, environ=env)
+    path.write_text(f"state_dir: {tmp_path}\nstream:\n  master: k8s://https://api:6443\n")
+    with pytest.raises(ConfigError, match="not from jars"):
+        load_config(path, environ={**env, "KPMON__DEPLOY__CONNECTOR": "jars"})
+    for key, value in (("APPLICATION", "Kpmon_Stream"), ("APPLICATION", "k" * 31), ("NAMESPACE", "a.b")):
+        with pytest.raises(ConfigError, match=f"deploy.kubernetes.{key.lower()}"):
+            load_config(path, environ={**env, f"KPMON__DEPLOY__KUBERNETES__{key}": value})
+    config = load_config(path, environ={**env, "KPMON__DEPLOY__KUBERNETES__AUTH": "kubeconfig"})
+    kube = config.deploy.kubernetes
+    assert (config.deploy.target, kube.auth, kube.namespace, kube.application) == (
+        "kubernetes",
+        "kubeconfig",
+        "kpmon",
+        "kpmon-stream",
+    )
+    assert (kube.kubeconfig, kube.context, kube.image, kube.mount_path) == (None, None, None, None)
