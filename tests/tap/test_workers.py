@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from tests.tap.harness import TapRecord, by_connection, read_topic
 from tests.tap.helpers import api_versions_request, frame
 from tests.tap.test_listeners import _Broker, _broker, _brokers_via, _call
 from tests.tap.test_real_clients import _create_topic, check_tap_topic
+from tests.tap.test_tls import TlsFakeBroker, _cert
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -325,5 +327,81 @@ def test_listeners_opened_on_the_fly_are_shared_by_every_worker() -> None:
             await two.stop()
         assert code == 0
         assert [e["event"] for e in events].count("dynamic_listener") == 1
+
+    asyncio.run(run())
+
+
+def test_workers_terminate_client_tls(tmp_path: Path) -> None:
+    """Sockets are handed over before the TLS handshake: each worker terminates TLS itself."""
+    broker_ca, broker_cert, broker_key = _cert(tmp_path, "broker")
+    _, tap_cert, tap_key = _cert(tmp_path, "tap")
+
+    async def run() -> None:
+        broker_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        broker_ctx.load_cert_chain(broker_cert, broker_key)
+        broker = TlsFakeBroker(broker_ctx)
+        bport = await broker.start()
+        port = free_port()
+        listener = {
+            "listen": f"127.0.0.1:{port}",
+            "broker": f"127.0.0.1:{bport}",
+            "broker_id": 1,
+            "listener_name": "SSL",
+            "tls_certfile": str(tap_cert),
+            "tls_keyfile": str(tap_key),
+            "broker_tls": True,
+            "broker_cafile": str(broker_ca),
+        }
+        config = tmp_path / "kpmon.yaml"
+        config.write_text(yaml.safe_dump({"tap": {"listeners": [listener], "workers": 2}}))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kpmon.cli",
+                "tap",
+                "--config",
+                str(config),
+                "--no-mirror",
+                "--no-metrics",
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        events: list[dict[str, Any]] = []
+
+        def read() -> None:
+            assert proc.stderr is not None
+            events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
+
+        reader_thread = threading.Thread(target=read, daemon=True)
+        reader_thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not any(e.get("event") == "ready" for e in list(events)):
+                assert proc.poll() is None and time.monotonic() < deadline, f"tap not ready: {events}"
+                await asyncio.sleep(0.1)
+            client_ctx = ssl.create_default_context(cafile=str(tmp_path / "tap-ca.pem"))
+            # Handed over in turn: one connection per worker.
+            for corr in range(2):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx)
+                writer.write(frame(api_versions_request(corr)))
+                await writer.drain()
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                assert struct.unpack_from(">i", await reader.readexactly(size))[0] == corr
+                writer.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 60)
+            reader_thread.join(10)
+            await broker.stop()
+        assert code == 0
+        tls = [e["tls"] for e in events if e.get("event") == "broker_tls"]
+        assert len(tls) == 2 and all(t["version"].startswith("TLS") for t in tls)
+        assert {e["conn"].split("-")[-2].split(".")[0] for e in events if e.get("event") == "broker_tls"} == {
+            "0",
+            "1",
+        }, "one TLS connection in each worker"
 
     asyncio.run(run())
