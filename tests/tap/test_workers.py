@@ -43,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[2]
 class TapProcess:
     """``python -m kpmon.cli tap`` with a config file; its JSON log events collected as they come."""
 
-    def __init__(self, cluster: TappedCluster, tmp: Path, workers: int = 2) -> None:
+    def __init__(self, cluster: TappedCluster, tmp: Path, workers: int = 2, capture: str = "full") -> None:
         self.topic = f"kpmon.tap.{uuid.uuid4().hex[:8]}"
+        self.capture = capture
         self.metrics_port = free_port()
         host, port = cluster.tap_addr
         config = {
@@ -58,7 +59,7 @@ class TapProcess:
                     }
                 ],
                 "topic": self.topic,
-                "capture": "full",
+                "capture": capture,
                 "workers": workers,
                 "instance_id": "wtest",
                 "metrics_port": self.metrics_port,
@@ -133,8 +134,10 @@ class TapProcess:
 
 
 @pytest.fixture
-def tap_process(tapped_cluster: TappedCluster, tmp_path: Path) -> Iterator[TapProcess]:
-    tap = TapProcess(tapped_cluster, tmp_path)
+def tap_process(
+    tapped_cluster: TappedCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[TapProcess]:
+    tap = TapProcess(tapped_cluster, tmp_path, capture=getattr(request, "param", "full"))
     try:
         tap.wait_for("ready")
         yield tap
@@ -149,6 +152,7 @@ def _worker_of(conn: bytes) -> str:
     return conn.decode().split("-")[1]
 
 
+@pytest.mark.parametrize("tap_process", ["full", "headers", "meta"], indirect=True)
 def test_two_workers_spread_connections_and_mirror_every_frame(
     tapped_cluster: TappedCluster, tap_process: TapProcess
 ) -> None:
@@ -197,7 +201,7 @@ def test_two_workers_spread_connections_and_mirror_every_frame(
     assert tap.stop() == 0
 
     records = read_topic(tapped_cluster.mirror_bootstrap, tap.topic)
-    counts = check_tap_topic(records)
+    counts = check_tap_topic(records, tap.capture)
     assert counts["req"] + counts["resp"] == forwarded, "frames mirrored != frames forwarded"
     workers = {_worker_of(conn).split(".")[0] for conn, _ in by_connection(records)}
     assert workers == {"0", "1"}, f"connections not spread over both workers: {workers}"
