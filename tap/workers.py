@@ -31,13 +31,16 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import Metric
 
 from kpmon.config import KpmonConfig
 from tap.listeners import Address, DynamicListeners, ListenerSpec, client_address, listen_socket
+
+if TYPE_CHECKING:
+    from tap.proxy import Tap
 
 log = logging.getLogger("kpmon.tap")
 
@@ -226,7 +229,7 @@ def worker_main(
 
 
 async def _serve_worker(
-    tap: Any, index: int, handover: socket.socket, rpc: socket.socket, bound: list[Address], snapshot: str
+    tap: Tap, index: int, handover: socket.socket, rpc: socket.socket, bound: list[Address], snapshot: str
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
