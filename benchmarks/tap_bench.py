@@ -643,14 +643,17 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
 
     async def measure(workers: int, round_no: int) -> None:
-        server, broker_port = await start_stub(response)
+        server, broker_port = await start_stub(len(request), response)
         port = _free_port()
         tap = TapProcess(port, f"127.0.0.1:{broker_port}", "off", "", workers=workers)
         try:
+            if workers > 1:
+                await asyncio.to_thread(_wait_workers, tap.metrics_port, workers)
             cpu: list[float] = []
             result = await run_load(
                 port,
                 request,
+                len(response),
                 args.connections,
                 args.depth,
                 warmup=2.0,
@@ -704,6 +707,30 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----- latency: the tap on a core of its own ----------------------------------------------------------
+
+
+def _wait_workers(metrics_port: int, workers: int, timeout: float = 60.0) -> None:
+    """Until every worker is up: each publishes its metrics (a ``worker`` label) once it is."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            up = {
+                sample.labels.get("worker")
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "kpmon_tap_mirror_queue_capacity"
+            }
+            if len(up - {None}) >= workers:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the tap's {workers} workers did not come up in {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def latency(args: argparse.Namespace, policies: list[str]) -> dict[str, Any]:

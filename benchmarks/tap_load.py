@@ -2,9 +2,10 @@
 
 The stub answers every request frame at once with a prebuilt response of the same API (its
 correlation id patched in); the clients keep ``depth`` requests in flight on each connection and
-count what comes back. Both only find frame boundaries, so per frame they cost a fraction of what
-the tap spends (which peeks headers, correlates, counts and mirrors): with enough connections the
-tap, not this process, is what saturates. Loads:
+count what comes back. All requests of a load have one size and all responses another, so neither
+side parses frames: per exchange they cost a small fraction of what the tap spends (which finds
+frames, peeks headers, correlates and counts), and the tap, not this process, is what saturates.
+Loads:
 
 - ``produce``: Produce v9 requests, each one magic-2 batch of ``frame_kb`` 1 KiB records (acks=1),
   answered by a small Produce response;
@@ -87,52 +88,15 @@ def exchange(load: str, frame_kb: int) -> tuple[bytes, bytes]:
     raise ValueError(f"unknown load {load!r}")
 
 
-class _Frames:
-    """Frame boundaries of a byte stream, without keeping the frames."""
-
-    __slots__ = ("_left", "_prefix")
-
-    def __init__(self) -> None:
-        self._prefix = b""
-        self._left = 0  # bytes of the current frame still to come
-
-    def feed(self, data: bytes) -> list[int]:
-        """The offsets in ``data`` where a frame begins after its 4-byte prefix, for complete frames
-        (offset -1 for a frame whose header began in an earlier chunk)."""
-        done: list[int] = []
-        pos, end = 0, len(data)
-        while pos < end:
-            if self._left:
-                take = min(self._left, end - pos)
-                self._left -= take
-                pos += take
-                if not self._left:
-                    done.append(-1)
-                continue
-            if self._prefix or end - pos < 4:
-                need = 4 - len(self._prefix)
-                self._prefix += data[pos : pos + need]
-                pos += min(need, end - pos)
-                if len(self._prefix) < 4:
-                    break
-                size = _INT32.unpack(self._prefix)[0]
-                self._prefix = b""
-            else:
-                size = _INT32.unpack_from(data, pos)[0]
-                pos += 4
-            if end - pos >= size:
-                done.append(pos)
-                pos += size
-            else:
-                self._left = size - (end - pos)
-                pos = end
-        return done
-
-
 class StubBroker(asyncio.Protocol):
-    """Answers each request frame with ``response`` (correlation id copied from the request)."""
+    """Answers each request with ``response``, its correlation id copied from the request.
 
-    def __init__(self, response: bytes) -> None:
+    Every request of a load has the same size, so the stream is cut into requests by arithmetic,
+    not parsed: per request this costs one slice and three list items.
+    """
+
+    def __init__(self, request_size: int, response: bytes) -> None:
+        self.size = request_size
         self.response_head = response[:4]
         self.response_tail = response[8:]
         self.buffer = b""
@@ -142,64 +106,76 @@ class StubBroker(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        # Requests are small and whole frames are answered; a partial one waits for the rest.
         buf = self.buffer + data if self.buffer else data
+        whole = len(buf) - len(buf) % self.size
+        head, tail = self.response_head, self.response_tail
         out: list[bytes] = []
-        pos = 0
-        while len(buf) - pos >= 4:
-            size = _INT32.unpack_from(buf, pos)[0]
-            if len(buf) - pos - 4 < size:
-                break
-            out += (self.response_head, buf[pos + 8 : pos + 12], self.response_tail)
-            pos += 4 + size
-        self.buffer = buf[pos:]
+        for at in range(8, whole, self.size):
+            out += (head, buf[at : at + 4], tail)
+        self.buffer = buf[whole:]
         if out and self.transport is not None:
             self.transport.writelines(out)
 
 
 @dataclass
 class LoadStats:
-    frames: int = 0  # responses received (each one exchange: two frames through the tap)
+    exchanges: int = 0  # responses received (each one exchange: two frames through the tap)
     bytes: int = 0  # request and response bytes through the tap
     started: float = field(default_factory=time.monotonic)
 
 
-class LoadClient(asyncio.Protocol):
-    """Keeps ``depth`` requests in flight; a new one goes out for each response that completes."""
+#: Requests with distinct correlation ids that a client cycles through (more than it ever has in flight).
+_RING = 4096
 
-    def __init__(self, request: bytes, depth: int, stats: LoadStats) -> None:
-        self.request = request
+
+class LoadClient(asyncio.Protocol):
+    """Keeps ``depth`` requests in flight; new ones go out as responses complete.
+
+    Requests come from a prebuilt ring with distinct correlation ids, and responses (all of one size)
+    are counted by their bytes: the client parses nothing.
+    """
+
+    def __init__(self, request: bytes, response_size: int, depth: int, stats: LoadStats) -> None:
+        self.size = len(request)
+        self.ring = b"".join(request[:8] + _INT32.pack(corr) + request[12:] for corr in range(1, _RING + 1))
+        self.next = 0
+        self.response_size = response_size
         self.depth = depth
         self.stats = stats
-        self.frames = _Frames()
+        self.received = 0
         self.transport: asyncio.Transport | None = None
         self.stopping = False
-        self.corr = 0
 
-    def _requests(self, n: int) -> list[bytes]:
-        out: list[bytes] = []
-        for _ in range(n):
-            self.corr += 1
-            out += (self.request[:8], _INT32.pack(self.corr), self.request[12:])
-        return out
+    def _send(self, n: int) -> None:
+        assert self.transport is not None
+        start = self.next
+        stop = start + n
+        if stop <= _RING:
+            self.transport.write(self.ring[start * self.size : stop * self.size])
+        else:
+            self.transport.writelines(
+                [self.ring[start * self.size :], self.ring[: (stop - _RING) * self.size]]
+            )
+        self.next = stop % _RING
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.writelines(self._requests(self.depth))  # type: ignore[attr-defined]
+        self._send(self.depth)
 
     def data_received(self, data: bytes) -> None:
-        done = len(self.frames.feed(data))
-        self.stats.bytes += len(data)
+        self.received += len(data)
+        done, self.received = divmod(self.received, self.response_size)
+        self.stats.bytes += len(data) + done * self.size
         if done:
-            self.stats.frames += done
-            self.stats.bytes += done * len(self.request)
-            if not self.stopping and self.transport is not None:
-                self.transport.writelines(self._requests(done))
+            self.stats.exchanges += done
+            if not self.stopping:
+                self._send(done)
 
 
 async def run_load(
     port: int,
     request: bytes,
+    response_size: int,
     connections: int,
     depth: int,
     warmup: float,
@@ -213,14 +189,16 @@ async def run_load(
     stats = LoadStats()
     clients = []
     for _ in range(connections):
-        _, client = await loop.create_connection(lambda: LoadClient(request, depth, stats), "127.0.0.1", port)
+        _, client = await loop.create_connection(
+            lambda: LoadClient(request, response_size, depth, stats), "127.0.0.1", port
+        )
         clients.append(client)
     await asyncio.sleep(warmup)
     if probe is not None:
         probe()
-    frames0, bytes0, t0, cpu0 = stats.frames, stats.bytes, time.monotonic(), time.process_time()
+    frames0, bytes0, t0, cpu0 = stats.exchanges, stats.bytes, time.monotonic(), time.process_time()
     await asyncio.sleep(seconds)
-    frames, moved, wall = stats.frames - frames0, stats.bytes - bytes0, time.monotonic() - t0
+    frames, moved, wall = stats.exchanges - frames0, stats.bytes - bytes0, time.monotonic() - t0
     cpu = time.process_time() - cpu0
     if probe is not None:
         probe()
@@ -237,6 +215,8 @@ async def run_load(
     }
 
 
-async def start_stub(response: bytes) -> tuple[asyncio.Server, int]:
-    server = await asyncio.get_running_loop().create_server(lambda: StubBroker(response), "127.0.0.1", 0)
+async def start_stub(request_size: int, response: bytes) -> tuple[asyncio.Server, int]:
+    server = await asyncio.get_running_loop().create_server(
+        lambda: StubBroker(request_size, response), "127.0.0.1", 0
+    )
     return server, int(server.sockets[0].getsockname()[1])

@@ -57,6 +57,8 @@ _ACCEPT_BATCH = 64
 #: A worker that dies this soon after starting, this many times in a row, is a broken setup (a config
 #: the worker cannot load, a tap-topic cluster it cannot reach): the supervisor stops instead of cycling.
 _QUICK_EXIT_SECONDS = 10.0
+#: At start, connections wait for every worker this long at most before the ones up take them.
+_START_WAIT = 30.0
 _QUICK_EXITS = 5
 #: Gauges that describe one worker's own resources, labelled ``worker`` instead of summed: a full queue
 #: in one worker drops records even when another's is empty.
@@ -337,6 +339,8 @@ class Supervisor:
         )
         self._turn = 0
         self._accepting = False
+        #: Every worker has been up once (or the start wait ran out): accept with any worker up.
+        self._started = False
         self._stopping = False
         self._quick_exits = 0
         self._stopped = asyncio.Event()
@@ -382,8 +386,13 @@ class Supervisor:
         self.log_event(event, logging.WARNING if result == "failed" else logging.INFO, **fields)
 
     def _set_accepting(self) -> None:
-        """Accept only while a worker is up: until then connections wait in the listeners' backlogs."""
-        want = not self._stopping and any(w is not None and w.ready for w in self.workers)
+        """Accept only while a worker is up: until then connections wait in the listeners' backlogs.
+        At start, wait for every worker (``_START_WAIT`` at most): the first one up would otherwise
+        take every connection queued meanwhile."""
+        ready = [w is not None and w.ready for w in self.workers]
+        if all(ready):
+            self._started = True
+        want = not self._stopping and (any(ready) if self._started else all(ready))
         if want == self._accepting:
             return
         loop = asyncio.get_running_loop()
@@ -547,6 +556,16 @@ class Supervisor:
             return
         loop.call_later(min(0.2 * 2**self._quick_exits, 5.0), self._start_worker, worker.index)
 
+    def _start_wait_over(self) -> None:
+        if not self._started:
+            self._started = True
+            self.log_event(
+                "workers_slow_to_start",
+                logging.WARNING,
+                ready=sum(w is not None and w.ready for w in self.workers),
+            )
+            self._set_accepting()
+
     def pids(self) -> list[int | None]:
         return [w.process.pid if w is not None else None for w in self.workers]
 
@@ -558,6 +577,7 @@ class Supervisor:
         self.listen()
         for index in range(self.count):
             self._start_worker(index)
+        loop.call_later(_START_WAIT, self._start_wait_over)
         tap_cfg = self.config.tap
         if tap_cfg.metrics_port is not None:
             registry = CollectorRegistry()

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, Producer
 from codec.taprecord import parse_record
 from tests.tap.conftest import TappedCluster, free_port
 from tests.tap.harness import TapRecord, by_connection, read_topic
-from tests.tap.helpers import api_versions_request, frame
+from tests.tap.helpers import FakeBroker, api_versions_request, frame
 from tests.tap.test_listeners import _Broker, _broker, _brokers_via, _call
 from tests.tap.test_real_clients import _create_topic, check_tap_topic
 from tests.tap.test_tls import TlsFakeBroker, _cert
@@ -407,5 +407,61 @@ def test_workers_terminate_client_tls(tmp_path: Path) -> None:
             "0",
             "1",
         }, "one TLS connection in each worker"
+
+    asyncio.run(run())
+
+
+def test_connections_queued_before_the_workers_are_up_are_shared() -> None:
+    """Clients that connect while the workers start wait in the backlog, then go to every worker,
+    not all to the first one up."""
+
+    async def run() -> None:
+        broker = FakeBroker()
+        bport = await broker.start()
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "kpmon.cli", "tap", "--workers", "2", "--no-mirror", "--no-metrics"),
+                *("--listen", f"127.0.0.1:{port}=127.0.0.1:{bport}@1", "--instance-id", "wq"),
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        events: list[dict[str, Any]] = []
+
+        def read() -> None:
+            assert proc.stderr is not None
+            events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
+
+        reader_thread = threading.Thread(target=read, daemon=True)
+        reader_thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+            while len(clients) < 4:
+                try:
+                    clients.append(await asyncio.open_connection("127.0.0.1", port))
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, "tap did not listen"
+                    await asyncio.sleep(0.05)
+            assert not any(e.get("event") == "worker_ready" for e in events), "connected too late to test"
+            for corr, (reader, writer) in enumerate(clients):
+                writer.write(frame(api_versions_request(corr)))
+                await writer.drain()
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                assert struct.unpack_from(">i", await reader.readexactly(size))[0] == corr
+                writer.close()
+            while len([e for e in list(events) if e.get("event") == "close"]) < 4:
+                assert time.monotonic() < deadline, f"connections not closed: {events}"
+                await asyncio.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 60)
+            reader_thread.join(10)
+            await broker.stop()
+        assert code == 0
+        workers = [e["conn"].split("-")[1].split(".")[0] for e in events if e.get("event") == "close"]
+        assert sorted(workers) == ["0", "0", "1", "1"], workers
 
     asyncio.run(run())
