@@ -28,6 +28,21 @@ so it is not in the measured runs); the top frames go into the JSON.
     .venv/bin/python benchmarks/tap_bench.py --seconds 30        # the issue's 30 s runs, ~20 minutes
     .venv/bin/pip install py-spy                                 # once, for the profile (else skipped)
 
+Two more modes each write their own key of the same file, keeping the rest (each with its own date
+and machine; run ``overhead`` first, it rewrites everything else):
+
+- ``--mode scale`` (``workers``): a tap with 1 and 2 workers (``tap.workers``) in front of an
+  in-process stub broker, driven by a synthetic load one worker cannot carry
+  (``benchmarks/tap_load.py``: many connections of small Produce requests, pipelined); MB/s and
+  frames/s for each, and ``scale_2_over_1``. The tap forwards without mirroring (the stub is no
+  Kafka), so this measures the forwarding path.
+- ``--mode latency`` (``latency_pinned``): the tap pinned to one CPU, the broker, the perf tools and
+  this process to the others; the producer at half of its direct saturation rate, direct and through
+  the tap per policy: added p50/p99 next to the tap's own ``kpmon_tap_inside_seconds``.
+
+    .venv/bin/python benchmarks/tap_bench.py --mode scale --seconds 20 --rounds 3
+    .venv/bin/python benchmarks/tap_bench.py --mode latency --seconds 30 --rounds 2
+
 Writes ``benchmarks/results/tap_bench.json``: per run throughput, producer p50/p99, the tap's CPU
 (seconds, mean cores, milli-cores per MB/s and that figure over Kroxylicious's published ~25 mcores
 per MB/s for pass-through), a per-policy summary with a verdict per target, and the profile.
@@ -65,7 +80,13 @@ RECORD_SIZE = 1024
 #: Kroxylicious's published pass-through cost, the named comparison for the tap's CPU figure.
 KROXYLICIOUS_MCORES_PER_MB_S = 25.0
 #: ``completeness``: frames mirrored / frames forwarded at the direct saturation rate (issue 10).
-TARGETS = {"headers_ratio": 0.90, "full_ratio": 0.75, "added_p99_ms_at_half": 2.0, "completeness": 0.999}
+TARGETS = {
+    "headers_ratio": 0.90,
+    "full_ratio": 0.75,
+    "added_p99_ms_at_half": 2.0,
+    "completeness": 0.999,
+    "scale_2_over_1": 1.7,
+}
 TOPIC_CONFIG = ["retention.bytes=3221225472", "segment.bytes=268435456"]
 _PERF = re.compile(
     r"(?P<n>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\), "
@@ -84,8 +105,29 @@ def _free_port() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # gone between listing and reading
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime, all threads
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (the tap's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
 
 
 def _tool(version: str, tool: str, args: list[str], timeout: float) -> str:
@@ -274,20 +316,31 @@ def wait_mirror_drained(
 
 class TapProcess:
     def __init__(
-        self, listen: int, broker: str, policy: str, mirror_bootstrap: str, topic: str | None = None
+        self,
+        listen: int,
+        broker: str,
+        policy: str,
+        mirror_bootstrap: str,
+        topic: str | None = None,
+        workers: int = 1,
+        cpus: set[int] | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
         self.metrics_port = _free_port()
         self.policy = policy
         self.topic = None if policy == "off" else (topic or f"kpmon.bench.{policy}")
         self.mirror_bootstrap = mirror_bootstrap
-        cmd = [sys.executable, "-m", "kpmon.cli", "tap", "--listen", f"127.0.0.1:{listen}={broker}@1"]
+        cmd = [sys.executable, *(wrapper or []), "-m", "kpmon.cli", "tap"]
+        cmd += ["--listen", f"127.0.0.1:{listen}={broker}@1", "--workers", str(workers)]
         cmd += ["--metrics-port", str(self.metrics_port), "--log-level", "WARNING"]
         if policy == "off":
             cmd.append("--no-mirror")
         else:
             cmd += ["--capture", policy, "--tap-bootstrap-servers", mirror_bootstrap]
             cmd += ["--topic", str(self.topic)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
+        # ``cpus``: the tap (and its workers, which inherit the mask) runs on these CPUs only.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL, preexec_fn=pin)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -300,7 +353,8 @@ class TapProcess:
                 time.sleep(0.1)
 
     def cpu(self) -> float:
-        return _cpu_seconds(self.proc.pid)
+        """CPU seconds of the tap and its worker processes."""
+        return sum(_cpu_seconds(pid) for pid in _tree(self.proc.pid))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -571,6 +625,208 @@ def profile(bench: Bench, policy: str, args: argparse.Namespace, records: int, w
     return {"policy": policy, "steps": ["produce", "consume"], "tap_cpu_s": round(cpu, 2), **result}
 
 
+# ----- scale: 1 and 2 workers on a load one worker cannot carry ---------------------------------------
+
+
+def scale(args: argparse.Namespace) -> dict[str, Any]:
+    """Throughput of a tap with 1 and 2 workers in front of an in-process stub broker, driven by a
+    synthetic load (``benchmarks/tap_load.py``) that saturates one worker. The tap forwards without
+    mirroring (the stub is no Kafka to mirror to), so the per-frame work measured is the forwarding
+    path's: frame boundaries, header peeks, correlation, metrics."""
+    import asyncio
+
+    from benchmarks.tap_load import exchange, run_load, start_stub
+    from tap.proxy import install_uvloop
+
+    install_uvloop()
+    request, response = exchange(args.load, args.frame_kb)
+    runs: list[dict[str, Any]] = []
+
+    async def measure(workers: int, round_no: int) -> None:
+        server, broker_port = await start_stub(len(request), response)
+        port = _free_port()
+        tap = TapProcess(port, f"127.0.0.1:{broker_port}", "off", "", workers=workers)
+        try:
+            if workers > 1:
+                await asyncio.to_thread(_wait_workers, tap.metrics_port, workers)
+            cpu: list[float] = []
+            result = await run_load(
+                port,
+                request,
+                len(response),
+                args.connections,
+                args.depth,
+                warmup=2.0,
+                seconds=args.seconds,
+                probe=lambda: cpu.append(tap.cpu()),
+            )
+        finally:
+            tap.stop()
+            server.close()
+        entry = {"workers": workers, "round": round_no, **result}
+        entry["tap_cores"] = round((cpu[1] - cpu[0]) / result["seconds"], 3)
+        runs.append(entry)
+        print(json.dumps(entry), flush=True)
+
+    async def all_runs() -> None:
+        for round_no in range(args.rounds):
+            order = (1, 2) if round_no % 2 == 0 else (2, 1)
+            for workers in order:
+                await measure(workers, round_no)
+
+    asyncio.run(all_runs())
+
+    def mean(workers: int, key: str) -> float:
+        values = [r[key] for r in runs if r["workers"] == workers]
+        return sum(values) / len(values)
+
+    summary: dict[str, Any] = {
+        str(n): {
+            key: round(mean(n, key), 2)
+            for key in ("mb_per_sec", "frames_per_sec", "tap_cores", "load_process_cores")
+        }
+        for n in (1, 2)
+    }
+    return {
+        "scale_2_over_1": round(mean(2, "mb_per_sec") / mean(1, "mb_per_sec"), 3),
+        "frames_scale_2_over_1": round(mean(2, "frames_per_sec") / mean(1, "frames_per_sec"), 3),
+        "target": TARGETS["scale_2_over_1"],
+        "load": {
+            "kind": args.load,
+            "frame_kb": args.frame_kb,
+            "connections": args.connections,
+            "depth": args.depth,
+            "seconds_per_run": args.seconds,
+            "rounds": args.rounds,
+            "broker": "in-process stub (benchmarks/tap_load.py), same process as the clients",
+            "tap": "kpmon tap --no-mirror --workers N",
+        },
+        "summary": summary,
+        "runs": runs,
+    }
+
+
+# ----- latency: the tap on a core of its own ----------------------------------------------------------
+
+
+def _wait_workers(metrics_port: int, workers: int, timeout: float = 60.0) -> None:
+    """Until every worker is up: each publishes its metrics (a ``worker`` label) once it is."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            up = {
+                sample.labels.get("worker")
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "kpmon_tap_mirror_queue_capacity"
+            }
+            if len(up - {None}) >= workers:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the tap's {workers} workers did not come up in {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def latency(args: argparse.Namespace, policies: list[str]) -> dict[str, Any]:
+    """Added producer latency at half load, per capture policy, with the tap pinned to one CPU and the
+    broker, the perf tools and this process to the others: the tap's own delay, not scheduling noise
+    between processes sharing a core. ``kpmon_tap_inside_seconds`` (the tap's own view) beside it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("latency mode needs two CPUs: one for the tap, the rest for the broker and clients")
+    tap_cpu = cpus[-1]
+    others = set(cpus[:-1])
+    os.sched_setaffinity(0, others)  # the broker JVM and the perf tools inherit this mask
+    home = Path(tempfile.mkdtemp(prefix="kpmon-tap-bench-"))
+    args.tap_port = _free_port()
+    stack = LocalStack(home / "stack", advertised={1: ("127.0.0.1", args.tap_port)})
+    stack.up()
+    try:
+        broker = stack.listen_endpoints[0].address
+        direct = stack.internal_bootstrap_servers
+        version, topic = _prepare_topics(direct, policies)
+        bench = Bench(version, direct, f"127.0.0.1:{args.tap_port}", topic)
+        warm = produce(version, direct, topic, 50_000)
+        records = max(20_000, int(warm["records_per_sec"] * args.seconds))
+        saturation = produce(version, direct, topic, records)["records_per_sec"]
+        half = 0.5 * saturation
+        print(json.dumps({"direct_saturation_records_per_sec": saturation, "half": half}), flush=True)
+        for index, policy in enumerate(policies):
+            tap = TapProcess(args.tap_port, broker, policy, direct, workers=args.workers, cpus={tap_cpu})
+            try:
+                for round_no in range(args.rounds):
+                    order = ("direct", "tap") if (index + round_no) % 2 == 0 else ("tap", "direct")
+                    bench.step(
+                        tap,
+                        policy,
+                        round_no,
+                        "produce_half",
+                        order,
+                        max(1000, int(half * args.seconds)),
+                        half,
+                    )
+            finally:
+                tap.stop()
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
+        os.sched_setaffinity(0, set(cpus))
+    summary: dict[str, Any] = {}
+    for policy in policies:
+
+        def m(mode: str, key: str, policy: str = policy) -> float:
+            return bench.mean(policy, "produce_half", mode, key)
+
+        summary[policy] = {
+            "added_p50_ms": round(m("tap", "p50_ms") - m("direct", "p50_ms"), 2),
+            "added_p99_ms": round(m("tap", "p99_ms") - m("direct", "p99_ms"), 2),
+            "direct_p99_ms": round(m("direct", "p99_ms"), 2),
+            "tap_inside_p50_le_ms": m("tap", "tap_inside_p50_le_ms"),
+            "tap_inside_p99_le_ms": m("tap", "tap_inside_p99_le_ms"),
+            "tap_cores": round(m("tap", "tap_cores"), 3),
+        }
+    return {
+        "pinning": {"tap_cpus": [tap_cpu], "broker_and_clients_cpus": sorted(others)},
+        "half_load_records_per_sec": round(half),
+        "target_added_p99_ms": TARGETS["added_p99_ms_at_half"],
+        "note": "producer p50/p99 are kafka-producer-perf-test's whole milliseconds; tap_inside_* are "
+        "upper bounds of the tap's histogram buckets (kpmon_tap_inside_seconds)",
+        "summary": summary,
+        "runs": bench.runs,
+    }
+
+
+def _prepare_topics(direct: str, policies: list[str]) -> tuple[str, str]:
+    """The perf tools' Kafka version for this broker, and the benchmark topic (tap topics created too)."""
+    probe = run_tool(KAFKA_LATEST, "kafka-topics", ["--bootstrap-server", direct, "--list"], timeout=60)
+    version = KAFKA_LEGACY if "NoClassDefFoundError" in probe.stderr else KAFKA_LATEST
+    topic = "tap-bench"
+    for name in [topic] + [f"kpmon.bench.{p}" for p in policies if p != "off"]:
+        create = ["--bootstrap-server", direct, "--create", "--topic", name]
+        for setting in TOPIC_CONFIG:
+            create += ["--config", setting]
+        _tool(version, "kafka-topics", create, timeout=60)
+    return version, topic
+
+
+def _merge_into(path: Path, key: str, value: dict[str, Any], host: dict[str, Any]) -> None:
+    """Write ``value`` under ``key`` of the results file, keeping what the other modes wrote there."""
+    report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"benchmark": "tap_bench"}
+    report[key] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {**host, "loadavg_at_end": os.getloadavg()},
+        **value,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 # ----- main -------------------------------------------------------------------------------------------
 
 
@@ -583,10 +839,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="off,meta,headers,full")
     parser.add_argument("--profile", default="headers", help="policy to profile with py-spy, or 'none'")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--mode",
+        choices=["overhead", "scale", "latency"],
+        default="overhead",
+        help="overhead: direct vs through the tap (summary); scale: 1 vs 2 workers on a synthetic load "
+        "(workers); latency: added p50/p99 at half load with the tap on a CPU of its own (latency_pinned)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="overhead, latency: the tap's tap.workers (default 1)"
+    )
+    parser.add_argument("--load", choices=["produce", "fetch"], default="produce", help="scale: the load")
+    parser.add_argument("--frame-kb", type=int, default=1, help="scale: KiB of records per frame")
+    parser.add_argument("--connections", type=int, default=32, help="scale: client connections")
+    parser.add_argument("--depth", type=int, default=8, help="scale: requests in flight per connection")
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     started = time.monotonic()
     host = machine()  # the load average as the run starts
+    if args.mode == "scale":
+        _merge_into(args.output, "workers", scale(args), host)
+        return 0
+    if args.mode == "latency":
+        _merge_into(args.output, "latency_pinned", latency(args, policies), host)
+        return 0
 
     args.tap_port = _free_port()
     home = Path(tempfile.mkdtemp(prefix="kpmon-tap-bench-"))
@@ -596,21 +872,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.broker = stack.listen_endpoints[0].address
         direct = stack.internal_bootstrap_servers
-        probe = run_tool(KAFKA_LATEST, "kafka-topics", ["--bootstrap-server", direct, "--list"], timeout=60)
-        version = KAFKA_LEGACY if "NoClassDefFoundError" in probe.stderr else KAFKA_LATEST
-        topic = "tap-bench"
-        for name in [topic] + [f"kpmon.bench.{p}" for p in policies if p != "off"]:
-            create = ["--bootstrap-server", direct, "--create", "--topic", name]
-            for setting in TOPIC_CONFIG:
-                create += ["--config", setting]
-            _tool(version, "kafka-topics", create, timeout=60)
+        version, topic = _prepare_topics(direct, policies)
         bench = Bench(version, direct, f"127.0.0.1:{args.tap_port}", topic)
         # Warm the broker up, and size every run from its rate so runs last about --seconds.
         warm = produce(version, direct, topic, 50_000)
         records = max(20_000, int(warm["records_per_sec"] * args.seconds))
         print(json.dumps({"warm_up": warm, "records_per_run": records}), flush=True)
         for index, policy in enumerate(policies):
-            tap = TapProcess(args.tap_port, args.broker, policy, direct)
+            tap = TapProcess(args.tap_port, args.broker, policy, direct, workers=args.workers)
             try:
                 for round_no in range(args.rounds):
                     order = ("direct", "tap") if (index + round_no) % 2 == 0 else ("tap", "direct")
@@ -651,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
             "linger_ms": 5,
             "rounds": args.rounds,
             "tools": version,
+            "tap_workers": args.workers,
         },
         "comparison": {
             "direct": "the same tool against the broker's own listener, in the same run",
@@ -661,6 +931,10 @@ def main(argv: list[str] | None = None) -> int:
         "profile": prof,
         "runs": bench.runs,
     }
+    if args.output.exists():
+        # What the scale and latency modes wrote stays, each with its own date and machine.
+        previous = json.loads(args.output.read_text())
+        report.update({key: previous[key] for key in ("workers", "latency_pinned") if key in previous})
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -150,6 +150,23 @@ class TapConfig(_Section):
     #: Address the metrics endpoint binds; loopback unless set (``0.0.0.0`` for a scraper elsewhere).
     metrics_host: str = "127.0.0.1"
     instance_id: str | None = None
+    #: Forwarding processes sharing every listener (tap/workers.py): a number, or ``auto`` for the
+    #: cores this process may run on (``os.sched_getaffinity``). 1 forwards in the process itself.
+    workers: int | Literal["auto"] = 1
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int | str) -> int | str:
+        if value != "auto" and (not isinstance(value, int) or value < 1):
+            raise ValueError("must be a positive number of processes or 'auto'")
+        return value
+
+    @property
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is the cores this process may be scheduled on."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.workers
 
     @field_validator("dynamic_listener_ports")
     @classmethod

@@ -89,7 +89,7 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
     return specs
 
 
-def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
+def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str | None = None) -> Tap:
     tap_cfg = config.tap
     metrics = TapMetrics()
     instance = tap_cfg.instance_id or f"tap-{uuid.uuid4().hex[:8]}"
@@ -109,6 +109,7 @@ def build_tap(config: KpmonConfig, mirror: bool = True) -> Tap:
         mirror=mirror,
         max_mirrored_frame_bytes=tap_cfg.max_mirrored_frame_bytes,
         instance_id=instance,
+        connection_prefix=connection_prefix,
         rewrite_broker_addresses=tap_cfg.rewrite_broker_addresses,
         clamp_api_versions=tap_cfg.clamp_api_versions,
         dynamic_listeners=tap_cfg.dynamic_listeners,
@@ -140,11 +141,17 @@ async def serve(tap: Tap, metrics_port: int | None, metrics_host: str = "127.0.0
     await tap.stop()
 
 
+def no_listeners(config: KpmonConfig) -> bool:
+    """True (and logged) when the config gives the tap nothing to listen on."""
+    if config.tap.listeners:
+        return False
+    log.error(json.dumps({"event": "no_listeners", "hint": "give --listen or tap.listeners in the config"}))
+    return True
+
+
 def run(config: KpmonConfig, mirror: bool = True) -> int:
-    if not config.tap.listeners:
-        log.error(
-            json.dumps({"event": "no_listeners", "hint": "give --listen or tap.listeners in the config"})
-        )
+    """The tap in this process (``tap.workers: 1``); tap/workers.py runs more."""
+    if no_listeners(config):
         return 2
     install_uvloop()
     tap = build_tap(config, mirror)

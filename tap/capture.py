@@ -18,6 +18,7 @@ from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import SASL_TOKEN, Header
 from tap.secret_configs import is_password_config
+from tap.strip import strip_frame
 
 Policy = Literal["full", "headers", "meta"]
 Direction = Literal["req", "resp"]
@@ -236,6 +237,22 @@ def _strip_payloads() -> Callable[[bytes], bytes] | None:
     return fn
 
 
+def _stripped(frame: bytes, info: FrameInfo, strip: Callable[[bytes], bytes]) -> bytes:
+    """``frame`` with its record payloads stripped: spliced where the frame walks (tap/strip.py),
+    else decoded, stripped and encoded again."""
+    assert info.api_key is not None
+    if info.api_version is not None:
+        try:
+            return strip_frame(
+                frame, header_end(frame, info), info.api_key, info.direction == "req", info.api_version, strip
+            )
+        except DecodeError:
+            pass
+    message = _decode(frame, info)
+    _strip_records(message.body, strip)
+    return codec.encode(message)
+
+
 def _inner_api_key(frame: bytes) -> int | None:
     """The API key of an Envelope request's inner request; None when it cannot be read."""
     try:
@@ -338,9 +355,7 @@ def capture(head: bytes, info: FrameInfo, policy: Policy, max_bytes: int) -> Cap
         try:
             if strip is None:
                 raise RuntimeError("codec.records.strip_payloads is not available")
-            message = _decode(value, info)
-            _strip_records(message.body, strip)
-            value = codec.encode(message)
+            value = _stripped(value, info, strip)
         except Exception:
             return header_only({Header.CAPTURE_FALLBACK: "meta"})
     if len(value) > max_bytes:

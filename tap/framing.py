@@ -43,18 +43,31 @@ class WireFrame(NamedTuple):
         return len(self.head) == self.size
 
 
+#: Bytes kept of a frame too large to be mirrored whole: it is mirrored as its header (capture.py),
+#: and no Kafka request or response header comes near this (a client id is at most 32 KiB).
+HEAD_BYTES = 65_536
+
+
 class FrameSplitter:
-    """Incremental splitter: ``feed(chunk)`` returns the frames that ended inside ``chunk``."""
+    """Incremental splitter: ``feed(chunk)`` returns the frames that ended inside ``chunk``.
 
-    __slots__ = ("_buf", "_max", "_prefix", "_remaining", "_retain", "_size")
+    A frame of at most ``retain`` bytes is kept whole; of a larger one only its first
+    ``min(retain, head)`` bytes, since it can only be mirrored as its header. A kept frame costs one
+    copy: a frame inside one chunk is sliced out of it; a frame spanning chunks is gathered as views
+    of them (``bytes`` chunks are immutable, so a view stays valid) and joined once it is complete.
+    """
 
-    def __init__(self, retain: int, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    __slots__ = ("_head", "_keep", "_max", "_parts", "_prefix", "_remaining", "_retain", "_size")
+
+    def __init__(self, retain: int, max_frame: int = DEFAULT_MAX_FRAME, head: int = HEAD_BYTES) -> None:
         self._retain = retain
+        self._head = head
         self._max = max_frame
         self._prefix = bytearray()  # a size prefix split across chunks
         self._size = -1  # size of the frame being read; -1 while reading a prefix
         self._remaining = 0
-        self._buf = bytearray()
+        self._keep = 0  # bytes of the current frame still to keep
+        self._parts: list[bytes | memoryview] = []
 
     @property
     def mid_frame(self) -> bool:
@@ -67,6 +80,8 @@ class FrameSplitter:
     def feed(self, data: bytes | bytearray | memoryview) -> list[WireFrame]:
         out: list[WireFrame] = []
         view = memoryview(data)
+        # Views into a caller's mutable buffer would change under us: those parts are copied.
+        stable = isinstance(data, bytes)
         pos = 0
         end = len(view)
         while pos < end:
@@ -84,23 +99,30 @@ class FrameSplitter:
                     pos += 4
                 if size < 0 or size > self._max:
                     raise FrameError(f"frame size {size} outside 0..{self._max}")
-                self._size = size
-                self._remaining = size
-                self._buf = bytearray()
                 if size == 0:
                     out.append(WireFrame(0, b""))
-                    self._size = -1
                     continue
+                keep = size if size <= self._retain else min(self._retain, self._head)
+                if end - pos >= size:
+                    # The whole frame is in this chunk: one slice, no gathering.
+                    out.append(WireFrame(size, bytes(view[pos : pos + keep])))
+                    pos += size
+                    continue
+                self._size = size
+                self._remaining = size
+                self._keep = keep
             take = min(self._remaining, end - pos)
-            room = min(self._retain, self._size) - len(self._buf)
-            if room > 0:
-                self._buf += view[pos : pos + min(room, take)]
+            if self._keep > 0:
+                kept = min(self._keep, take)
+                part = view[pos : pos + kept]
+                self._parts.append(part if stable else bytes(part))
+                self._keep -= kept
             pos += take
             self._remaining -= take
             if self._remaining == 0:
-                out.append(WireFrame(self._size, bytes(self._buf)))
+                out.append(WireFrame(self._size, b"".join(self._parts)))
+                self._parts.clear()
                 self._size = -1
-                self._buf = bytearray()
         return out
 
 

@@ -87,6 +87,9 @@ class TapSettings:
     max_mirrored_frame_bytes: int = 900_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME
     instance_id: str = field(default_factory=lambda: f"tap-{uuid.uuid4().hex[:8]}")
+    #: Connection ids are ``<connection_prefix>-<n>``; default: the instance id. Each worker process
+    #: gets its own (tap/workers.py), so ids stay unique across workers and their restarts.
+    connection_prefix: str | None = None
     write_buffer_high: int = 4 * 1024 * 1024
     connect_timeout: float = 10.0
     #: Rewrite broker addresses in Metadata/FindCoordinator/DescribeCluster to the tap's listeners.
@@ -637,7 +640,8 @@ class Tap:
             log.info(json.dumps({"event": event, "tap": self.settings.instance_id, **fields}, default=str))
 
     def _accept(self, spec: ListenerSpec) -> asyncio.Protocol:
-        conn = TapConnection(self, spec, f"{self.settings.instance_id}-{next(self._ids)}")
+        prefix = self.settings.connection_prefix or self.settings.instance_id
+        conn = TapConnection(self, spec, f"{prefix}-{next(self._ids)}")
         return _Side(conn, client=True)
 
     async def _sweep_held(self) -> None:
@@ -668,6 +672,33 @@ class Tap:
                 self.addresses[spec.broker_id] = client_address(spec, addr[1])
             self.log_event("listen", listen=f"{addr[0]}:{addr[1]}", broker=spec.broker)
         return self.bound
+
+    def start_adopted(self, bound: list[tuple[str, int]]) -> None:
+        """Start without listening: another process accepts (tap/workers.py) and hands each connection
+        over with ``adopt``. ``bound`` is where each of ``listeners`` listens there."""
+        if self.settings.mirror:
+            self.spawn(self._sweep_held())
+        self.bound = list(bound)
+        for spec, (_, port) in zip(self.listeners, bound, strict=True):
+            if spec.broker_id is not None:
+                self.addresses[spec.broker_id] = client_address(spec, port)
+
+    def adopt(self, sock: socket.socket, spec: ListenerSpec) -> None:
+        """Serve a client connection accepted elsewhere, as if this tap's listener for ``spec`` had."""
+        if self._stopping:
+            sock.close()
+            return
+
+        async def serve() -> None:
+            try:
+                await asyncio.get_running_loop().connect_accepted_socket(
+                    functools.partial(self._accept, spec), sock, ssl=spec.server_ssl
+                )
+            except (OSError, ssl.SSLError, TimeoutError) as exc:
+                sock.close()
+                self.log_event("adopt_failed", broker=spec.broker, error=str(exc))
+
+        self.spawn(serve())
 
     def _own_addresses(self) -> list[tuple[str, int]]:
         return [*self.addresses.values(), *self.bound]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kpmon.commands.tap import parse_workers as tap_workers
 from kpmon.config import ConfigError, load_config
 from kpmon.paths import kpmon_home
 
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     embedded = config_path is None
     try:
         base = load_config(config_path)
+        if args.tap_workers is not None:
+            base = base.model_copy(update={"tap": base.tap.model_copy(update={"workers": args.tap_workers})})
         state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(base, kpmon_home())
         if not embedded:
             base = external_config(base, state_dir, f"config {config_path}")
@@ -109,6 +112,12 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--tap-port", type=_port, default=29092, help="first tap port clients connect to (default 29092)"
+    )
+    parser.add_argument(
+        "--tap-workers",
+        type=tap_workers,
+        metavar="N|auto",
+        help="the tap's forwarding processes (tap.workers; auto = the cores this process may use)",
     )
     parser.add_argument(
         "--fresh",

@@ -34,6 +34,14 @@ def _port_range(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def parse_workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'auto', got {text!r}")
+    return int(text)
+
+
 def configure(args: argparse.Namespace) -> KpmonConfig:
     config = load_config(getattr(args, "config", None))
     tap: dict[str, Any] = {}
@@ -56,6 +64,8 @@ def configure(args: argparse.Namespace) -> KpmonConfig:
         tap["dynamic_listeners"] = False
     if args.clamp_api_versions:
         tap["clamp_api_versions"] = True
+    if args.workers is not None:
+        tap["workers"] = args.workers
     if args.no_metrics:
         tap["metrics_port"] = None
     if not tap:
@@ -73,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kpmon tap: {exc}")
         return 2
+    if config.tap.worker_count > 1:
+        from tap.workers import run_workers
+
+        return run_workers(config, mirror=not args.no_mirror)
     return run_tap(config, mirror=not args.no_mirror)
 
 
@@ -119,6 +133,13 @@ def register(sub: Any) -> None:
         "--max-mirrored-frame-bytes", type=int, help="frames above this are mirrored header-only"
     )
     parser.add_argument("--metrics-port", type=int, help="Prometheus port")
+    parser.add_argument(
+        "--workers",
+        type=parse_workers,
+        metavar="N|auto",
+        help="forwarding processes sharing every listener; auto = the cores this process may use "
+        "(default from config: 1)",
+    )
     parser.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus metrics")
     parser.add_argument(
         "--rewrite-broker-addresses",

@@ -319,9 +319,11 @@ def test_one_tap_deployment_per_configured_listener(config: KpmonConfig, config_
         assert env["KPMON__TAP__INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         mounts = mounts_of(container)
         assert mounts["kpmon-config"] == "/etc/kpmon"
-        # The mirror queue may fill up to queue_max_bytes before the tap drops: the limit must hold it.
+        # Each worker's mirror queue may fill up to queue_max_bytes before it drops: the limit must hold them.
         limit = quantity(container["resources"]["limits"]["memory"])
-        assert limit >= config.tap.queue_max_bytes + 256 * 2**20
+        assert limit >= tap.worker_count * config.tap.queue_max_bytes + 256 * 2**20
+        # The workers publish their metrics through a temporary directory: writable despite the read-only root.
+        assert mounts["tmp"] == "/tmp"
     key = [(entry.listen, entry.broker, entry.broker_id) for entry in config.tap.listeners]
     assert sorted((entry.listen, entry.broker, entry.broker_id) for entry in served) == sorted(key)
 

@@ -107,3 +107,19 @@ def test_tap_process_forwards_and_stops_on_sigterm() -> None:
         assert b'"event": "ready"' in err
 
     asyncio.run(run())
+
+
+def test_workers_option_and_auto() -> None:
+    base = ["tap", "--listen", "127.0.0.1:29092=127.0.0.1:19092@1"]
+    assert configure(build_parser().parse_args(base)).tap.worker_count == 1
+    assert configure(build_parser().parse_args([*base, "--workers", "3"])).tap.worker_count == 3
+    auto = configure(build_parser().parse_args([*base, "--workers", "auto"])).tap
+    assert auto.workers == "auto" and auto.worker_count == len(os.sched_getaffinity(0))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--workers", "0"])
+    with pytest.raises(ValidationError, match="workers"):
+        TapConfig(workers=0)
+    with pytest.raises(ValidationError, match="workers"):
+        TapConfig(workers="all")  # type: ignore[arg-type]
+    run = build_parser().parse_args(["run", "--tap-workers", "2"])
+    assert run.tap_workers == 2

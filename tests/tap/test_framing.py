@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from codec.taprecord import Part
 from tap.framing import (
+    HEAD_BYTES,
     Correlations,
     FrameError,
     FrameSplitter,
@@ -30,16 +31,29 @@ def _stream(payloads: list[bytes]) -> bytes:
     payloads=st.lists(st.binary(max_size=300), max_size=20),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
     retain=st.integers(min_value=0, max_value=400),
+    head=st.integers(min_value=0, max_value=400),
+    mutable=st.booleans(),
 )
-def test_any_chunking_yields_the_same_frames(payloads: list[bytes], cuts: list[int], retain: int) -> None:
+def test_any_chunking_yields_the_same_frames(
+    payloads: list[bytes], cuts: list[int], retain: int, head: int, mutable: bool
+) -> None:
     data = _stream(payloads)
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    splitter = FrameSplitter(retain)
+    splitter = FrameSplitter(retain, head=head)
     frames = []
+    reused = bytearray()
     for a, b in itertools.pairwise(points):
-        frames.extend(splitter.feed(data[a:b]))
+        if mutable:
+            # A caller that reuses its buffer: what the splitter kept must not change with it.
+            reused[:] = data[a:b]
+            frames.extend(splitter.feed(reused))
+            reused[:] = b"\xff" * len(reused)
+        else:
+            frames.extend(splitter.feed(data[a:b]))
     assert [f.size for f in frames] == [len(p) for p in payloads]
-    assert [f.head for f in frames] == [p[:retain] for p in payloads]
+    # Whole when it may be mirrored whole; otherwise only the head its header needs.
+    assert [f.head for f in frames] == [p if len(p) <= retain else p[: min(retain, head)] for p in payloads]
+    assert all(isinstance(f.head, bytes) for f in frames)
     assert not splitter.mid_frame
 
 
@@ -63,6 +77,19 @@ def test_large_frame_retains_only_its_head() -> None:
         out += splitter.feed(chunk)
     assert len(out) == 1 and out[0].size == 655360 and out[0].head == b"y" * 16
     assert not out[0].complete
+
+
+def test_a_frame_too_large_to_mirror_keeps_its_head_not_retain_bytes() -> None:
+    """A 1 MiB Fetch response with 900 KB retained for mirroring can only be mirrored as its header:
+    the splitter keeps HEAD_BYTES of it, whether it comes in one chunk or many."""
+    payload = bytes(range(256)) * 4096
+    for chunk in (len(payload) + 4, 65536):
+        splitter = FrameSplitter(900_001)
+        data = struct.pack(">i", len(payload)) + payload
+        out = []
+        for at in range(0, len(data), chunk):
+            out += splitter.feed(data[at : at + chunk])
+        assert [(f.size, f.head) for f in out] == [(len(payload), payload[:HEAD_BYTES])]
 
 
 def _held(corr: int, size: int = 10) -> Part:
