@@ -88,13 +88,16 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.sharding import ROUTE_SCHEME
     from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
     from streaming.pages import PAGES_FORMAT
-    from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
+    from streaming.processors import OUTPUT_DDL, PROCESSORS, STAGE_ROWS_DDL
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
+    # Either state API's processors declare the same state (tests/streaming/test_compat.py), so the
+    # API is recorded but does not decide whether a checkpoint resumes.
+    connection, keyed = PROCESSORS[config.stream.state_api]
     stages = [
         {
             "name": "connection",
-            "processor": ConnectionProcessor.__name__,
+            "processor": connection.__name__,
             "group_by": [BUCKET],
             "bucket_of": "conn",
             "output_mode": "Append",
@@ -102,18 +105,18 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
             "input": list(BUNDLE_SCHEMA.names),
             "bundled": list(BUNDLE_FRAME_SCHEMA.names),
             "output": " ".join(STAGE_ROWS_DDL.split()),
-            "state": _declared_state(ConnectionProcessor(config.checks.settings())),
+            "state": _declared_state(connection(config.checks.settings())),
         },
         {
             "name": "keyed",
-            "processor": KeyedProcessor.__name__,
+            "processor": keyed.__name__,
             "group_by": [BUCKET],
             "bucket_of": "route_key",
             "output_mode": "Append",
             "time_mode": "EventTime",
             "input": "stage connection output",
             "output": " ".join(OUTPUT_DDL.split()),
-            "state": _declared_state(KeyedProcessor(config.checks.settings())),
+            "state": _declared_state(keyed(config.checks.settings())),
         },
     ]
     return {
@@ -121,6 +124,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "source": {"format": "kafka", "topic": config.tap.topic},
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_buckets": config.stream.buckets,
+        "state_api": config.stream.state_api,
         "bucket_scheme": BUCKET_SCHEME,
         "state_layout": f"pages-{PAGES_FORMAT}",
         "state_format": STATE_FORMAT,
