@@ -29,7 +29,7 @@ as a fleet's traffic does (the short sessions' state mostly lives and dies insid
 the stateful stages (``stream.state_api``): after the raw read and the bundles, the whole job runs
 ``N`` times with each over the same backlog, alternating and swapping which goes first every round
 (pandas, rows, rows, pandas, ...), each run on a new checkpoint, after one unmeasured run of the job
-(the first job run of a JVM pays its JIT compiler for both); no latency run. Each pair of one round
+with each (a JVM's first run of a code path pays its JIT compiler); no latency run. Each pair of one round
 gives the ratios rows / pandas, which is what a shared machine allows comparing.
 
 Writes ``benchmarks/results/stream_bench.json``, or with two state APIs
@@ -616,14 +616,17 @@ def compare_state_apis(
 ) -> dict[str, Any]:
     """The whole job ``rounds`` times with each state API, alternating, the first of each round
     swapped every round; each run's figures, and per round the second API's over the first's."""
-    print(f"warm-up: the whole job, stream.state_api {apis[1]} (not counted) ...", flush=True)
-    warmup = run_job(
-        spark,
-        config.model_copy(update={"stream": config.stream.model_copy(update={"state_api": apis[1]})}),
-        home / "state" / "stream-warmup",
-        home / "ck-job-warmup",
-    )
-    print(rate_line(warmup))
+    warmups: list[dict[str, Any]] = []
+    for api in apis[::-1]:
+        print(f"warm-up: the whole job, stream.state_api {api} (not counted) ...", flush=True)
+        warmup = run_job(
+            spark,
+            config.model_copy(update={"stream": config.stream.model_copy(update={"state_api": api})}),
+            home / "state" / f"stream-warmup-{api}",
+            home / f"ck-job-warmup-{api}",
+        )
+        warmups.append({"state_api": api, **warmup})
+        print(rate_line(warmup))
     runs: list[dict[str, Any]] = []
     for index in range(rounds):
         for api in apis if index % 2 == 0 else apis[::-1]:
@@ -659,7 +662,7 @@ def compare_state_apis(
     return {
         "apis": apis,
         "rounds": rounds,
-        "warmup": {"state_api": apis[1], **warmup},
+        "warmup": warmups,
         "runs": runs,
         "by_round": by_round,
         "median": {

@@ -244,6 +244,12 @@ def describe_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         notes.append(f"rules removed (their saved state expires by TTL): {', '.join(removed)}")
     if saved.get("state_format") != new.get("state_format"):
         notes.append(f"monitor state format {saved.get('state_format')} -> {new.get('state_format')}")
+    # A shape without it was written when the pandas API was the only one.
+    if saved.get("state_api", "pandas") != new.get("state_api", "pandas"):
+        notes.append(
+            f"stream.state_api {saved.get('state_api', 'pandas')} -> {new.get('state_api', 'pandas')} "
+            "(the same state variables; the checkpoint resumes)"
+        )
     old_stages = {s["name"]: s for s in saved.get("stages", [])}
     for stage in new.get("stages", []):
         old = old_stages.get(stage["name"])
