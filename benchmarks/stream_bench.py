@@ -25,15 +25,7 @@ All three throughput runs use ``availableNow`` over the same backlog and the sam
 sessions one after another: every micro-batch then touches every connection's and producer's state,
 as a fleet's traffic does (the short sessions' state mostly lives and dies inside one batch).
 
-``--state-api pandas --state-api rows --rounds N`` compares the two PySpark state APIs that can host
-the stateful stages (``stream.state_api``): after the raw read and the bundles, the whole job runs
-``N`` times with each over the same backlog, alternating and swapping which goes first every round
-(pandas, rows, rows, pandas, ...), each run on a new checkpoint, after one unmeasured run of the job
-with each (a JVM's first run of a code path pays its JIT compiler); no latency run. Each pair of one round
-gives the ratios rows / pandas, which is what a shared machine allows comparing.
-
-Writes ``benchmarks/results/stream_bench.json``, or with two state APIs
-``benchmarks/results/stream_bench_state_api.json`` (``--out`` to choose).
+Writes ``benchmarks/results/stream_bench.json``.
 """
 
 from __future__ import annotations
@@ -63,8 +55,6 @@ from deploy.local.stack import LocalStack  # noqa: E402
 from kpmon.config import KpmonConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
-#: Where a comparison of the state APIs goes (``--state-api`` twice).
-RESULTS_STATE_API = ROOT / "benchmarks" / "results" / "stream_bench_state_api.json"
 
 
 #: The tap-record schema the backlog and the latency feed are written in (``--schema``).
@@ -282,8 +272,6 @@ def preload(bootstrap: str, topic: str, frames: int, start_ns: int, live: int = 
 SPARK_CONF: dict[str, str] = {}
 #: ``--state-buckets``: ``stream.state_buckets`` for every query of the run (None: the job's default).
 STATE_BUCKETS: dict[str, int] = {}
-#: ``--state-api`` given once: ``stream.state_api`` for every query of the run (None: the job's default).
-STATE_API: dict[str, str] = {}
 
 
 def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None) -> KpmonConfig:
@@ -302,7 +290,6 @@ def _config(state: Path, bootstrap: str, topic: str, webhook: str | None = None)
                 "max_offsets_per_trigger": 200_000,
                 "spark_conf": SPARK_CONF,
                 **STATE_BUCKETS,
-                **STATE_API,
             },
             "checks": {"watermark_seconds": 2.0},
             "alerts": {"hooks": hooks},
@@ -603,79 +590,6 @@ def _spark_stages(spark: Any) -> list[dict[str, Any]]:
         return list(json.loads(reply.read()))
 
 
-def per_wire_frame(job: dict[str, Any], backlog: dict[str, int]) -> None:
-    """Adds a job run's figures per wire frame (a request or a response), whatever the records hold:
-    the unit the raw read of the schema-1 backlog (one record per frame) and both builds share."""
-    per_record = backlog["wire_frames"] / max(backlog["records"], 1)
-    job["wire_frames_per_second"] = round(job["rows_per_second"] * per_record)
-    job["cpu_us_per_wire_frame"] = round(job["cpu_seconds"] / max(backlog["wire_frames"], 1) * 1e6, 1)
-
-
-def compare_state_apis(
-    spark: Any, config: KpmonConfig, home: Path, apis: list[str], rounds: int, backlog: dict[str, int]
-) -> dict[str, Any]:
-    """The whole job ``rounds`` times with each state API, alternating, the first of each round
-    swapped every round; each run's figures, and per round the second API's over the first's."""
-    warmups: list[dict[str, Any]] = []
-    for api in apis[::-1]:
-        print(f"warm-up: the whole job, stream.state_api {api} (not counted) ...", flush=True)
-        warmup = run_job(
-            spark,
-            config.model_copy(update={"stream": config.stream.model_copy(update={"state_api": api})}),
-            home / "state" / f"stream-warmup-{api}",
-            home / f"ck-job-warmup-{api}",
-        )
-        warmups.append({"state_api": api, **warmup})
-        print(rate_line(warmup))
-    runs: list[dict[str, Any]] = []
-    for index in range(rounds):
-        for api in apis if index % 2 == 0 else apis[::-1]:
-            print(f"round {index + 1}/{rounds}: the whole job, stream.state_api {api} ...", flush=True)
-            stream = config.stream.model_copy(update={"state_api": api})
-            load = os.getloadavg()
-            name = f"{api}-{index}"
-            run = run_job(
-                spark,
-                config.model_copy(update={"stream": stream}),
-                home / "state" / f"stream-{name}",
-                home / f"ck-job-{name}",
-            )
-            per_wire_frame(run, backlog)
-            runs.append({"state_api": api, "round": index + 1, "load_before": load, **run})
-            print(rate_line(run))
-    base, other = apis
-    by_round = []
-    for index in range(rounds):
-        pair = {r["state_api"]: r for r in runs if r["round"] == index + 1}
-        by_round.append(
-            {
-                "round": index + 1,
-                "first": apis[0] if index % 2 == 0 else apis[1],
-                f"cpu_{other}_over_{base}": pair[other]["cpu_seconds"] / pair[base]["cpu_seconds"],
-                f"rate_{other}_over_{base}": pair[other]["rows_per_second"] / pair[base]["rows_per_second"],
-            }
-        )
-
-    def median(api: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs if r["state_api"] == api)
-
-    return {
-        "apis": apis,
-        "rounds": rounds,
-        "warmup": warmups,
-        "runs": runs,
-        "by_round": by_round,
-        "median": {
-            api: {key: median(api, key) for key in ("cpu_us_per_wire_frame", "wire_frames_per_second")}
-            for api in apis
-        },
-        "median_ratios": {
-            key: statistics.median(r[key] for r in by_round)
-            for key in (f"cpu_{other}_over_{base}", f"rate_{other}_over_{base}")
-        },
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=2_000_000)
@@ -716,24 +630,8 @@ def main() -> int:
         "what taps write) or 1 (one record per frame); the raw read always reads a schema-1 backlog of "
         "the same sessions, so job_over_raw compares across builds",
     )
-    parser.add_argument(
-        "--state-api",
-        action="append",
-        choices=("pandas", "rows"),
-        default=[],
-        help="stream.state_api for the run (default: the job's); given twice, compare the two over the "
-        "same backlog in --rounds alternating rounds, without the latency run",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="rounds of each state API when comparing two (default 2)"
-    )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="the results file (default: stream_bench.json; stream_bench_state_api.json comparing state APIs)",
-    )
     parser.add_argument("--progress", type=Path, help="write every batch's query progress (JSON) here")
     args = parser.parse_args()
     if args.quick:
@@ -745,12 +643,6 @@ def main() -> int:
         SPARK_CONF[key] = value
     if args.state_buckets is not None:
         STATE_BUCKETS["state_buckets"] = args.state_buckets
-    apis = list(dict.fromkeys(args.state_api))
-    comparing = len(apis) == 2
-    if len(apis) == 1:
-        STATE_API["state_api"] = apis[0]
-    if comparing and args.rounds < 1:
-        parser.error("--rounds wants at least 1")
     from pyspark.sql import functions as F
 
     from streaming.job import frame_bundles
@@ -763,7 +655,6 @@ def main() -> int:
         "machine": machine(),
         "spark_conf": dict(SPARK_CONF),
         "state_buckets": STATE_BUCKETS.get("state_buckets"),
-        "state_api": apis if comparing else STATE_API.get("state_api", KpmonConfig().stream.state_api),
     }
     try:
         bootstrap = stack.bootstrap_servers
@@ -807,22 +698,17 @@ def main() -> int:
         rows = frame_bundles(spark, config).select(F.col("bucket"), F.col("frames"))
         out["rows"] = run_available_now(rows, count, home / "ck-rows")
         print(rate_line(out["rows"]))
-        per_record = backlog["wire_frames"] / max(backlog["records"], 1)
-        if comparing:
-            out["state_apis"] = compare_state_apis(spark, config, home, apis, args.rounds, backlog)
-            out["machine"]["load_after"] = os.getloadavg()
-            spark.stop()
-            print(json.dumps(out["state_apis"]["median_ratios"], indent=2))
-            if not args.no_write:
-                (args.out or RESULTS_STATE_API).write_text(json.dumps(out, indent=2, default=str))
-            return 0
         print("3/3 the whole job ...", flush=True)
         out["job"] = run_job(spark, config, home / "state" / "stream", home / "ck-job")
         if args.progress:
             PROGRESS["spark_stages"] = _spark_stages(spark)
         print(rate_line(out["job"]))
+        # Per wire frame (a request or a response), whatever the records hold: the unit the raw read of
+        # the schema-1 backlog (one record per frame) and both builds share.
+        per_record = backlog["wire_frames"] / max(backlog["records"], 1)
         job = out["job"]
-        per_wire_frame(job, backlog)
+        job["wire_frames_per_second"] = round(job["rows_per_second"] * per_record)
+        job["cpu_us_per_wire_frame"] = round(job["cpu_seconds"] / max(backlog["wire_frames"], 1) * 1e6, 1)
         out["ratios"] = {
             "job_over_raw": job["wire_frames_per_second"] / out["raw"]["rows_per_second"],
             "rows_over_raw": out["rows"]["rows_per_second"] * per_record / out["raw"]["rows_per_second"],
@@ -856,7 +742,7 @@ def main() -> int:
     if args.progress:
         args.progress.write_text(json.dumps(PROGRESS, indent=2, default=str))
     if not args.no_write:
-        (args.out or RESULTS).write_text(json.dumps(out, indent=2, default=str))
+        RESULTS.write_text(json.dumps(out, indent=2, default=str))
     return 0
 
 

@@ -189,10 +189,6 @@ class StreamConfig(_Section):
     #: Freeze the stateful Python workers' long-lived objects and collect their young generation every
     #: 50,000 allocations instead of 700 (streaming/workergc.py): the collector took 16 % of their CPU.
     worker_gc: bool = True
-    #: Which PySpark API hosts the stateful stages' processors (``streaming.processors``):
-    #: ``transformWithStateInPandas`` (``pandas``) or the row-based ``transformWithState`` (``rows``).
-    #: Both keep the same state variables, so a checkpoint resumes under either.
-    state_api: Literal["pandas", "rows"] = "pandas"
     #: A graceful stop waits for the running batch, then this long for the query to end.
     stop_timeout_seconds: float = Field(default=60.0, gt=0)
     #: ``kpmon stream status``: no progress for this long is "stalled"...

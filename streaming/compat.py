@@ -88,16 +88,13 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.sharding import ROUTE_SCHEME
     from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
     from streaming.pages import PAGES_FORMAT
-    from streaming.processors import OUTPUT_DDL, PROCESSORS, STAGE_ROWS_DDL
+    from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
 
     # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
-    # Either state API's processors declare the same state (tests/streaming/test_compat.py), so the
-    # API is recorded but does not decide whether a checkpoint resumes.
-    connection, keyed = PROCESSORS[config.stream.state_api]
     stages = [
         {
             "name": "connection",
-            "processor": connection.__name__,
+            "processor": ConnectionProcessor.__name__,
             "group_by": [BUCKET],
             "bucket_of": "conn",
             "output_mode": "Append",
@@ -105,18 +102,18 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
             "input": list(BUNDLE_SCHEMA.names),
             "bundled": list(BUNDLE_FRAME_SCHEMA.names),
             "output": " ".join(STAGE_ROWS_DDL.split()),
-            "state": _declared_state(connection(config.checks.settings())),
+            "state": _declared_state(ConnectionProcessor(config.checks.settings())),
         },
         {
             "name": "keyed",
-            "processor": keyed.__name__,
+            "processor": KeyedProcessor.__name__,
             "group_by": [BUCKET],
             "bucket_of": "route_key",
             "output_mode": "Append",
             "time_mode": "EventTime",
             "input": "stage connection output",
             "output": " ".join(OUTPUT_DDL.split()),
-            "state": _declared_state(keyed(config.checks.settings())),
+            "state": _declared_state(KeyedProcessor(config.checks.settings())),
         },
     ]
     return {
@@ -124,7 +121,6 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "source": {"format": "kafka", "topic": config.tap.topic},
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_buckets": config.stream.buckets,
-        "state_api": config.stream.state_api,
         "bucket_scheme": BUCKET_SCHEME,
         "state_layout": f"pages-{PAGES_FORMAT}",
         "state_format": STATE_FORMAT,
@@ -244,12 +240,6 @@ def describe_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         notes.append(f"rules removed (their saved state expires by TTL): {', '.join(removed)}")
     if saved.get("state_format") != new.get("state_format"):
         notes.append(f"monitor state format {saved.get('state_format')} -> {new.get('state_format')}")
-    # A shape without it was written when the pandas API was the only one.
-    if saved.get("state_api", "pandas") != new.get("state_api", "pandas"):
-        notes.append(
-            f"stream.state_api {saved.get('state_api', 'pandas')} -> {new.get('state_api', 'pandas')} "
-            "(the same state variables; the checkpoint resumes)"
-        )
     old_stages = {s["name"]: s for s in saved.get("stages", [])}
     for stage in new.get("stages", []):
         old = old_stages.get(stage["name"])

@@ -5,7 +5,6 @@
       -> withWatermark(event_time, checks.watermark_seconds)
       -> groupBy(bucket).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
       -> groupBy(bucket of route_key, named by stage one).transformWithStateInPandas(KeyedProcessor)   stage two
-(``stream.state_api: rows`` hosts the same stages in ``transformWithState``, streaming.processors.)
       -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
 
 The job stays on micro-batch triggers: Spark's real-time mode supports neither foreachBatch nor Python
@@ -31,11 +30,10 @@ from streaming.compat import BUCKET
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, GroupedData, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from streaming.processors import _ConnectionStage, _KeyedStage
+    from streaming.processors import ConnectionProcessor, KeyedProcessor
 
 log = logging.getLogger("kpmon.stream")
 
@@ -136,34 +134,16 @@ def bucket_label(index: Column, buckets: int, partitions: int) -> Column:
     return F.element_at(labels, index + 1)
 
 
-def stage_processors(config: KpmonConfig) -> tuple[_ConnectionStage, _KeyedStage]:
-    """The two stateful stages' processors, as the job configures them (``stream.state_api``)."""
-    from streaming.processors import PROCESSORS
+def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedProcessor]:
+    """The two stateful stages' processors, as the job configures them."""
+    from streaming.processors import ConnectionProcessor, KeyedProcessor
 
-    connection, keyed = PROCESSORS[config.stream.state_api]
     settings = config.checks.settings()
     tune_gc = config.stream.worker_gc
     return (
-        connection(settings, tune_gc=tune_gc, buckets=config.stream.buckets),
-        keyed(settings, tune_gc=tune_gc),
+        ConnectionProcessor(settings, tune_gc=tune_gc, buckets=config.stream.buckets),
+        KeyedProcessor(settings, tune_gc=tune_gc),
     )
-
-
-def transform_with_state(
-    grouped: GroupedData,
-    processor: StatefulProcessor,
-    output_ddl: str,
-    config: KpmonConfig,
-    event_time_column: str = "",
-) -> DataFrame:
-    """``grouped`` through ``processor`` in the PySpark API ``stream.state_api`` names; the two take
-    the same arguments."""
-    api = (
-        grouped.transformWithState
-        if config.stream.state_api == "rows"
-        else grouped.transformWithStateInPandas
-    )
-    return api(processor, output_ddl, "Append", "EventTime", eventTimeColumnName=event_time_column)
 
 
 def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
@@ -176,12 +156,16 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
     connections, route_keys = stage_processors(config)
     buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
-    stage_one = transform_with_state(
-        bundles.withWatermark("event_time", lateness).groupBy(BUCKET),
-        connections,
-        STAGE_ROWS_DDL,
-        config,
-        event_time_column="event_time",
+    stage_one = (
+        bundles.withWatermark("event_time", lateness)
+        .groupBy(BUCKET)
+        .transformWithStateInPandas(
+            connections,
+            STAGE_ROWS_DDL,
+            "Append",
+            "EventTime",
+            eventTimeColumnName="event_time",
+        )
     )
     # Stage one names each route and batch-clock row's stage-two bucket (``streaming.stages.bucket_index``,
     # the one bucketing function, which ``LocalStages`` uses too); rows that pass through go together.
@@ -191,7 +175,7 @@ def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
             bucket_label(F.col(BUCKET), buckets, partitions)
         ),
     )
-    return transform_with_state(routed.groupBy(BUCKET), route_keys, OUTPUT_DDL, config)
+    return routed.groupBy(BUCKET).transformWithStateInPandas(route_keys, OUTPUT_DDL, "Append", "EventTime")
 
 
 @dataclass

@@ -1,9 +1,4 @@
-"""Spark adapters around ``streaming.stages``: state in, state out, nothing else.
-
-Each stage has one processor per PySpark state API (``stream.state_api``, ``PROCESSORS``):
-``transformWithStateInPandas`` hands a call pandas DataFrames and takes DataFrames back;
-``transformWithState`` hands it ``Row`` objects and takes ``Row`` objects back. Both declare the same
-state variables and run the same bucket steps; only the conversion of rows in and out differs.
+"""``transformWithStateInPandas`` adapters around ``streaming.stages``: state in, state out, nothing else.
 
 Both stages are grouped by a *bucket* (a hash of the connection, or of the route key, modulo
 ``stream.state_buckets``), so Spark makes one Python call per bucket and batch instead of one per
@@ -20,11 +15,9 @@ State lives in Spark's RocksDB state store. The shard state is bytes carrying th
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
-from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     MapState,
@@ -65,14 +58,6 @@ STAGE_ROWS_DDL = (
 )
 #: Stage two's output: what foreachBatch sees.
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
-
-#: The columns of each output, in DDL order: a ``Row`` for ``transformWithState`` lists them so.
-_STAGE_COLUMNS = tuple(column.split()[0] for column in STAGE_ROWS_DDL.split(", "))
-_OUTPUT_COLUMNS = tuple(column.split()[0] for column in OUTPUT_DDL.split(", "))
-_StageRow = Row(*_STAGE_COLUMNS)
-_OutputRow = Row(*_OUTPUT_COLUMNS)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 
 
 class SparkPages:
@@ -156,46 +141,6 @@ def _output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def _millis(value: datetime) -> int:
-    """A Spark timestamp as ``Row`` hands it over (aware, or naive in UTC), in ms since the epoch."""
-    return ((value if value.tzinfo else value.replace(tzinfo=UTC)) - _EPOCH) // _MS
-
-
-def _row_records(rows: Iterator[Row]) -> list[dict[str, Any]]:
-    """``Row`` objects as the steps' dicts, event time in milliseconds (``_records``' twin)."""
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        record = row.asDict()
-        event_time = record.pop("event_time", None)
-        if event_time is not None:
-            record[EVENT_TIME_MS] = _millis(event_time)
-        out.append(record)
-    return out
-
-
-def _stage_rows(rows: list[dict[str, Any]]) -> Iterator[Row]:
-    # pyarrow takes an int for a timestamp column: microseconds since the epoch, no datetime made.
-    for r in rows:
-        yield _StageRow(
-            r["kind"],
-            r["route_key"],
-            r["event_ms"] * 1000,
-            r["ts_ns"],
-            r["at_ms"],
-            r["conn"],
-            r["seq"],
-            r["frame"],
-            r["flags"],
-            r["payload"],
-            r["bucket"],
-        )
-
-
-def _output_rows(rows: list[dict[str, Any]]) -> Iterator[Row]:
-    for r in rows:
-        yield _OutputRow(r["kind"], r["ts_ns"], r["payload"])
-
-
 class _BucketProcessor(StatefulProcessor):
     """One bucket's pages, meta and timer; subclasses say which step runs."""
 
@@ -229,7 +174,7 @@ class _BucketProcessor(StatefulProcessor):
         pass
 
 
-class _ConnectionStage(_BucketProcessor):
+class ConnectionProcessor(_BucketProcessor):
     """Stage one, grouped by a bucket of tap connections; its input rows are bundles of tap-record rows
     (``streaming.bundles``). ``buckets``: stage two's bucket count, each sent the batch clock, and what
     each route row's bucket is taken modulo (``streaming.stages``)."""
@@ -240,102 +185,54 @@ class _ConnectionStage(_BucketProcessor):
         super().__init__(config, tune_gc)
         self.buckets = buckets
 
-    def _input(self, bundles: Iterable[bytes], timerValues: TimerValues) -> list[dict[str, Any]]:
-        records = [frame for bundle in bundles for frame in read_bundle(bundle)]
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        records = [
+            frame for pdf in rows for bundle in pdf["bundle"].tolist() for frame in read_bundle(bundle)
+        ]
         armed = self._begin()
         result = connection_bucket(
             self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.buckets
         )
-        return self._apply(armed, result)
+        out = self._apply(armed, result)
+        if out:
+            yield _stage_frame(out)
 
-    def _expired(self, timerValues: TimerValues) -> list[dict[str, Any]]:
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
         self._begin()
         # The timer that fired is gone: nothing to delete.
-        return self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
-
-
-class ConnectionProcessor(_ConnectionStage):
-    """Stage one under ``transformWithStateInPandas``."""
-
-    def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
-        out = self._input((bundle for pdf in rows for bundle in pdf["bundle"].tolist()), timerValues)
-        if out:
-            yield _stage_frame(out)
-
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
-        out = self._expired(timerValues)
+        out = self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
         if out:
             yield _stage_frame(out)
 
 
-class ConnectionRowProcessor(_ConnectionStage):
-    """Stage one under ``transformWithState`` (rows)."""
-
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
-        yield from _stage_rows(self._input((row.bundle for row in rows), timerValues))
-
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[Row]:
-        yield from _stage_rows(self._expired(timerValues))
-
-
-class _KeyedStage(_BucketProcessor):
+class KeyedProcessor(_BucketProcessor):
     """Stage two, grouped by a bucket of route keys (``"<key kind>|<state key>"``), plus ``PASS_BUCKET``."""
 
     STATE_NAME = "route_key"
 
-    def _input(
-        self, key: Any, records: list[dict[str, Any]], timerValues: TimerValues
-    ) -> list[dict[str, Any]]:
-        if int(key[0]) == PASS_BUCKET:
-            return records
-        armed = self._begin()
-        result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
-        return self._apply(armed, result)
-
-    def _expired(self, timerValues: TimerValues) -> list[dict[str, Any]]:
-        watermark = timerValues.getCurrentWatermarkInMs()
-        self._begin()
-        return self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
-
-
-class KeyedProcessor(_KeyedStage):
-    """Stage two under ``transformWithStateInPandas``."""
-
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        out = self._input(key, _records(rows), timerValues)
+        records = _records(rows)
+        if int(key[0]) == PASS_BUCKET:
+            if records:
+                yield _output_frame(records)
+            return
+        armed = self._begin()
+        result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
+        out = self._apply(armed, result)
         if out:
             yield _output_frame(out)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        out = self._expired(timerValues)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        self._begin()
+        out = self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
         if out:
             yield _output_frame(out)
-
-
-class KeyedRowProcessor(_KeyedStage):
-    """Stage two under ``transformWithState`` (rows)."""
-
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
-        yield from _output_rows(self._input(key, _row_records(rows), timerValues))
-
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[Row]:
-        yield from _output_rows(self._expired(timerValues))
-
-
-#: Each ``stream.state_api``'s processors: stage one's and stage two's.
-PROCESSORS: dict[str, tuple[type[_ConnectionStage], type[_KeyedStage]]] = {
-    "pandas": (ConnectionProcessor, KeyedProcessor),
-    "rows": (ConnectionRowProcessor, KeyedRowProcessor),
-}

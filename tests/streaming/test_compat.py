@@ -189,21 +189,6 @@ def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
     assert any("changed kind" in p for p in check_compatible(shape, rekinded))
 
 
-def test_either_state_api_resumes_the_others_checkpoint(shape: dict[str, Any]) -> None:
-    """Both PySpark state APIs' processors declare the same state variables (stream.state_api)."""
-    rows = query_shape(config(state_api="rows"))
-    assert (shape["state_api"], rows["state_api"]) == ("pandas", "rows")
-    assert [stage(rows, n)["processor"] for n in ("connection", "keyed")] != [
-        stage(shape, n)["processor"] for n in ("connection", "keyed")
-    ]
-    for name in ("connection", "keyed"):
-        assert stage(rows, name)["state"] == stage(shape, name)["state"]
-    assert check_compatible(shape, rows) == [] and check_compatible(rows, shape) == []
-    assert describe_changes(shape, rows) == [
-        "stream.state_api pandas -> rows (the same state variables; the checkpoint resumes)"
-    ]
-
-
 def test_rule_changes_are_notes_not_problems(shape: dict[str, Any]) -> None:
     new = {**shape, "rules": [*shape["rules"][1:], "zzz_new_rule"]}
     assert check_compatible(shape, new) == []

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-from pyspark.sql import Row
-from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import (
-    BinaryType,
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from streaming.pages import PagedBucketStore
-from streaming.processors import (
-    OUTPUT_DDL,
-    STAGE_ROWS_DDL,
-    BucketTimer,
-    SparkPages,
-    _output_rows,
-    _records,
-    _row_records,
-    _stage_rows,
-)
-from streaming.stages import EVENT_TIME_MS, STAGE_ROW_FIELDS, _event_ms
+from streaming.processors import BucketTimer, SparkPages, _records
+from streaming.stages import _event_ms
 
 
 def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
@@ -52,61 +29,6 @@ def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
         assert row["conn"] == expected["conn"] and row["value"] == expected["value"]
     assert np.isnan(rows[1]["seq"]) and rows[0]["seq"] == 1.0
     assert [_event_ms(r) for r in rows] == [1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_123]
-
-
-def test_row_api_rows_carry_every_value_and_event_time_in_ms() -> None:
-    """``transformWithState`` hands over ``Row`` objects; a timestamp is a datetime, aware or naive UTC."""
-    aware = datetime(2023, 11, 14, 22, 13, 20, 123_000, tzinfo=UTC)
-    row = Row(conn="a", seq=None, event_time=aware, value=b"x")
-    naive = Row(conn=None, seq=7, event_time=aware.replace(tzinfo=None), value=None)
-    rows = _row_records(iter([row, naive, Row(conn="b", seq=1, value=b"")]))
-    assert rows == [
-        {"conn": "a", "seq": None, "value": b"x", EVENT_TIME_MS: 1_700_000_000_123},
-        {"conn": None, "seq": 7, "value": None, EVENT_TIME_MS: 1_700_000_000_123},
-        {"conn": "b", "seq": 1, "value": b""},
-    ]
-    assert [_event_ms(r) for r in rows[:2]] == [1_700_000_000_123] * 2
-
-
-_DDL_TYPES: dict[str, DataType] = {
-    "string": StringType(),
-    "long": LongType(),
-    "int": IntegerType(),
-    "binary": BinaryType(),
-    "timestamp": TimestampType(),
-}
-
-
-def _struct(ddl: str) -> StructType:
-    return StructType([StructField(n, _DDL_TYPES[t]) for n, t in (c.split() for c in ddl.split(", "))])
-
-
-def _through_arrow(rows: list[Row], ddl: str) -> list[Row]:
-    """What Spark makes of a call's output rows and hands the next stage: pyspark's row serializer
-    (``TransformWithStateInPySparkRowSerializer``) writes ``asDict(True)`` into an Arrow batch of the
-    output schema, and reads each cell back with ``as_py``."""
-    schema = pa.schema(list(to_arrow_type(_struct(ddl), timezone="UTC", prefers_large_types=False)))
-    batch = pa.RecordBatch.from_pylist([row.asDict(True) for row in rows], schema=schema)
-    return [Row(**row) for row in batch.to_pylist()]
-
-
-def test_row_api_output_rows_fit_the_output_schemas_and_read_back_whole() -> None:
-    route = dict.fromkeys(STAGE_ROW_FIELDS)
-    route.update(kind="route", route_key="producer|7", event_ms=1_700_000_000_123, ts_ns=2**62, frame=b"\x00")
-    route.update(bucket=3, flags=1)
-    clock = dict.fromkeys(STAGE_ROW_FIELDS)
-    clock.update(kind="clock", route_key="~clock", event_ms=5, ts_ns=5_000_000, at_ms=5, bucket=0)
-    finding = dict.fromkeys(STAGE_ROW_FIELDS)
-    finding.update(kind="finding", route_key="~pass", event_ms=9, ts_ns=9, conn="c", seq=4, payload="{}")
-    stage = [route, clock, finding]
-    back = _row_records(iter(_through_arrow(list(_stage_rows(stage)), STAGE_ROWS_DDL)))
-    assert back == [
-        {**{k: v for k, v in row.items() if k != "event_ms"}, EVENT_TIME_MS: row["event_ms"]} for row in stage
-    ]
-    out = _through_arrow(list(_output_rows(stage)), OUTPUT_DDL)
-    assert [r.asDict() for r in out] == [
-        {"kind": r["kind"], "ts_ns": r["ts_ns"], "payload": r["payload"]} for r in stage
-    ]
 
 
 class FakeMapState:
