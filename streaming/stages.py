@@ -58,7 +58,7 @@ NS_PER_MS = 1_000_000
 INCOMPLETE, REQUEST_ONLY = 1, 2
 JOIN_GROUP, SYNC_GROUP = ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP
 
-#: Columns of a row between the stages (Spark DDL in ``streaming.schemas``).
+#: Columns of a row between the stages (Spark DDL: ``streaming.processors.STAGE_ROWS_DDL``).
 STAGE_ROW_FIELDS = (
     "kind",
     "route_key",
