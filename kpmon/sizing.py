@@ -85,13 +85,17 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "job.cpu_us_per_frame",
         "stream_bench.json",
-        "job.cpu_us_per_frame",
+        "job.cpu_us_per_wire_frame",
         "µs CPU per wire frame",
-        "the whole streaming job's CPU (driver, JVM, Python workers) per wire frame (the committed run read "
-        "a schema-1 backlog: one record per frame), local[2]",
+        "the whole streaming job's CPU (driver, JVM, Python workers) per wire frame (a request or a "
+        "response) of a schema-2 backlog, local[2]",
     ),
     FigureSpec(
-        "job.frames_per_s", "stream_bench.json", "job.rows_per_second", "frames/s", "the job's sustained rate"
+        "job.frames_per_s",
+        "stream_bench.json",
+        "job.wire_frames_per_second",
+        "frames/s",
+        "the job's sustained rate, in wire frames",
     ),
     FigureSpec(
         "job.cores",
