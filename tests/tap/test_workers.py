@@ -152,6 +152,30 @@ def _worker_of(conn: bytes) -> str:
     return conn.decode().split("-")[1]
 
 
+def _spawn_tap(
+    command: list[str],
+) -> tuple[subprocess.Popen[str], list[dict[str, Any]], threading.Thread]:
+    """``command`` (a ``kpmon.cli`` argv, from ``sys.executable``) as a child process, the JSON events
+    its log writes (filled as they come), and the thread that reads them (join it after the child)."""
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    events: list[dict[str, Any]] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, events, reader
+
+
+async def _ready(proc: subprocess.Popen[str], events: list[dict[str, Any]]) -> None:
+    deadline = time.monotonic() + 60
+    while not any(e.get("event") == "ready" for e in list(events)):
+        assert proc.poll() is None and time.monotonic() < deadline, f"tap not ready: {events}"
+        await asyncio.sleep(0.1)
+
+
 @pytest.mark.parametrize("tap_process", ["full", "headers", "meta"], indirect=True)
 def test_two_workers_spread_connections_and_mirror_every_frame(
     tapped_cluster: TappedCluster, tap_process: TapProcess
@@ -290,29 +314,15 @@ def test_listeners_opened_on_the_fly_are_shared_by_every_worker() -> None:
             _broker(2, two.port) | {"Host": "127.0.0.1"},
         ]
         port, metrics_port = free_port(), free_port()
-        proc = subprocess.Popen(
+        proc, events, reader = _spawn_tap(
             [
                 *(sys.executable, "-m", "kpmon.cli", "tap", "--workers", "2", "--no-mirror"),
                 *("--listen", f"127.0.0.1:{port}=127.0.0.1:{one.port}@1", "--rewrite-broker-addresses"),
                 *("--metrics-port", str(metrics_port), "--instance-id", "wdyn"),
-            ],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
+            ]
         )
-        events: list[dict[str, Any]] = []
-
-        def read() -> None:
-            assert proc.stderr is not None
-            events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
         try:
-            deadline = time.monotonic() + 60
-            while not any(e.get("event") == "ready" for e in list(events)):
-                assert proc.poll() is None and time.monotonic() < deadline, f"tap not ready: {events}"
-                await asyncio.sleep(0.1)
+            await _ready(proc, events)
             # Connections are handed over in turn: these four Metadata calls are rewritten by both workers.
             seen = [(await _brokers_via(("127.0.0.1", port)))[2] for _ in range(4)]
             assert len(set(seen)) == 1 and seen[0][1] not in (port, two.port), seen
@@ -358,7 +368,7 @@ def test_workers_terminate_client_tls(tmp_path: Path) -> None:
         }
         config = tmp_path / "kpmon.yaml"
         config.write_text(yaml.safe_dump({"tap": {"listeners": [listener], "workers": 2}}))
-        proc = subprocess.Popen(
+        proc, events, reader_thread = _spawn_tap(
             [
                 sys.executable,
                 "-m",
@@ -368,24 +378,10 @@ def test_workers_terminate_client_tls(tmp_path: Path) -> None:
                 str(config),
                 "--no-mirror",
                 "--no-metrics",
-            ],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
+            ]
         )
-        events: list[dict[str, Any]] = []
-
-        def read() -> None:
-            assert proc.stderr is not None
-            events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
-
-        reader_thread = threading.Thread(target=read, daemon=True)
-        reader_thread.start()
         try:
-            deadline = time.monotonic() + 60
-            while not any(e.get("event") == "ready" for e in list(events)):
-                assert proc.poll() is None and time.monotonic() < deadline, f"tap not ready: {events}"
-                await asyncio.sleep(0.1)
+            await _ready(proc, events)
             client_ctx = ssl.create_default_context(cafile=str(tmp_path / "tap-ca.pem"))
             # Handed over in turn: one connection per worker.
             for corr in range(2):
@@ -419,23 +415,12 @@ def test_connections_queued_before_the_workers_are_up_are_shared() -> None:
         broker = FakeBroker()
         bport = await broker.start()
         port = free_port()
-        proc = subprocess.Popen(
+        proc, events, reader_thread = _spawn_tap(
             [
                 *(sys.executable, "-m", "kpmon.cli", "tap", "--workers", "2", "--no-mirror", "--no-metrics"),
                 *("--listen", f"127.0.0.1:{port}=127.0.0.1:{bport}@1", "--instance-id", "wq"),
-            ],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
+            ]
         )
-        events: list[dict[str, Any]] = []
-
-        def read() -> None:
-            assert proc.stderr is not None
-            events.extend(json.loads(line) for line in proc.stderr if line.startswith("{"))
-
-        reader_thread = threading.Thread(target=read, daemon=True)
-        reader_thread.start()
         try:
             deadline = time.monotonic() + 60
             clients: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
