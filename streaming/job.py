@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from codec import native
 from kpmon.config import ConfigError, KpmonConfig, load_config
 from streaming.compat import BUCKET
+from streaming.orphan import exit_with_the_jvm
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from streaming.processors import ConnectionProcessor, KeyedProcessor
 
 log = logging.getLogger("kpmon.stream")
+#: How long a starting job waits for the alert spool's lock (``AlertHooks``) before refusing to start.
+SPOOL_LOCK_WAIT_SECONDS = 30.0
 
 
 def source_options(config: KpmonConfig) -> dict[str, str]:
@@ -233,7 +236,9 @@ def start(
     registry = CollectorRegistry()
     metrics = StreamMetrics(registry)
     metrics.serve(config.stream.metrics_port, config.stream.metrics_host)
-    hooks = AlertHooks(config, paths.spool, registry)
+    # A driver replacing one its cluster just killed waits for the old process to let the spool go
+    # (it exits within a second of its JVM: streaming.orphan).
+    hooks = AlertHooks(config, paths.spool, registry, lock_wait_seconds=SPOOL_LOCK_WAIT_SECONDS)
     gate = QualityGate(config.quality, paths.data_docs if config.quality.data_docs else None)
     last: dict[str, Any] = {}
 
@@ -330,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML config (KPMON__SECTION__KEY env vars override it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    exit_with_the_jvm()
     try:
         config = load_config(args.config)
     except ConfigError as exc:

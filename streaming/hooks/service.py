@@ -46,12 +46,16 @@ class AlertHooks:
     """
 
     def __init__(
-        self, config: KpmonConfig, spool_dir: Path, registry: CollectorRegistry | None = None
+        self,
+        config: KpmonConfig,
+        spool_dir: Path,
+        registry: CollectorRegistry | None = None,
+        lock_wait_seconds: float = 0.0,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = HookMetrics(self.registry)
         self.spool_dir = Path(spool_dir)
-        self._lock = SpoolLock(self.spool_dir)
+        self._lock = SpoolLock(self.spool_dir, lock_wait_seconds)
         self._closed = False
         self.workers: list[HookWorker] = []
         try:

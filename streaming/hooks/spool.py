@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -38,16 +39,24 @@ class SpoolLockedError(RuntimeError):
 class SpoolLock:
     """An exclusive lock on a spool directory: two writers would re-send and compact each other's entries."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, wait_seconds: float = 0.0) -> None:
+        """``wait_seconds``: how long to wait for a holder to let go (a driver replacing one its cluster
+        just killed: the old process may take a few seconds to exit) before ``SpoolLockedError``."""
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "lock"
         self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held until release()
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            self._file.close()
-            self._file = None
-            raise SpoolLockedError(f"alert spool {directory} is in use by another process") from exc
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                self._file.close()
+                self._file = None
+                raise SpoolLockedError(f"alert spool {directory} is in use by another process") from exc
 
     def release(self) -> None:
         if self._file is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,13 @@ def test_one_owner_per_directory(tmp_path: Path) -> None:
         SpoolLock(tmp_path)
     lock.release()
     SpoolLock(tmp_path).release()
+
+
+def test_a_lock_waits_for_its_holder_to_let_go(tmp_path: Path) -> None:
+    """A driver replacing a killed one waits for the old process to exit rather than refusing."""
+    held = SpoolLock(tmp_path)
+    threading.Timer(0.3, held.release).start()
+    with pytest.raises(SpoolLockedError):
+        SpoolLock(tmp_path, wait_seconds=0.0)
+    taken = SpoolLock(tmp_path, wait_seconds=30.0)
+    taken.release()
