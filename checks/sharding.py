@@ -185,46 +185,69 @@ def _route_plan(
 
 
 class ConnectionShard:
-    """Stage one for one connection: its own rules, and the routes of its exchanges."""
+    """The connection-scoped rules of one connection (ApiVersions ranges, KIP-482, Envelope trust,
+    read-committed fetches), fed its frames in record order; it also notices tap gaps, decode errors
+    and unpaired answers, and counts the connection's frames. It routes nothing (``Router`` does)."""
 
     def __init__(self, config: ChecksSettings, saved: bytes | None = None) -> None:
         self.ctx = Context(_stage_config(config))
         own_rules = _catalogue().own_rules
-        self.routes: list[Route] = []
-        self._projected: dict[tuple[int, str], TapFrame] = {}
-        #: "conn|corr" -> route keys its request went to, until the response comes.
-        self.sent: dict[str, list[str]] = {}
-        #: "api|version" pairs this connection already reported to the first-use-only rules.
-        self.used: list[str] = []
         if saved:
-            state = _unpack(saved)
             self.monitor = Monitor.from_state(
-                state["monitor"], own_rules, self.ctx, record_dispatched=True, in_record_order=True
+                _unpack(saved)["monitor"], own_rules, self.ctx, in_record_order=True
             )
-            self.sent = dict(state["sent"])
-            self.used = list(state["used"])
         else:
-            self.monitor = Monitor(own_rules, self.ctx, record_dispatched=True, in_record_order=True)
+            self.monitor = Monitor(own_rules, self.ctx, in_record_order=True)
 
     def feed(self, frames: Iterable[TapFrame]) -> list[Finding]:
         """Frames of this connection, in the order the tap wrote them (seq order)."""
         findings: list[Finding] = []
-        monitor = self.monitor
+        feed = self.monitor.feed
         for frame in frames:
-            findings.extend(monitor.feed(frame))
-            # Route what the frame dispatched, after the rules ran on it (nothing they do changes
-            # where an exchange goes).
-            for event in monitor.take_dispatched():
-                self._observe(event)
+            findings.extend(feed(frame))
         return findings
 
-    def take_routes(self) -> list[Route]:
+    def export(self) -> bytes:
+        return _pack({"monitor": self.monitor.to_state()})
+
+
+class Router:
+    """Where one connection's exchanges of one micro-batch go: a *route* per (key kind, state key) of
+    every keyed rule, computed by that rule's own ``keys``. Keeps nothing from one batch to the next,
+    so it runs where the tap records are read (the job's ``mapInArrow``), before any shuffle.
+
+    Stateless routing has three consequences that the single monitor shares (docs/decisions.md, "One
+    stateful stage"): the first-use-only kinds (the fleet matrix) get each connection's first use of
+    an (api, version) *per batch*, and the rule counts a connection once itself; a frame's connection
+    is *incomplete* when the tap stamped a loss on it (``TapFrame.lost``), not by a gap seen earlier;
+    and a response is paired only with a request of the same batch: the tap writes both in one record
+    (schema 2), so only a request and an answer it wrote as two lone records stay unpaired."""
+
+    def __init__(self, config: ChecksSettings) -> None:
+        self.ctx = Context(_stage_config(config))
+        # No rules: the monitor pairs and unwraps and returns what it dispatched; the connection's
+        # own key (``ConnectionShard``) reports gaps, decode errors and counts.
+        self.monitor = Monitor(
+            (), self.ctx, record_dispatched=True, in_record_order=True, report_frames=False
+        )
+        self.routes: list[Route] = []
+        self._projected: dict[tuple[int, str], TapFrame] = {}
+        #: "conn|corr" -> route keys its request went to, until the response comes.
+        self.sent: dict[str, list[str]] = {}
+        #: "conn|api|version" this batch already reported to the first-use-only rules.
+        self.used: set[str] = set()
+
+    def route(self, frames: Iterable[TapFrame]) -> list[Route]:
+        """The routes of one connection's frames (seq order); a router serves one batch."""
+        monitor = self.monitor
+        for frame in frames:
+            monitor.feed(frame)
+            # Route what the frame dispatched (nothing a rule does changes where an exchange goes).
+            for event in monitor.take_dispatched():
+                self._observe(event)
+        self.ctx.findings.clear()
         out, self.routes = self.routes, []
         return out
-
-    def export(self) -> bytes:
-        """This shard's state as bytes (the monitor's binary state plus the routing memory)."""
-        return _pack({"monitor": self.monitor.to_state(), "sent": self.sent, "used": self.used})
 
     def _keys(
         self,
@@ -280,10 +303,10 @@ class ConnectionShard:
         if hook == "on_response":
             self._observe_answer(ex, inner, sent_key, incomplete)
             return
-        use = f"{ex.api_key}|{ex.api_version}"
+        use = f"{conn}|{ex.api_key}|{ex.api_version}"
         first_use = use not in self.used
         if first_use:
-            self.used.append(use)
+            self.used.add(use)
         route = self._route
         if hook == "on_header":
             # Known by its header only: the frame goes on as it came (its decode error and bytes, or

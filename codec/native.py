@@ -59,6 +59,8 @@ MODULES: Final = (
     "checks/rules/groups.py",
     "checks/rules/producers.py",
     "checks/rules/transactions.py",
+    "streaming/rows.py",
+    "streaming/router.py",
     "streaming/stages.py",
 )
 

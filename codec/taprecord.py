@@ -379,10 +379,13 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     """The metadata in ``FIELDS`` order, then what the frame holds, in the compact form binary state
     (``checks.engine`` state format 3) and the streaming job's routes keep: a decoded message as its
     facts (``codec.facts``, no bytes to decode again), a decode error as the error and the mirrored
-    bytes (the KIP-482 check re-reads them). ``FIELDS`` and this list only ever grow at their end, so
+    bytes (the KIP-482 check re-reads them, and those of a body decoded with bytes left over). ``FIELDS`` and this list only ever grow at their end, so
     older packed frames stay readable."""
-    if frame.message is not None:
-        return [*_metadata(frame), None, facts.pack_message(frame.message), None]
+    message = frame.message
+    if message is not None:
+        # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
+        raw = frame.raw if "_trailing" in message.body else None
+        return [*_metadata(frame), raw, facts.pack_message(message), None]
     error = None if frame.error is None else facts.pack_error(frame.error)
     return [*_metadata(frame), frame.raw, None, error]
 
@@ -420,6 +423,7 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     raw, packed, error = [*values[count:], None, None, None][:3]
     if packed is not None:
         frame.message = facts.unpack_message(packed)
+        frame.raw = None if raw is None else bytes(raw)
         return frame
     if error is not None:
         frame.raw = None if raw is None else bytes(raw)

@@ -1,21 +1,16 @@
-"""Stage one's input: the tap records of one source batch, bundled by stage-one bucket.
+"""The job's ``mapInArrow`` stage: the Kafka source's rows in, the stateful stage's bundles out.
 
 Spark hands a grouped stateful stage its rows one by one: each row is an entry of the shuffle and the
-sort, and pyspark's ``transformWithStateInPandas`` serializer turns every Arrow batch into pandas,
-walks it with ``itertuples`` and builds a DataFrame again from the tuples, per row. At one row per
-frame that, and turning the DataFrame into dicts, was a quarter of the stateful workers' Python time
-(docs/benchmarks.md, 2026-11-24, `0836b34`).
+sort, and pyspark's ``transformWithStateInPandas`` serializer turns every Arrow batch into pandas and
+back, per row. So this stage makes one row per (source batch, bucket): the bucket's bundle
+(``streaming.router``, which decodes and routes the frames with no state), plus one row of the batch's
+aggregates for ``PASS_BUCKET``. Spark shuffles and groups a few rows per source batch instead of one
+per frame.
 
-So the ``mapInArrow`` stage makes one row per (source batch, bucket): the tap-record rows of that
-bucket's connections (``streaming.frames.FRAME_ROW_SCHEMA``, plus each frame's event time) as one
-Arrow IPC stream. Spark shuffles and groups a few hundred bundles per batch instead of a million rows,
-and stage one reads each bundle back in one call (``read_bundle``), with its types intact: no pandas
-in between, so a null long never turns a column into floats.
-
-A bundle's event time is the newest of its frames'. Spark drops a bundle as late only when every
-frame in it is older than the watermark; a late frame bundled with timely ones reaches stage one,
-which needs no event-time order (a connection's frames are in ``seq`` order) and clamps what it
-routes on to the watermark, as it does for every frame.
+Every bundle's event time is the newest of its source batch's frames, so Spark drops a bundle as late
+only when the whole source batch is older than the watermark; a late frame among timely ones reaches
+the stage, whose connection entries need no event-time order and whose entity entries release it at
+once, counted late by the rules' engine as the single monitor counts it.
 """
 
 from __future__ import annotations
@@ -29,9 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from checks.settings import ChecksSettings
 from codec.taprecord import Header
 from streaming.frames import FRAME_ROW_SCHEMA, frame_columns
-from streaming.stages import EVENT_TIME_MS, NS_PER_MS, bucket_index
+from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_rows
+from streaming.rows import EVENT_TIME_MS, NS_PER_MS
 
 #: What the job's ``mapInArrow`` stage reads: the Kafka source's value, headers, partition and offset,
 #: as Spark hands them over (``streaming.job.source_rows``).
@@ -44,16 +41,15 @@ KAFKA_SOURCE_SCHEMA = pa.schema(
     ]
 )
 
-#: The frames of a bundle: the tap-record rows and each one's event time (ms), as stage one reads them.
-BUNDLE_FRAME_SCHEMA = FRAME_ROW_SCHEMA.append(pa.field(EVENT_TIME_MS, pa.int64()))
+#: The tap-record rows the router reads: each frame's event time (ms) added.
+ROUTED_ROW_SCHEMA = FRAME_ROW_SCHEMA.append(pa.field(EVENT_TIME_MS, pa.int64()))
 
-#: The columns of a bundle row: the grouping value of its bucket, the newest event time of its frames
-#: (the watermark's column), how many frames it holds, and the frames as an Arrow IPC stream.
+#: The columns of a bundle row: the grouping value of its bucket (``PASS_BUCKET`` for the aggregates),
+#: the newest event time of its source batch (the watermark's column) and the bundle.
 BUNDLE_SCHEMA = pa.schema(
     [
         ("bucket", pa.int32()),
         ("event_time", pa.timestamp("us", tz="UTC")),
-        ("frames", pa.int32()),
         ("bundle", pa.binary()),
     ]
 )
@@ -68,53 +64,41 @@ def _event_ms(rows: pa.RecordBatch, arrival_ms: int) -> np.ndarray:
     return np.where(valid, ts_ns // NS_PER_MS, arrival_ms).astype(np.int64)
 
 
-def _ipc(rows: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_batch(rows)
-    return sink.getvalue().to_pybytes()
-
-
-def bundle_batch(batch: pa.RecordBatch, labels: list[int], arrival_ms: int | None = None) -> pa.RecordBatch:
-    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → one bundle row per
-    stage-one bucket they touch; ``labels[b]`` is bucket ``b``'s grouping value (``streaming.job``)."""
+def bundle_batch(
+    config: ChecksSettings, batch: pa.RecordBatch, labels: list[int], arrival_ms: int | None = None
+) -> pa.RecordBatch:
+    """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → one bundle row per bucket
+    (every bucket gets the batch clock) and one of aggregates; ``labels[b]`` is bucket ``b``'s grouping
+    value (``streaming.job``)."""
     rows = frame_columns(batch)
     if rows.num_rows == 0:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms
     millis = _event_ms(rows, now_ms)
-    rows = pa.RecordBatch.from_arrays([*rows.columns, pa.array(millis)], schema=BUNDLE_FRAME_SCHEMA)
-    # Connections repeat within a batch: hash each distinct one once.
-    conns = rows.column(Header.CONN).dictionary_encode()
-    buckets = len(labels)
-    per_conn = np.array([bucket_index(c, buckets) for c in conns.dictionary.to_pylist()], dtype=np.int64)
-    bucket_of_row = per_conn[conns.indices.to_numpy(zero_copy_only=False)]
-    # A stable sort keeps each bucket's frames in their source order.
-    order = np.argsort(bucket_of_row, kind="stable")
-    sorted_buckets = bucket_of_row[order]
-    starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
-    ends = np.r_[starts[1:], len(order)]
-    out: dict[str, list[Any]] = {name: [] for name in BUNDLE_SCHEMA.names}
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        index = order[start:end]
-        out["bucket"].append(labels[int(sorted_buckets[start])])
-        out["event_time"].append(int(millis[index].max()) * 1000)
-        out["frames"].append(end - start)
-        out["bundle"].append(_ipc(rows.take(pa.array(index))))
+    rows = pa.RecordBatch.from_arrays([*rows.columns, pa.array(millis)], schema=ROUTED_ROW_SCHEMA)
+    routed = route_rows(config, rows.to_pylist(), len(labels))
+    if routed.newest_ms is None:
+        return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
+    event_us = routed.newest_ms * 1000
+    out: dict[str, list[Any]] = {
+        "bucket": [labels[b] for b in routed.bundles],
+        "event_time": [event_us] * len(routed.bundles),
+        "bundle": [pack_bundle(bundle) for bundle in routed.bundles.values()],
+    }
+    if routed.passed:
+        out["bucket"].append(PASS_BUCKET)
+        out["event_time"].append(event_us)
+        out["bundle"].append(pack_passed(routed.passed))
     return pa.RecordBatch.from_pydict(out, schema=BUNDLE_SCHEMA)
 
 
-def _bundles(labels: list[int], batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _bundles(
+    config: ChecksSettings, labels: list[int], batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     for batch in batches:
-        yield bundle_batch(batch, labels)
+        yield bundle_batch(config, batch, labels)
 
 
-def bundler(labels: list[int]) -> Any:
+def bundler(config: ChecksSettings, labels: list[int]) -> Any:
     """The ``mapInArrow`` function for buckets labelled ``labels`` (picklable: Spark ships it to workers)."""
-    return partial(_bundles, labels)
-
-
-def read_bundle(data: bytes) -> list[dict[str, Any]]:
-    """A bundle's frames as stage one's rows (``streaming.stages.connection_bucket``)."""
-    with pa.ipc.open_stream(data) as reader:
-        return reader.read_all().to_pylist()
+    return partial(_bundles, config, labels)

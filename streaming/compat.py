@@ -86,34 +86,22 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
     from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
     from checks.sharding import ROUTE_SCHEME
-    from streaming.bundles import BUNDLE_FRAME_SCHEMA, BUNDLE_SCHEMA
+    from streaming.bundles import BUNDLE_SCHEMA
     from streaming.pages import PAGES_FORMAT
-    from streaming.processors import OUTPUT_DDL, STAGE_ROWS_DDL, ConnectionProcessor, KeyedProcessor
+    from streaming.processors import OUTPUT_DDL, MonitorProcessor
 
-    # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processors.
+    # Grouping keys and modes mirror streaming.job.checks_pipeline; the state comes from the processor.
     stages = [
         {
-            "name": "connection",
-            "processor": ConnectionProcessor.__name__,
+            "name": "monitor",
+            "processor": MonitorProcessor.__name__,
             "group_by": [BUCKET],
-            "bucket_of": "conn",
+            "bucket_of": "stage key",
             "output_mode": "Append",
             "time_mode": "EventTime",
             "input": list(BUNDLE_SCHEMA.names),
-            "bundled": list(BUNDLE_FRAME_SCHEMA.names),
-            "output": " ".join(STAGE_ROWS_DDL.split()),
-            "state": _declared_state(ConnectionProcessor(config.checks.settings())),
-        },
-        {
-            "name": "keyed",
-            "processor": KeyedProcessor.__name__,
-            "group_by": [BUCKET],
-            "bucket_of": "route_key",
-            "output_mode": "Append",
-            "time_mode": "EventTime",
-            "input": "stage connection output",
             "output": " ".join(OUTPUT_DDL.split()),
-            "state": _declared_state(KeyedProcessor(config.checks.settings())),
+            "state": _declared_state(MonitorProcessor(config.checks.settings())),
         },
     ]
     return {

@@ -1,10 +1,10 @@
-"""The always-on monitor: tap topic -> decode -> per-connection stage -> per-key stage -> alerts.
+"""The always-on monitor: tap topic -> decode and route (no state) -> one stateful stage -> alerts.
 
     Kafka source (includeHeaders, bounded maxOffsetsPerTrigger)
-      -> mapInArrow(streaming.bundles.bundler)     tap-record rows, one bundle per (source batch, bucket of conn)
+      -> mapInArrow(streaming.bundles.bundler)     decode once, route (streaming.router): one bundle per
+                                                   (source batch, bucket), plus the batch's aggregates
       -> withWatermark(event_time, checks.watermark_seconds)
-      -> groupBy(bucket).transformWithStateInPandas(ConnectionProcessor)   stage one (checks.sharding)
-      -> groupBy(bucket of route_key, named by stage one).transformWithStateInPandas(KeyedProcessor)   stage two
+      -> groupBy(bucket).transformWithStateInPandas(MonitorProcessor)   connection and entity entries
       -> foreachBatch(streaming.sink.BatchSink)     alert book, Great Expectations, hooks
 
 The job stays on micro-batch triggers: Spark's real-time mode supports neither foreachBatch nor Python
@@ -31,10 +31,10 @@ from streaming.orphan import exit_with_the_jvm
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from streaming.processors import ConnectionProcessor, KeyedProcessor
+    from streaming.processors import MonitorProcessor
 
 log = logging.getLogger("kpmon.stream")
 #: How long a starting job waits for the alert spool's lock (``AlertHooks``) before refusing to start.
@@ -81,14 +81,15 @@ def frame_rows(spark: SparkSession, config: KpmonConfig) -> DataFrame:
 
 
 def frame_bundles(spark: SparkSession, config: KpmonConfig) -> DataFrame:
-    """Stage one's input: the tap-record rows of each source batch, one bundle per bucket of
-    connections (``streaming.bundles``)."""
+    """The stateful stage's input: each source batch decoded and routed, one bundle per bucket
+    (``streaming.bundles``, ``streaming.router``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from streaming.bundles import BUNDLE_SCHEMA, bundler
 
     labels = bucket_labels(config.stream.buckets, config.stream.shuffle_partitions)
-    return source_rows(spark, config).mapInArrow(bundler(labels), from_arrow_schema(BUNDLE_SCHEMA))
+    function = bundler(config.checks.settings(), labels)
+    return source_rows(spark, config).mapInArrow(function, from_arrow_schema(BUNDLE_SCHEMA))
 
 
 def _rotl32(x: int, r: int) -> int:
@@ -129,56 +130,23 @@ def bucket_labels(buckets: int, partitions: int) -> list[int]:
     return labels
 
 
-def bucket_label(index: Column, buckets: int, partitions: int) -> Column:
-    """Bucket number ``index`` (an int column) as its grouping value (``bucket_labels``)."""
-    from pyspark.sql import functions as F
+def stage_processor(config: KpmonConfig) -> MonitorProcessor:
+    """The stateful stage's processor, as the job configures it."""
+    from streaming.processors import MonitorProcessor
 
-    labels = F.array(*(F.lit(label) for label in bucket_labels(buckets, partitions)))
-    return F.element_at(labels, index + 1)
-
-
-def stage_processors(config: KpmonConfig) -> tuple[ConnectionProcessor, KeyedProcessor]:
-    """The two stateful stages' processors, as the job configures them."""
-    from streaming.processors import ConnectionProcessor, KeyedProcessor
-
-    settings = config.checks.settings()
-    tune_gc = config.stream.worker_gc
-    return (
-        ConnectionProcessor(settings, tune_gc=tune_gc, buckets=config.stream.buckets),
-        KeyedProcessor(settings, tune_gc=tune_gc),
-    )
+    return MonitorProcessor(config.checks.settings(), tune_gc=config.stream.worker_gc)
 
 
 def checks_pipeline(bundles: DataFrame, config: KpmonConfig) -> DataFrame:
-    """Both stateful stages over stage one's input (``frame_bundles``): stage two's output rows."""
-    from pyspark.sql import functions as F
+    """The stateful stage over its input (``frame_bundles``): the rows ``foreachBatch`` gets."""
+    from streaming.processors import OUTPUT_DDL
 
-    from streaming.processors import OUTPUT_DDL, PASS_BUCKET, STAGE_ROWS_DDL
-    from streaming.stages import PASS_KEY
-
-    connections, route_keys = stage_processors(config)
-    buckets, partitions = config.stream.buckets, config.stream.shuffle_partitions
     lateness = f"{int(config.checks.watermark_seconds * 1000)} milliseconds"
-    stage_one = (
+    return (
         bundles.withWatermark("event_time", lateness)
         .groupBy(BUCKET)
-        .transformWithStateInPandas(
-            connections,
-            STAGE_ROWS_DDL,
-            "Append",
-            "EventTime",
-            eventTimeColumnName="event_time",
-        )
+        .transformWithStateInPandas(stage_processor(config), OUTPUT_DDL, "Append", "EventTime")
     )
-    # Stage one names each route and batch-clock row's stage-two bucket (``streaming.stages.bucket_index``,
-    # the one bucketing function, which ``LocalStages`` uses too); rows that pass through go together.
-    routed = stage_one.withColumn(
-        BUCKET,
-        F.when(F.col("route_key") == PASS_KEY, F.lit(PASS_BUCKET)).otherwise(
-            bucket_label(F.col(BUCKET), buckets, partitions)
-        ),
-    )
-    return routed.groupBy(BUCKET).transformWithStateInPandas(route_keys, OUTPUT_DDL, "Append", "EventTime")
 
 
 @dataclass

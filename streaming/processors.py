@@ -1,8 +1,8 @@
-"""``transformWithStateInPandas`` adapters around ``streaming.stages``: state in, state out, nothing else.
+"""The ``transformWithStateInPandas`` adapter around ``streaming.stages``: state in, state out, nothing else.
 
-Both stages are grouped by a *bucket* (a hash of the connection, or of the route key, modulo
+The stage is grouped by a *bucket* (a hash of the stage key, a connection's or an entity's, modulo
 ``stream.state_buckets``), so Spark makes one Python call per bucket and batch instead of one per
-connection or route key. Inside a bucket each connection or route key has its own entry, and the
+key. Inside a bucket each key has its own entry, and the
 entries are kept in a few pages (``streaming.pages``), so a call pays a state-server round trip per
 page it touches, not per key; the per-key steps in ``streaming.stages`` do the work. Each bucket arms
 one event-time timer, at or before the earliest entry that needs a call (TTL expiry, a rule's timer,
@@ -29,21 +29,11 @@ from pyspark.sql.streaming.stateful_processor import (
 from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from checks.settings import ChecksSettings
-from streaming.bundles import read_bundle
 from streaming.pages import PagedBucketStore
-from streaming.stages import (
-    EVENT_TIME_MS,
-    STAGE_ROW_FIELDS,
-    BucketResult,
-    connection_bucket,
-    connection_bucket_expired,
-    keyed_bucket,
-    keyed_bucket_expired,
-)
+from streaming.router import PASS_BUCKET, read_bundle, read_passed
+from streaming.rows import OutputRow
+from streaming.stages import BucketResult, monitor_bucket, monitor_bucket_expired
 from streaming.workergc import tune_worker_gc
-
-#: Stage two's bucket for rows that are already final (findings, aggregates, counters): passed through.
-PASS_BUCKET = -1
 
 #: A bucket's pages (``streaming.pages``): a map from page number to the page's entries (msgpack).
 PAGE_KEY = StructType([StructField("page", IntegerType())])
@@ -51,12 +41,7 @@ PAGE = StructType([StructField("entries", BinaryType())])
 #: A bucket's meta (``streaming.pages``): page counts, every entry's next call and the armed timer.
 BUCKET_META = StructType([StructField("meta", BinaryType())])
 
-#: Stage one's output, stage two's input (``event_time`` drives the watermark between them).
-STAGE_ROWS_DDL = (
-    "kind string, route_key string, event_time timestamp, ts_ns long, at_ms long, conn string, "
-    "seq long, frame binary, flags int, payload string, bucket int"
-)
-#: Stage two's output: what foreachBatch sees.
+#: The stage's output (``streaming.rows.OutputRow``): what foreachBatch sees.
 OUTPUT_DDL = "kind string, ts_ns long, payload string"
 
 
@@ -112,33 +97,8 @@ class BucketTimer:
             self.handle.registerTimer(wanted)
 
 
-def _records(rows: Iterator[pd.DataFrame]) -> list[dict[str, Any]]:
-    """Rows as dicts, column by column (``to_dict("records")`` boxes every cell on its own)."""
-    out: list[dict[str, Any]] = []
-    for pdf in rows:
-        if "event_time" in pdf.columns:
-            # A pandas Timestamp per row costs more than the stage needs: event time in milliseconds.
-            millis = pdf["event_time"].to_numpy(dtype="datetime64[ms]").astype("int64")
-            pdf = pdf.drop(columns="event_time").assign(**{EVENT_TIME_MS: millis})
-        columns = list(pdf.columns)
-        out.extend(
-            dict(zip(columns, values, strict=True))
-            for values in zip(*(pdf[c].tolist() for c in columns), strict=True)
-        )
-    return out
-
-
-def _stage_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=list(STAGE_ROW_FIELDS))
-    frame["event_time"] = pd.to_datetime(frame.pop("event_ms"), unit="ms")
-    return frame[[c.split()[0] for c in STAGE_ROWS_DDL.split(", ")]]
-
-
-def _output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [{"kind": r["kind"], "ts_ns": r["ts_ns"], "payload": r["payload"]} for r in rows],
-        columns=["kind", "ts_ns", "payload"],
-    )
+def _output_frame(rows: list[OutputRow]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(OutputRow._fields))
 
 
 class _BucketProcessor(StatefulProcessor):
@@ -165,7 +125,7 @@ class _BucketProcessor(StatefulProcessor):
         self.store.begin()
         return self.store.armed
 
-    def _apply(self, armed: int | None, result: BucketResult) -> list[dict[str, Any]]:
+    def _apply(self, armed: int | None, result: BucketResult) -> list[OutputRow]:
         self.timer.move(armed, result.timer_ms)
         self.store.finish()
         return result.rows
@@ -174,56 +134,29 @@ class _BucketProcessor(StatefulProcessor):
         pass
 
 
-class ConnectionProcessor(_BucketProcessor):
-    """Stage one, grouped by a bucket of tap connections; its input rows are bundles of tap-record rows
-    (``streaming.bundles``). ``buckets``: stage two's bucket count, each sent the batch clock, and what
-    each route row's bucket is taken modulo (``streaming.stages``)."""
+class MonitorProcessor(_BucketProcessor):
+    """The stateful stage, grouped by bucket (``streaming.rows.bucket_index`` of a stage key), plus
+    ``PASS_BUCKET`` for rows that are already final. Its input rows are bundles (``streaming.router``)."""
 
-    STATE_NAME = "connection"
-
-    def __init__(self, config: ChecksSettings, tune_gc: bool = False, buckets: int = 0) -> None:
-        super().__init__(config, tune_gc)
-        self.buckets = buckets
+    STATE_NAME = "monitor"
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        records = [
-            frame for pdf in rows for bundle in pdf["bundle"].tolist() for frame in read_bundle(bundle)
-        ]
-        armed = self._begin()
-        result = connection_bucket(
-            self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed, self.buckets
-        )
-        out = self._apply(armed, result)
-        if out:
-            yield _stage_frame(out)
-
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
-        self._begin()
-        # The timer that fired is gone: nothing to delete.
-        out = self._apply(None, connection_bucket_expired(self.store, timerValues.getCurrentWatermarkInMs()))
-        if out:
-            yield _stage_frame(out)
-
-
-class KeyedProcessor(_BucketProcessor):
-    """Stage two, grouped by a bucket of route keys (``"<key kind>|<state key>"``), plus ``PASS_BUCKET``."""
-
-    STATE_NAME = "route_key"
-
-    def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
-        records = _records(rows)
+        blobs = [bytes(blob) for pdf in rows for blob in pdf["bundle"].tolist()]
         if int(key[0]) == PASS_BUCKET:
-            if records:
-                yield _output_frame(records)
+            passed = [row for blob in blobs for row in read_passed(blob)]
+            if passed:
+                yield _output_frame(passed)
             return
         armed = self._begin()
-        result = keyed_bucket(self.config, self.store, records, timerValues.getCurrentWatermarkInMs(), armed)
+        result = monitor_bucket(
+            self.config,
+            self.store,
+            [read_bundle(blob) for blob in blobs],
+            timerValues.getCurrentWatermarkInMs(),
+            armed,
+        )
         out = self._apply(armed, result)
         if out:
             yield _output_frame(out)
@@ -233,6 +166,7 @@ class KeyedProcessor(_BucketProcessor):
     ) -> Iterator[pd.DataFrame]:
         watermark = timerValues.getCurrentWatermarkInMs()
         self._begin()
-        out = self._apply(None, keyed_bucket_expired(self.config, self.store, watermark))
+        # The timer that fired is gone: nothing to delete.
+        out = self._apply(None, monitor_bucket_expired(self.config, self.store, watermark))
         if out:
             yield _output_frame(out)

@@ -1,9 +1,10 @@
-"""The two-stage sharded run (what the streaming job does) finds exactly what one monitor finds.
+"""The sharded run (what the streaming job does) finds exactly what one monitor finds.
 
-The driver below plays the streaming job's part in-process: micro-batches of frames in arrival order;
-stage one per connection in seq order; routes buffered per key until the watermark (newest event time
-minus the lateness) passes them, then fed in event-time order; every shard's state saved as JSON and
-restored between micro-batches, as a state store would.
+The driver below plays the streaming job's part in-process: micro-batches of tap records (a request
+and its response in one, ``tests.checks.exchanges``) in arrival order; each batch routed with no state
+(``Router``); each connection's own shard fed in seq order; routes buffered per key until the
+watermark (newest event time minus the lateness) passes them, then fed in event-time order; every
+shard's state saved as bytes and restored between micro-batches, as a state store would.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import codec
 from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route, cached_plans
+from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed
-from streaming.stages import pack_frame, unpack_frame
+from streaming.rows import pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
+from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_envelope import envelope
 
 CONFIG = ChecksSettings(watermark_seconds=2.0)
@@ -146,6 +148,12 @@ def single_run(frames: list[TapFrame]) -> list[Finding]:
 
 
 def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
+    """``frames`` as tap records (``exchange_records``), cut into micro-batches before the records
+    numbered in ``cuts``, through the job's steps."""
+    return sharded_records(exchange_records(frames), cuts)
+
+
+def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Finding]:
     conn_states: dict[str, bytes] = {}
     key_states: dict[str, bytes] = {}
     buffers: dict[str, list[Route]] = defaultdict(list)
@@ -167,9 +175,9 @@ def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
         findings.extend(shard.advance(upto if upto is not None else max_ts))
         key_states[key] = shard.export()
 
-    bounds = [0, *sorted(set(cuts)), len(frames)]
+    bounds = [0, *sorted(set(cuts)), len(records)]
     for lo, hi in itertools.pairwise(bounds):
-        batch = frames[lo:hi]
+        batch = flatten(records[lo:hi])
         if not batch:
             continue
         per_conn: dict[str, list[TapFrame]] = defaultdict(list)
@@ -177,10 +185,11 @@ def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
             per_conn[frame.conn].append(frame)
             max_ts = max(max_ts, frame.ts_ns)
         for conn, mine in per_conn.items():
-            shard = ConnectionShard(CONFIG, conn_states.get(conn))
-            findings.extend(shard.feed(sorted(mine, key=lambda f: f.seq)))
-            for route in shard.take_routes():
+            mine.sort(key=lambda f: f.seq)
+            for route in Router(CONFIG).route(mine):
                 buffers[route.key].append(route)
+            shard = ConnectionShard(CONFIG, conn_states.get(conn))
+            findings.extend(shard.feed(unpack_frame(pack_frame(f)) for f in mine))
             conn_states[conn] = shard.export()
         watermark = max_ts - LATENESS_NS
         for key in list(buffers.keys() | key_states.keys()):
@@ -188,6 +197,11 @@ def sharded_run(frames: list[TapFrame], cuts: list[int]) -> list[Finding]:
     for key in list(buffers.keys() | key_states.keys()):
         release(key, None)
     return findings
+
+
+def single_records(records: list[list[TapFrame]]) -> list[Finding]:
+    """The single monitor over the frames of ``records``, as the tap numbered them."""
+    return single_run(flatten(records))
 
 
 def summary(findings: list[Finding]) -> list[tuple[str, str, str, str, bool]]:
@@ -230,11 +244,12 @@ def test_requests_known_by_their_header_reach_the_cluster_shard_once() -> None:
         ("frame.decode_error", "conn:tap1-undecodable"),
         ("frame.decode_error", "conn:tap1-undecodable"),
     ], found
-    for cuts in ([], list(range(len(frames)))):
-        assert summary(sharded_run(frames, cuts)) == summary(single)
-    shard = ConnectionShard(CONFIG)
-    shard.feed([f for f in frames if f.conn == "tap1-undecodable"])
-    routed = [r for r in shard.take_routes() if r.frame.error is not None]
+    records = exchange_records(frames)
+    assert summary(single_records(records)) == summary(single)
+    for cuts in ([], list(range(len(records)))):
+        assert summary(sharded_records(records, cuts)) == summary(single)
+    routes = Router(CONFIG).route([f for f in frames if f.conn == "tap1-undecodable"])
+    routed = [r for r in routes if r.frame.error is not None]
     # Both undecodable requests go to the cluster key as they came (error and bytes), request-only.
     assert [(r.key, r.frame.api_version, r.request_only) for r in routed] == [
         ("cluster|cluster", 2, True),
@@ -252,12 +267,13 @@ def test_requests_of_api_keys_kafka_does_not_define_keep_no_routing_plan() -> No
     unknown = [k for k in range(20_000, 20_200) if k not in {int(a) for a in ApiKey}]
     frames = [conv.open(SECOND), *av.handshake(conv, SECOND + 1_000_000)]
     frames += [conv.undecodable_request(k, 0, b"\x00", SECOND + 2_000_000 + i) for i, k in enumerate(unknown)]
-    shard = ConnectionShard(CONFIG)
-    shard.feed(frames[:3])
+    Router(CONFIG).route(frames[:3])
     before = cached_plans()
-    shard.feed(frames[3:])
+    Router(CONFIG).route(frames)
     assert cached_plans() == before
     # ...and they are still judged: each is a decode error of the connection.
+    shard = ConnectionShard(CONFIG)
+    shard.feed(frames)
     assert shard.ctx.stats.decode_errors >= len(unknown)
 
 
@@ -278,9 +294,7 @@ def test_an_envelope_routes_the_request_it_forwards() -> None:
     conv = Conversation(conn="tap1-fwd", listener="CONTROLLER")
     frames = conv.exchange(ApiKey.ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, SECOND)
     frames += conv.exchange(ApiKey.ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, 2 * SECOND)
-    shard = ConnectionShard(CONFIG)
-    shard.feed(frames)
-    routes = [(r.key, r.frame.direction, r.request_only) for r in shard.take_routes()]
+    routes = [(r.key, r.frame.direction, r.request_only) for r in Router(CONFIG).route(frames)]
     exchange = [
         ("txn|fwd-tx", "req", False),
         ("txn|fwd-tx", "resp", False),
@@ -288,29 +302,31 @@ def test_an_envelope_routes_the_request_it_forwards() -> None:
         ("producer|4242", "resp", False),
     ]
     assert routes == [("cluster|cluster", "req", True), *exchange, *exchange]
-    assert summary(sharded_run(frames, [])) == summary(single_run(frames))
+    records = exchange_records(frames)
+    assert summary(sharded_records(records, [])) == summary(single_records(records))
 
 
 def test_one_batch_matches_the_single_monitor() -> None:
-    frames = with_headers_only()
-    assert summary(sharded_run(frames, [])) == summary(single_run(frames))
+    records = exchange_records(with_headers_only())
+    assert summary(sharded_records(records, [])) == summary(single_records(records))
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> None:
-    frames = with_headers_only()
+    records = exchange_records(with_headers_only())
     # Jitter below the lateness keeps the single monitor's answer fixed (its own property test).
-    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(frames)))
-    arrived = arrival_order(frames, jitters)
-    # Within one connection the tap partition keeps seq order whatever the jitter.
-    by_conn: dict[str, list[TapFrame]] = defaultdict(list)
-    for frame in frames:
-        by_conn[frame.conn].append(frame)
-    cursor = {conn: iter(fs) for conn, fs in by_conn.items()}
-    arrived = [next(cursor[f.conn]) for f in arrived]
-    cuts = data.draw(st.lists(st.integers(0, len(frames)), max_size=12))
-    assert summary(sharded_run(arrived, cuts)) == summary(single_run(frames))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    firsts = [record[-1] for record in records]
+    arrived_firsts = arrival_order(firsts, jitters)
+    # Within one connection the tap partition keeps record order whatever the jitter.
+    by_conn: dict[str, list[list[TapFrame]]] = defaultdict(list)
+    for record in records:
+        by_conn[record[0].conn].append(record)
+    cursor = {conn: iter(rs) for conn, rs in by_conn.items()}
+    arrived = [next(cursor[f.conn]) for f in arrived_firsts]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=12))
+    assert summary(sharded_records(arrived, cuts)) == summary(single_records(records))
 
 
 def corpus_frames() -> list[TapFrame]:
@@ -342,7 +358,10 @@ def corpus_frames() -> list[TapFrame]:
 def test_real_captured_traffic_matches() -> None:
     frames = corpus_frames()
     assert len(frames) == 100 and not any(f.error for f in frames)
-    assert summary(sharded_run(frames, list(range(0, len(frames), 7)))) == summary(single_run(frames))
+    records = exchange_records(frames)
+    assert summary(sharded_records(records, list(range(0, len(records), 7)))) == summary(
+        single_records(records)
+    )
 
 
 def test_state_survives_bytes_and_refuses_other_formats() -> None:
@@ -399,9 +418,7 @@ def test_state_format_2_is_migrated_on_resume() -> None:
 
 def test_keyed_state_is_dropped_when_nothing_is_left() -> None:
     zombie, _ = pr.two_clients()
-    shard = ConnectionShard(CONFIG)
-    shard.feed(pr.init_pid(zombie, 0, epoch=0, txn_id=None))
-    routes = shard.take_routes()
+    routes = Router(CONFIG).route(pr.init_pid(zombie, 0, epoch=0, txn_id=None))
     keys = {r.key for r in routes}
     assert f"producer|{pr.PID}" in keys
     keyed = KeyedShard(CONFIG, f"producer|{pr.PID}")

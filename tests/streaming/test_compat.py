@@ -39,19 +39,19 @@ def stage(shape: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def keyed_variable(shape: dict[str, Any]) -> str:
-    """A state variable of stage two with a struct schema (whatever the processors call it)."""
-    return next(name for name, var in stage(shape, "keyed")["state"].items() if "fields" in var["schema"])
+    """A state variable of the stage with a struct schema (whatever the processor calls it)."""
+    return next(name for name, var in stage(shape, "monitor")["state"].items() if "fields" in var["schema"])
 
 
 def test_the_shape_describes_the_query(shape: dict[str, Any]) -> None:
     from checks.engine import STATE_FORMAT
     from checks.rules import all_rules
 
-    connection, keyed = stage(shape, "connection"), stage(shape, "keyed")
-    assert connection["group_by"] == ["bucket"] and keyed["group_by"] == ["bucket"]
-    assert (connection["bucket_of"], keyed["bucket_of"]) == ("conn", "route_key")
+    assert [s["name"] for s in shape["stages"]] == ["monitor"], "one stateful stage"
+    monitor = stage(shape, "monitor")
+    assert monitor["group_by"] == ["bucket"] and monitor["bucket_of"] == "stage key"
     assert shape["state_buckets"] == 16  # 4 x the default shuffle partitions
-    for declared in (connection["state"], keyed["state"]):
+    for declared in (monitor["state"],):
         assert declared, "a stateful stage declares state"
         for var in declared.values():
             assert var["kind"] in ("value", "list", "map")
@@ -65,18 +65,18 @@ def test_the_shape_describes_the_query(shape: dict[str, Any]) -> None:
 def test_state_declared_by_the_processors_shows_up_unlisted(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql.types import LongType, StructField, StructType
 
-    from streaming.processors import KeyedProcessor
+    from streaming.processors import MonitorProcessor
 
-    declared = KeyedProcessor.init
+    declared = MonitorProcessor.init
 
     def init(self: Any, handle: Any) -> None:
         declared(self, handle)
         handle.getMapState("seen", "key string", StructType([StructField("n", LongType(), False)]))
 
     before = query_shape(config())
-    monkeypatch.setattr(KeyedProcessor, "init", init)
+    monkeypatch.setattr(MonitorProcessor, "init", init)
     after = query_shape(config())
-    assert stage(after, "keyed")["state"]["seen"] == {
+    assert stage(after, "monitor")["state"]["seen"] == {
         "kind": "map",
         "key_schema": {"ddl": "key string"},
         "schema": {"fields": [{"name": "n", "type": "long", "nullable": False}]},
@@ -102,15 +102,14 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
         "state_buckets changed 16 -> 7" in p
         for p in check_compatible(shape, query_shape(config(state_buckets=7)))
     )
-    # The build before buckets grouped stage one by connection and stage two by route key.
-    unbucketed = copy.deepcopy(shape)
-    del unbucketed["state_buckets"]
-    for old_stage, column in zip(unbucketed["stages"], ("conn", "route_key"), strict=True):
-        old_stage["group_by"] = [column]
-        del old_stage["bucket_of"]
-    refused = check_compatible(unbucketed, shape)
-    assert any("group_by changed ['conn'] -> ['bucket']" in p for p in refused)
-    assert any("state_buckets changed None -> 16" in p for p in refused)
+    # The builds before one stateful stage ran two: a checkpoint of theirs is refused, saying so.
+    two_stages = copy.deepcopy(shape)
+    two_stages["stages"] = [
+        {**stage(shape, "monitor"), "name": "connection", "bucket_of": "conn"},
+        {**stage(shape, "monitor"), "name": "keyed", "bucket_of": "route_key"},
+    ]
+    refused = check_compatible(two_stages, shape)
+    assert refused == ["stateful stages changed ['connection', 'keyed'] -> ['monitor']"]
     moved = query_shape(KpmonConfig.model_validate({"tap": {"topic": "other"}}))
     assert any("'kpmon.tap' -> 'other'" in p for p in check_compatible(shape, moved))
 
@@ -121,7 +120,7 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
     assert len(problems) == 1 and "newer than this build reads" in problems[0]
 
     regrouped = copy.deepcopy(shape)
-    stage(regrouped, "keyed")["group_by"] = ["rule", "key"]
+    stage(regrouped, "monitor")["group_by"] = ["rule", "key"]
     assert any("group_by changed" in p for p in check_compatible(shape, regrouped))
 
     assert check_compatible(shape, {**shape, "shape_version": 99})[0].startswith("query shape format")
@@ -158,7 +157,7 @@ def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
 
     def evolved(change: Any) -> dict[str, Any]:
         new = copy.deepcopy(shape)
-        change(stage(new, "keyed")["state"][var]["schema"]["fields"])
+        change(stage(new, "monitor")["state"][var]["schema"]["fields"])
         return new
 
     added_nullable = evolved(
@@ -173,19 +172,19 @@ def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
     )
     assert any("'extra' is not nullable" in p for p in check_compatible(shape, added_required))
 
-    first = stage(shape, "keyed")["state"][var]["schema"]["fields"][0]
+    first = stage(shape, "monitor")["state"][var]["schema"]["fields"][0]
     other_type = "binary" if first["type"] != "binary" else "string"
     retyped = evolved(lambda fields: fields.__setitem__(0, {**fields[0], "type": other_type}))
     assert any(f"changed type {first['type']} -> {other_type}" in p for p in check_compatible(shape, retyped))
 
     dropped_var = copy.deepcopy(shape)
-    del stage(dropped_var, "keyed")["state"][var]
+    del stage(dropped_var, "monitor")["state"][var]
     assert any(f"{var!r} was removed" in p for p in check_compatible(shape, dropped_var))
     assert any(f"new state variable {var!r}" in n for n in describe_changes(dropped_var, shape))
 
     rekinded = copy.deepcopy(shape)
-    kind = stage(shape, "keyed")["state"][var]["kind"]
-    stage(rekinded, "keyed")["state"][var]["kind"] = "map" if kind != "map" else "list"
+    kind = stage(shape, "monitor")["state"][var]["kind"]
+    stage(rekinded, "monitor")["state"][var]["kind"] = "map" if kind != "map" else "list"
     assert any("changed kind" in p for p in check_compatible(shape, rekinded))
 
 

@@ -1,34 +1,22 @@
-"""The Spark adapters of the stages: row conversion, the bucket's map state and its one timer."""
+"""The Spark adapter of the stage: its output rows, the bucket's map state and its one timer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from streaming.pages import PagedBucketStore
-from streaming.processors import BucketTimer, SparkPages, _records
-from streaming.stages import _event_ms
+from streaming.processors import OUTPUT_DDL, BucketTimer, SparkPages, _output_frame
+from streaming.rows import OutputRow
 
 
-def test_rows_keep_every_value_and_carry_event_time_in_ms() -> None:
-    pdf = pd.DataFrame(
-        {
-            "conn": ["a", None],
-            "seq": [1.0, np.nan],
-            "event_time": pd.to_datetime([1_700_000_000_123, 1_700_000_000_456], unit="ms"),
-            "value": [b"x", None],
-        }
-    )
-    rows = _records(iter([pdf, pdf.iloc[:1]]))
-    reference = pdf.drop(columns="event_time").to_dict("records")
-    assert len(rows) == 3
-    for row, expected in zip(rows, [*reference, reference[0]], strict=True):
-        assert {k: v for k, v in row.items() if k != "event_time_ms"}.keys() == expected.keys()
-        assert row["conn"] == expected["conn"] and row["value"] == expected["value"]
-    assert np.isnan(rows[1]["seq"]) and rows[0]["seq"] == 1.0
-    assert [_event_ms(r) for r in rows] == [1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_123]
+def test_output_rows_become_the_columns_spark_was_promised() -> None:
+    rows = [OutputRow("finding", 7, '{"id": "x"}'), OutputRow("stat", 2**62, '{"frames": 1}')]
+    frame = _output_frame(rows)
+    assert list(frame.columns) == [c.split()[0] for c in OUTPUT_DDL.split(", ")]
+    assert frame.to_dict("records") == [r._asdict() for r in rows]
+    assert frame["ts_ns"].dtype == np.int64
 
 
 class FakeMapState:

@@ -41,20 +41,18 @@ def test_the_first_call_freezes_and_raises_the_thresholds_the_next_ones_change_n
 def test_the_job_tunes_its_stateful_workers_as_configured(worker_gc: bool) -> None:
     pytest.importorskip("pyspark")
     from kpmon.config import KpmonConfig
-    from streaming.job import stage_processors
+    from streaming.job import stage_processor
 
     config = KpmonConfig()
     assert config.stream.worker_gc is True
     config = config.model_copy(update={"stream": config.stream.model_copy(update={"worker_gc": worker_gc})})
-    assert [p.tune_gc for p in stage_processors(config)] == [worker_gc, worker_gc]
+    assert stage_processor(config).tune_gc == worker_gc
 
 
 def test_processors_made_elsewhere_leave_the_collector_alone() -> None:
     # Tests and tools build processors in processes that are not Spark's workers.
     pytest.importorskip("pyspark")
     from kpmon.config import KpmonConfig
-    from streaming.processors import ConnectionProcessor, KeyedProcessor
+    from streaming.processors import MonitorProcessor
 
-    settings = KpmonConfig().checks.settings()
-    assert not ConnectionProcessor(settings).tune_gc
-    assert not KeyedProcessor(settings).tune_gc
+    assert not MonitorProcessor(KpmonConfig().checks.settings()).tune_gc

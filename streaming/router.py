@@ -1,0 +1,139 @@
+"""The stateless half of the job: tap-record rows in, one *bundle* per stateful bucket out.
+
+The job's ``mapInArrow`` runs ``route_rows`` where the Kafka source hands over the tap topic's records,
+before any shuffle. It decodes each frame once (``codec.taprecord.frame_from_row``) and sends it:
+
+- to its connection's key (``conn|<id>``), whole, for the connection-scoped rules, the gap and decode
+  error reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage);
+- to every entity key its exchange forms (producer, transaction, group, cluster), pruned to that key
+  kind's declared projection (``checks.sharding.Router``, ``checks.projections``).
+
+It keeps nothing between batches: the tap writes a request and its response as one record (tap-record
+schema 2), so the pairing the old first stage kept state for is within each record. The three meanings
+that stateless routing changes are in ``checks.sharding.Router``'s docstring.
+
+**The bundle** is this module's format, written by ``pack_bundle`` and read by ``read_bundle``: per
+(source batch, bucket), the batch clock (the newest event time among the whole source batch's frames,
+which every bucket gets, with or without data of its own: the stateful stage applies the watermark
+Spark will hand the next batch in this one, ``streaming.stages``), the frames of each connection whose
+key falls in the bucket, and the routed frames of each entity key that does. Spark shuffles and groups
+a few rows per source batch instead of one per frame, and the stage reads each in one call.
+
+The per-batch aggregates the data-quality suites read are counted here too (stateless), and go to
+``PASS_BUCKET``, which the stage passes through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+
+from checks.settings import ChecksSettings
+from checks.sharding import Router
+from codec import facts
+from codec.taprecord import TapFrame, frame_from_row
+from streaming.rows import (
+    NS_PER_MS,
+    OutputRow,
+    aggregate_rows,
+    bucket_index,
+    conn_key,
+    event_ms_of,
+    pack_frame,
+)
+
+#: The bucket of rows that are already final (the aggregates): the stage passes them through.
+PASS_BUCKET: Final = -1
+INCOMPLETE, REQUEST_ONLY = 1, 2
+
+
+@dataclass
+class Bundle:
+    """What one source batch sends one bucket (the module docstring)."""
+
+    #: The newest event time (ms) among the source batch's frames: the batch clock.
+    newest_ms: int
+    #: Connection id -> its frames of the batch, packed (``pack_frame``), in seq order.
+    conns: dict[str, list[bytes]] = field(default_factory=dict)
+    #: Route key -> its routed frames: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each, in routing order.
+    routes: dict[str, list[list[Any]]] = field(default_factory=dict)
+
+
+def pack_bundle(bundle: Bundle) -> bytes:
+    return facts.packb([bundle.newest_ms, bundle.conns, bundle.routes])
+
+
+def read_bundle(data: bytes) -> Bundle:
+    newest_ms, conns, routes = msgpack.unpackb(data, raw=False)
+    return Bundle(int(newest_ms), conns, routes)
+
+
+def pack_passed(rows: list[OutputRow]) -> bytes:
+    """Rows for ``PASS_BUCKET``: already the stage's output rows."""
+    return facts.packb([list(r) for r in rows])
+
+
+def read_passed(data: bytes) -> list[OutputRow]:
+    return [OutputRow(str(k), int(t), str(p)) for k, t, p in msgpack.unpackb(data, raw=False)]
+
+
+@dataclass
+class RoutedBatch:
+    """``route_rows``'s result: a bundle per bucket (every bucket, for the clock) and the passed rows."""
+
+    newest_ms: int | None
+    bundles: dict[int, Bundle]
+    passed: list[OutputRow]
+
+
+def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], buckets: int) -> RoutedBatch:
+    """One source batch's tap-record rows (``streaming.frames.FRAME_ROW_SCHEMA`` plus each frame's
+    event time, ``streaming.rows.EVENT_TIME_MS``) as a bundle per bucket of ``buckets``."""
+    per_conn: dict[str, list[TapFrame]] = {}
+    newest: int | None = None
+    all_frames: list[TapFrame] = []
+    for row in rows:
+        frame = frame_from_row(row)
+        millis = event_ms_of(row)
+        if newest is None or millis > newest:
+            newest = millis
+        per_conn.setdefault(frame.conn, []).append(frame)
+        all_frames.append(frame)
+    if newest is None:
+        return RoutedBatch(None, {}, [])
+    bundles = {b: Bundle(newest) for b in range(buckets)}
+    for conn, frames in per_conn.items():
+        frames.sort(key=_seq)
+        key = conn_key(conn)
+        bundles[bucket_index(key, buckets)].conns[key] = [pack_frame(f) for f in frames]
+        _route(config, frames, bundles, buckets)
+    passed = aggregate_rows(all_frames, newest * NS_PER_MS)
+    return RoutedBatch(newest, bundles, passed)
+
+
+def _seq(frame: TapFrame) -> int:
+    return frame.seq
+
+
+def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bundle], buckets: int) -> None:
+    """One connection's routes, into the bundles of their keys' buckets."""
+    # A frame routed to several keys of one kind is one projected object: packed once.
+    packed: dict[int, bytes] = {}
+    bucket_of: dict[str, int] = {}
+    for route in Router(config).route(frames):
+        frame = route.frame
+        data = packed.get(id(frame))
+        if data is None:
+            data = packed[id(frame)] = pack_frame(frame)
+        flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+        key = route.key
+        bucket = bucket_of.get(key)
+        if bucket is None:
+            bucket = bucket_of[key] = bucket_index(key, buckets)
+        entries = bundles[bucket].routes.get(key)
+        if entries is None:
+            entries = bundles[bucket].routes[key] = []
+        entries.append([-(-route.at_ns // NS_PER_MS), frame.ts_ns, frame.conn, frame.seq, data, flags])
