@@ -21,6 +21,7 @@ from codec.taprecord import (
     Connection,
     Header,
     Part,
+    frame_from_row,
     headers_dict,
     pack_record,
     pack_static,
@@ -192,7 +193,10 @@ def test_every_frame_of_a_record_carries_its_lost_count() -> None:
         [(None, pack_record(EXCHANGE, 9, static, parts, 6), 0, 1), (tap_headers(), b"frame", 1, 2)]
     )
     assert_same(batch)
-    assert frame_columns(batch).column(LOST).to_pylist() == [6, 6, 0]
+    rows = frame_columns(batch)
+    assert rows.column(LOST).to_pylist() == [6, 6, 0]
+    # Stage one's one decode reads it onto each frame.
+    assert [frame_from_row(row).lost for row in rows.to_pylist()] == [6, 6, 0]
 
 
 @pytest.mark.parametrize("wide", [2**31, -(2**31) - 1, 2**40, 2**63 - 1, -(2**40)])
