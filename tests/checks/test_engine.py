@@ -152,8 +152,8 @@ def test_a_tap_loss_marks_the_connection_incomplete_until_it_closes() -> None:
 
 
 def test_a_gap_the_tap_did_not_report_is_a_tap_gap_and_leaves_findings_complete() -> None:
-    """Records missing after the tap (retention, a reader's skip) show as a gap, but the tap lost
-    nothing it knows of: the rules saw every frame the tap saw, so their findings stand."""
+    """Records missing after the tap (retention, a reader's skip) show as a gap, which is reported;
+    only the tap's own count of lost records marks the connection's findings incomplete."""
     conv = Conversation()
     frames = md(conv, 1 * SECOND)
     conv.seq += 3  # numbers missing, no count from the tap
