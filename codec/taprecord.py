@@ -2,7 +2,7 @@
 
 The tap writes records with these header names (``tap/proxy.py``, ``tap/capture.py``); the checks
 (``checks/``), the streaming job (``streaming/frames.py``, ``streaming/stages.py``), the DAGs and the
-CLI read them through the functions here. docs/tap.md, "Tap records (schema 1)", describes the format.
+CLI read them through the functions here. docs/tap.md, "Tap records (schema 2)", describes the format.
 
 Why in ``codec/``: it is the one package that the tap, the checks, the job and the CLI all depend on,
 and the tap must stay installable without ``checks/`` or Spark. Parsing a record needs the codec
