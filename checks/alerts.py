@@ -3,7 +3,7 @@
 An alert is one (rule, subject) that is firing: repeated findings update its ``last_seen`` and ``count``
 instead of raising new alerts. Its id is deterministic — derived from the cluster, the rule, the subject
 and the tap offsets of the first finding — so a replay after a restart produces the same id, and
-receivers can deduplicate on it; two clusters never share an id. Incomplete findings (after a tap gap)
+receivers can deduplicate on it; two clusters never share an id. Incomplete findings (the tap lost records)
 never open an alert above ``info``.
 
 Every alert carries its context (:class:`AlertContext`): the cluster it was raised for and the link to

@@ -218,6 +218,12 @@ class Monitor:
             if self.track_gaps and last_seq >= 0 and seq > last_seq + 1:
                 self._gap(frame, last_seq)
             conn.last_seq = seq
+        if frame.lost > 0:
+            # The tap says it lost records of this connection: from this frame on, until the connection
+            # closes, its findings may be wrong for want of them. A gap alone does not say so (the
+            # records may be missing after the tap, or be a shard's by design), and the count needs
+            # no memory of earlier frames, so a stateless router can tell it too.
+            self.ctx.incomplete_conns.add(frame.conn)
         direction = frame.direction
         if direction == "close":
             self._close(frame, conn)
@@ -389,13 +395,12 @@ class Monitor:
     def _gap(self, frame: TapFrame, last_seq: int) -> None:
         missing = frame.seq - last_seq - 1
         self.stats.gaps += 1
-        self.ctx.incomplete_conns.add(frame.conn)
         self.ctx.emit(
             "tap.gap",
             Severity.WARNING,
             f"conn:{frame.conn}",
-            f"{missing} frame(s) missing on connection {frame.conn} (seq {last_seq + 1}..{frame.seq - 1}); "
-            "checks on it report incomplete",
+            f"{missing} record(s) missing on connection {frame.conn} (seq {last_seq + 1}..{frame.seq - 1})"
+            + (f"; the tap reports {frame.lost} lost" if frame.lost else ""),
             frame.ts_ns,
             {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
         )

@@ -364,7 +364,7 @@ JSON_SCHEMA_VERSION = 1
 
 
 def finding_severity(finding: Mapping[str, Any]) -> Severity:
-    """A finding's severity as alerts count it: an ``incomplete`` one (the tap dropped frames on its
+    """A finding's severity as alerts count it: an ``incomplete`` one (the tap lost records of its
     connection) is only ``info``, whatever the rule said."""
     return Severity.INFO if finding.get("incomplete") else Severity(finding["severity"])
 

@@ -91,7 +91,7 @@ class Context:
             rule = f"envelope.inner_{rule}"
             evidence = {**evidence, "envelope": envelope.evidence()}
         if incomplete and severity != Severity.INFO:
-            summary += " (incomplete: the tap dropped frames on this connection)"
+            summary += " (incomplete: the tap lost records of this connection)"
         finding = Finding(rule, severity, subject, summary, ts_ns, evidence, incomplete)
         self.findings.append(finding)
         self.stats.findings[rule] = self.stats.findings.get(rule, 0) + 1

@@ -2,7 +2,7 @@
 
 The tap writes records with these header names (``tap/proxy.py``, ``tap/capture.py``); the checks
 (``checks/``), the streaming job (``streaming/frames.py``, ``streaming/stages.py``), the DAGs and the
-CLI read them through the functions here. docs/tap.md, "Tap records (schema 1)", describes the format.
+CLI read them through the functions here. docs/tap.md, "Tap records (schema 2)", describes the format.
 
 Why in ``codec/``: it is the one package that the tap, the checks, the job and the CLI all depend on,
 and the tap must stay installable without ``checks/`` or Spark. Parsing a record needs the codec
@@ -107,13 +107,16 @@ class TapFrame:
     capture: str = "full"
     #: The frame bytes as mirrored (None when not kept): the KIP-482 header check re-decodes them.
     raw: bytes | None = None
+    #: How many of its connection's records the tap had lost when it wrote this one (its sink refused
+    #: them, or their delivery failed): any at all makes the connection's findings incomplete.
+    lost: int = 0
 
     def with_message(self, message: Request | Response | None) -> TapFrame:
         """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
         return TapFrame(
             self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
             self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
-            self.offset, message, self.error, self.capture, self.raw,
+            self.offset, message, self.error, self.capture, self.raw, self.lost,
         )  # fmt: skip
 
     @property
@@ -259,6 +262,10 @@ FIELDS: Final = (
 _INT_FIELDS = frozenset(
     {"seq", "ts_ns", "api_key", "api_version", "correlation_id", "broker_id", "partition", "offset"}
 )
+#: ``TapFrame.lost`` in every layout that carries it: the tap-record rows' column, the key of
+#: ``frame_to_dict`` (written only when not 0) and, by position, the last element of a packed frame.
+#: Not one of ``FIELDS``: those are the packed frame's head, and only its tail may grow.
+LOST: Final = "lost"
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
@@ -289,6 +296,8 @@ def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dic
     rename = keys or {}
     out: dict[str, Any] = {rename.get(name, name): getattr(frame, name) for name in FIELDS}
     out["raw"] = base64.b64encode(frame.raw).decode("ascii") if frame.raw is not None else None
+    if frame.lost:
+        out[LOST] = frame.lost
     return out
 
 
@@ -303,6 +312,14 @@ def _lookup(data: Mapping[str, Any], name: str) -> Any:
         if not _missing(value):
             return value
     return None
+
+
+def _count(value: Any) -> int:
+    """A ``lost`` count as a row, a dict or a packed frame holds it: missing, null or NaN (pandas' null
+    int) is 0; a float that pandas made of an int is that int."""
+    if _missing(value):
+        return 0
+    return int(value)
 
 
 def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
@@ -321,6 +338,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
             continue
         values[name] = int(value) if name in _INT_FIELDS else str(value)
     frame = TapFrame(**values)
+    frame.lost = _count(data.get(LOST))
     raw = data.get("raw")
     if not decode or not isinstance(raw, str):
         return frame
@@ -344,7 +362,7 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     api_key, api_version, corr = get(Header.API_KEY), get(Header.API_VERSION), get(Header.CORR_ID)
     client, broker, broker_id = get(Header.CLIENT), get(Header.BROKER), get(Header.BROKER_ID)
     listener, capture = get(Header.LISTENER), get(Header.CAPTURE)
-    partition, offset = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"])
+    partition, offset, lost = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"]), get(LOST)
     # Positional, in the dataclass's field order (its ``__init__`` binds keywords at twice the cost).
     frame = TapFrame(
         "" if conn is None or conn != conn else str(conn),
@@ -363,6 +381,8 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
         None,
         None,
         "full" if capture is None or capture != capture else str(capture),
+        None,
+        0 if lost is None or lost != lost else int(lost),
     )
     value = get("value")
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))
@@ -379,15 +399,16 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     """The metadata in ``FIELDS`` order, then what the frame holds, in the compact form binary state
     (``checks.engine`` state format 3) and the streaming job's routes keep: a decoded message as its
     facts (``codec.facts``, no bytes to decode again), a decode error as the error and the mirrored
-    bytes (the KIP-482 check re-reads them, and those of a body decoded with bytes left over). ``FIELDS`` and this list only ever grow at their end, so
-    older packed frames stay readable."""
+    bytes (the KIP-482 check re-reads them, and those of a body decoded with bytes left over), then
+    ``lost``. ``FIELDS`` and this list only ever grow at their end, so older packed frames stay
+    readable (a frame packed before ``lost`` reads as 0)."""
     message = frame.message
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [*_metadata(frame), raw, facts.pack_message(message), None]
+        return [*_metadata(frame), raw, facts.pack_message(message), None, frame.lost]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -420,7 +441,8 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw, packed, error = [*values[count:], None, None, None][:3]
+    raw, packed, error, lost = [*values[count:], None, None, None, None][:4]
+    frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
     if packed is not None:
         frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
@@ -440,13 +462,18 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
 #
 #     MAGIC (4 bytes) | meta length (uint32, big-endian) | meta (msgpack) | payload | payload ...
 #
-# ``meta`` is ``[kind, seq, static, parts]``: ``kind`` is ``EXCHANGE`` (a request and its response),
-# ``req``, ``resp`` (a frame without its partner), ``open`` or ``close``; ``seq`` numbers the
+# ``meta`` is ``[kind, seq, static, parts, lost]``: ``kind`` is ``EXCHANGE`` (a request and its
+# response), ``req``, ``resp`` (a frame without its partner), ``open`` or ``close``; ``seq`` numbers the
 # connection's records from 1 in the order the tap writes them, so a dropped record is a gap and the
 # frames of one exchange share a number; ``static`` is the connection's constant metadata, packed once
 # per connection by the tap (``pack_static``), read once per distinct value by readers; ``parts`` is one
 # ``[dir, ts_ns, api_key, api_version, corr_id, redacted, flags, length]`` per frame (or lifecycle
 # event), whose ``length`` bytes follow in order. A frame's flags are those schema 1 sent as headers.
+# ``lost`` counts the connection's records the tap lost before this one (its sink refused them, or
+# their delivery failed): a gap says records are missing, ``lost`` that the tap knows it lost them,
+# which is what makes the connection's findings incomplete. It is left out while 0, so records of
+# connections that lost nothing are as they were before it (``[kind, seq, static, parts]``), and a
+# reader ignores elements after it, as it ignores a part's after ``length``: the list grows at its end.
 #
 # MAGIC starts with 0xFF: a Kafka request starts with its int16 api key (< 256: a 0x00 byte), a
 # lifecycle value with ``{``; only a schema-1 response whose correlation id is negative could begin
@@ -461,6 +488,10 @@ KINDS: Final = (EXCHANGE, *DIRECTIONS)
 _PREFIX: Final = struct.Struct(">4sI")
 #: The connection's constant fields, in ``static``'s order.
 STATIC_FIELDS: Final = ("conn", "client", "broker", "broker_id", "listener", "tap", "capture")
+
+
+#: ``lost`` is below this (it fits a signed 64-bit integer).
+_MAX_LOST: Final = 1 << 63
 
 
 class RecordError(ValueError):
@@ -515,6 +546,8 @@ class TapRecord:
     seq: int
     connection: Connection
     parts: tuple[Part, ...]
+    #: The connection's records the tap had lost before this one (``TapFrame.lost``); 0 in schema 1.
+    lost: int = 0
 
 
 def pack_static(connection: Connection) -> bytes:
@@ -522,24 +555,24 @@ def pack_static(connection: Connection) -> bytes:
     return msgpack.packb([getattr(connection, name) for name in STATIC_FIELDS], use_bin_type=True)
 
 
-def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part]) -> bytes:
-    """A schema-2 record value."""
-    meta = msgpack.packb(
+def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0) -> bytes:
+    """A schema-2 record value; ``lost``: the connection's records the tap lost before this one."""
+    meta: list[Any] = [
+        kind,
+        seq,
+        static,
         [
-            kind,
-            seq,
-            static,
             [
-                [
-                    p.direction, p.ts_ns, p.api_key, p.api_version, p.correlation_id,
-                    ",".join(p.redacted), dict(p.flags) or None, len(p.value or b""),
-                ]
-                for p in parts
-            ],
+                p.direction, p.ts_ns, p.api_key, p.api_version, p.correlation_id,
+                ",".join(p.redacted), dict(p.flags) or None, len(p.value or b""),
+            ]
+            for p in parts
         ],
-        use_bin_type=True,
-    )  # fmt: skip
-    return b"".join((_PREFIX.pack(MAGIC, len(meta)), meta, *(p.value or b"" for p in parts)))
+    ]  # fmt: skip
+    if lost:
+        meta.append(lost)
+    packed = msgpack.packb(meta, use_bin_type=True)
+    return b"".join((_PREFIX.pack(MAGIC, len(packed)), packed, *(p.value or b"" for p in parts)))
 
 
 def is_schema_2(value: bytes | None) -> bool:
@@ -584,11 +617,12 @@ def _opt(value: Any) -> int | None:
 RawPart = tuple[str, Any, Any, Any, Any, Any, Any, int, int]
 
 
-def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart]]:
+def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int]:
     """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
-    ``Part`` objects: the kind, ``seq``, the connection and each part's raw metadata with where its
-    bytes are. ``RecordError`` when it does not follow the schema. The one reader of the layout:
-    ``parse_record_2`` builds on it, and the job's columnar read (``streaming.frames``) reads it so."""
+    ``Part`` objects: the kind, ``seq``, the connection, each part's raw metadata with where its
+    bytes are, and ``lost`` (0 when the record has none). ``RecordError`` when it does not follow the
+    schema. The one reader of the layout: ``parse_record_2`` builds on it, and the job's columnar
+    read (``streaming.frames``) reads it so."""
     if len(value) < _PREFIX.size:
         raise RecordError("shorter than its prefix")
     _, length = _PREFIX.unpack_from(value)
@@ -598,12 +632,18 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart]]:
         raise RecordError(f"metadata of {length} bytes overruns the {len(value)}-byte value")
     try:
         meta = msgpack.unpackb(memoryview(value)[start:end], raw=False)
-        kind, seq, static, raw_parts = meta
+        if not isinstance(meta, list) or len(meta) < 4:
+            raise RecordError("metadata is not a list of at least kind, seq, static and parts")
+        kind, seq, static, raw_parts = meta[:4]
         connection = _static(static)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise RecordError(f"unreadable metadata: {exc}") from exc
     if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
         raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
+    lost = meta[4] if len(meta) > 4 else 0
+    # A count, and one that an int64 column (the job's rows) holds.
+    if not isinstance(lost, int) or isinstance(lost, bool) or not 0 <= lost < _MAX_LOST:
+        raise RecordError(f"bad count of lost records {lost!r}")
     parts: list[RawPart] = []
     pos = end
     total = len(value)
@@ -617,7 +657,7 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart]]:
         pos += size
     if pos != total:
         raise RecordError(f"{total - pos} bytes after the last frame")
-    return kind, seq, connection, parts
+    return kind, seq, connection, parts, lost
 
 
 def part_of(value: bytes, raw: RawPart) -> Part:
@@ -637,8 +677,8 @@ def part_of(value: bytes, raw: RawPart) -> Part:
 
 def parse_record_2(value: bytes) -> TapRecord:
     """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
-    kind, seq, connection, parts = read_record_2(value)
-    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts))
+    kind, seq, connection, parts, lost = read_record_2(value)
+    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost)
 
 
 def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1) -> TapRecord:
@@ -685,6 +725,7 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
             TapFrame(
                 conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
                 c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
+                None, record.lost,
             ),
             p,
         )

@@ -34,6 +34,7 @@ from codec.taprecord import (
     HEADER_ONLY_FLAGS,
     HEADER_ONLY_READS,
     HEADERS,
+    LOST,
     MAGIC,
     ROW_KEYS,
     SASL_TOKEN,
@@ -70,6 +71,8 @@ FRAME_ROW_SCHEMA = pa.schema(
         ("size", pa.int32()),
         #: The mirrored frame, decoded once by stage one.
         ("value", pa.binary()),
+        #: The connection's records the tap had lost before this one (``TapFrame.lost``; 0 in schema 1).
+        (LOST, pa.int64()),
     ]
 )
 
@@ -100,6 +103,7 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         ROW_KEYS["offset"]: offset,
         "size": len(value) if value is not None else None,
         "value": value,
+        LOST: 0,
     }
     return row
 
@@ -227,9 +231,9 @@ def record_rows(
     headers: dict[str, str], value: bytes | None, partition: int, offset: int
 ) -> list[dict[str, Any]]:
     """One tap record of either schema as its frames' rows: a schema-1 record is one frame
-    (``frame_row``), a schema-2 record one row per part, each with the record's ``seq``. A value
-    that claims schema 2 but breaks it is one row with no ``dir``, which stage one reports as not a
-    tap record."""
+    (``frame_row``), a schema-2 record one row per part, each with the record's ``seq`` and ``lost``.
+    A value that claims schema 2 but breaks it is one row with no ``dir``, which stage one reports as
+    not a tap record."""
     if headers.get(Header.DIR) is not None or not is_schema_2(value):
         return [frame_row(headers, value, partition, offset)]
     assert value is not None
@@ -261,6 +265,7 @@ def record_rows(
                 ROW_KEYS["offset"]: offset,
                 "size": len(part.value) if part.value is not None else None,
                 "value": part.value,
+                LOST: record.lost,
             }
         )
     return rows
@@ -314,6 +319,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     )
     listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
     only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
+    lost_col = columns[LOST]
     partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
@@ -329,7 +335,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         strict=True,
     ):
         try:
-            _, seq, c, parts = read_record_2(value)
+            _, seq, c, parts, lost = read_record_2(value)
         except RecordError:
             parts = []
         if not parts:
@@ -372,6 +378,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
             offset_col.append(offset)
             size_col.append(size)
             value_col.append(value[pos : pos + size])
+            lost_col.append(lost)
             origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
@@ -389,6 +396,8 @@ def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array)
     columns[ROW_KEYS["offset"]] = batch.column("offset").cast(pa.int64())
     columns["size"] = pc.binary_length(value).cast(pa.int32())
     columns["value"] = value
+    # Schema-1 taps never report losses: their gaps are all a reader learns.
+    columns[LOST] = pa.array(np.zeros(len(value), np.int64))
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
     )

@@ -13,7 +13,7 @@ but each one costs a pandas ``query`` per expectation, doubling its price on fra
 inputs carry derived columns instead, null where a row must not be judged (map expectations skip nulls):
 
 - ``alert_rule`` (findings): the rule of a finding that raises an alert, i.e. above ``info`` and not
-  ``incomplete`` (a finding on a connection with a tap gap is not an alert, ARCHITECTURE.md);
+  ``incomplete`` (a finding on a connection the tap lost records of is not an alert, ARCHITECTURE.md);
 - ``decode_error_rate`` / ``error_response_rate`` (batch): null below ``min_frames_for_rates``.
 """
 

@@ -37,6 +37,11 @@ class MirrorSink(Protocol):
 
     def close(self, timeout: float = 5.0) -> None: ...
 
+    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+        """Call ``lost(key)`` for each record ``offer`` accepted and the sink then failed to deliver,
+        on whatever thread the sink learns it on."""
+        ...
+
 
 class MemoryMirror:
     """An in-process sink for tests and ``--no-mirror`` runs, bounded like the real one."""
@@ -55,6 +60,11 @@ class MemoryMirror:
         self._bytes += size
         return True
 
+    def take(self) -> list[MirrorRecord]:
+        """The records queued so far, leaving the queue empty (as delivery empties a real one)."""
+        taken, self.records, self._bytes = self.records, [], 0
+        return taken
+
     def depth(self) -> int:
         return len(self.records)
 
@@ -62,6 +72,10 @@ class MemoryMirror:
         return self.max_frames
 
     def close(self, timeout: float = 5.0) -> None:
+        return None
+
+    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+        # What it accepts it keeps.
         return None
 
 
@@ -76,6 +90,9 @@ class NullMirror:
         return 0
 
     def close(self, timeout: float = 5.0) -> None:
+        return None
+
+    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
         return None
 
 
@@ -111,6 +128,7 @@ class KafkaMirror:
         self.topic = topic
         self.max_frames = max(1, int(conf["queue.buffering.max.messages"]))
         self._on_error = on_error
+        self._lost: Callable[[bytes | None], None] | None = None
         self._producer = Producer(conf)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kpmon-tap-mirror", daemon=True)
@@ -121,8 +139,15 @@ class KafkaMirror:
             self._producer.poll(0.1)
 
     def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None and self._on_error is not None:
+        if err is None:
+            return
+        if self._on_error is not None:
             self._on_error(str(err.name() if hasattr(err, "name") else err))
+        if self._lost is not None:
+            self._lost(msg.key())
+
+    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+        self._lost = lost
 
     def offer(self, record: MirrorRecord) -> bool:
         try:

@@ -174,6 +174,9 @@ class TapConnection:
         self.correlations = Correlations(settings.hold_limits, tap.held)
         self.sasl = SaslState()
         self.seq = 0
+        #: This connection's records the tap lost so far (its sink refused them, or their delivery
+        #: failed), stamped on every record it writes after them.
+        self.records_lost = 0
         self.client_t: asyncio.Transport | None = None
         self.broker_t: asyncio.Transport | None = None
         self.pending: list[bytes] = []
@@ -222,7 +225,7 @@ class TapConnection:
         )
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
-        self.tap.connections.add(self)
+        self.tap.connections[self.key] = self
         # The open record goes first, so it gets seq 1 even if requests arrive before the broker
         # connection exists (uvloop may deliver data in the same tick as connection_made).
         self._mirror_lifecycle(taprecord.OPEN, {"tls": _tls_info(transport)})
@@ -312,7 +315,7 @@ class TapConnection:
             if t is not None:
                 t.close()
         self.metrics.connections.dec()
-        self.tap.connections.discard(self)
+        self.tap.connections.pop(self.key, None)
         # Requests still waiting for their responses go out alone, before the close record.
         self._write_unpaired(self.correlations.drain())
         info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
@@ -576,8 +579,9 @@ class TapConnection:
         if not self.tap.settings.mirror:
             return
         kept = tuple(p for p in parts if p is not None)
-        value = taprecord.pack_record(kind, self.seq, self._static, kept)
-        self.tap.offer(MirrorRecord(self.key, value))
+        value = taprecord.pack_record(kind, self.seq, self._static, kept, self.records_lost)
+        if not self.tap.offer(MirrorRecord(self.key, value)):
+            self.records_lost += 1
 
     def _mirror_lifecycle(self, direction: str, info: dict[str, object]) -> None:
         if not self.tap.settings.mirror:
@@ -606,7 +610,11 @@ class Tap:
         self.metrics = metrics or TapMetrics()
         self.metrics.set_depth_source(self.sink.depth)
         self.metrics.queue_capacity.set(self.sink.capacity())
-        self.connections: set[TapConnection] = set()
+        #: Open connections by their record key (the connection id): the sink reports a failed
+        #: delivery by the record's key.
+        self.connections: dict[bytes, TapConnection] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.sink.watch_failures(self._delivery_failed)
         #: Bytes of requests held for their exchange records, over every connection.
         self.held = HeldBudget(self.settings.max_held_bytes)
         #: Configured broker id -> the tap's address for it (for address rewriting).
@@ -631,9 +639,30 @@ class Tap:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def offer(self, record: MirrorRecord) -> None:
-        if not self.sink.offer(record):
-            self.metrics.drops.inc()
+    def offer(self, record: MirrorRecord) -> bool:
+        """Hand ``record`` to the sink; False (counted) when the sink refused it."""
+        if self.sink.offer(record):
+            return True
+        self.metrics.drops.inc()
+        return False
+
+    def _delivery_failed(self, key: bytes | None) -> None:
+        """A record the sink accepted was not delivered. Called on the sink's own thread, so the count
+        is taken on the event loop's, where the connection writes its records."""
+        loop = self._loop
+        if loop is None or key is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._count_lost, key)
+        except RuntimeError:
+            # The loop has closed: the tap has stopped, and no record is left to carry the count.
+            pass
+
+    def _count_lost(self, key: bytes) -> None:
+        conn = self.connections.get(key)
+        # A connection closed since has written its last record: nothing would carry the count.
+        if conn is not None:
+            conn.records_lost += 1
 
     def log_event(self, event: str, **fields: object) -> None:
         if log.isEnabledFor(logging.INFO):
@@ -650,11 +679,11 @@ class Tap:
         while not self._stopping:
             await asyncio.sleep(period)
             now = time.monotonic_ns()
-            for conn in list(self.connections):
+            for conn in list(self.connections.values()):
                 conn.expire_held(now)
 
     async def start(self) -> list[tuple[str, int]]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self.settings.mirror:
             self.spawn(self._sweep_held())
         for spec in self.listeners:
@@ -676,6 +705,7 @@ class Tap:
     def start_adopted(self, bound: list[tuple[str, int]]) -> None:
         """Start without listening: another process accepts (tap/workers.py) and hands each connection
         over with ``adopt``. ``bound`` is where each of ``listeners`` listens there."""
+        self._loop = asyncio.get_running_loop()
         if self.settings.mirror:
             self.spawn(self._sweep_held())
         self.bound = list(bound)
@@ -754,7 +784,7 @@ class Tap:
             sock.close()
         for server in self.servers:
             server.close()
-        for conn in list(self.connections):
+        for conn in list(self.connections.values()):
             conn.close_reason = "tap stopping"
             conn._shutdown()
         for server in self.servers:

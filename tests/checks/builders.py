@@ -26,6 +26,8 @@ class Conversation:
     seq: int = 0
     corr: int = 0
     offsets: list[int] = field(default_factory=lambda: [0])
+    #: The tap's count of this connection's lost records, stamped on every frame (``TapFrame.lost``).
+    lost: int = 0
 
     def _next_offset(self) -> int:
         self.offsets[0] += 1
@@ -43,10 +45,17 @@ class Conversation:
             listener=self.listener,
             partition=self.partition,
             offset=self._next_offset(),
+            lost=self.lost,
             **kw,
         )
         self.seq += 1
         return frame
+
+    def lose(self, records: int) -> None:
+        """The tap loses the next ``records`` records of this connection (its mirror queue is full):
+        their numbers leave a gap, and every later frame says how many were lost."""
+        self.seq += records
+        self.lost += records
 
     def open(self, ts_ns: int) -> TapFrame:
         return self._frame("open", ts_ns)

@@ -128,10 +128,10 @@ def test_acks_zero_produce_completes_without_response() -> None:
     assert m.conns[conv.conn].pending == {}
 
 
-def test_gap_marks_the_connection_incomplete_until_it_closes() -> None:
+def test_a_tap_loss_marks_the_connection_incomplete_until_it_closes() -> None:
     conv = Conversation()
     frames = md(conv, 1 * SECOND)
-    conv.seq += 3  # the tap dropped three frames
+    conv.lose(3)  # the tap's mirror queue refused three records
     frames += md(conv, 2 * SECOND)
     frames.append(conv.close(3 * SECOND))
     other = Conversation(conn="c-other")
@@ -145,9 +145,52 @@ def test_gap_marks_the_connection_incomplete_until_it_closes() -> None:
         ("rec.seen", True),
         ("rec.seen", False),
     ]
-    assert findings[1].evidence["missing"] == 3 and "incomplete" in findings[2].summary
+    assert findings[1].evidence["missing"] == 3 and "3 lost" in findings[1].summary
+    assert "incomplete" in findings[2].summary
     assert m.stats.gaps == 1
     assert conv.conn not in m.ctx.incomplete_conns and ("rec", conv.conn) not in m.states
+
+
+def test_a_gap_the_tap_did_not_report_is_a_tap_gap_and_leaves_findings_complete() -> None:
+    """Records missing after the tap (retention, a reader's skip) show as a gap, which is reported;
+    only the tap's own count of lost records marks the connection's findings incomplete."""
+    conv = Conversation()
+    frames = md(conv, 1 * SECOND)
+    conv.seq += 3  # numbers missing, no count from the tap
+    frames += md(conv, 2 * SECOND)
+    m = monitor()
+    findings = m.feed_all(frames) + m.flush()
+    assert [(f.rule, f.incomplete) for f in findings] == [
+        ("rec.seen", False),
+        ("tap.gap", False),
+        ("rec.seen", False),
+    ]
+    assert findings[1].evidence["missing"] == 3 and "lost" not in findings[1].summary
+    assert m.stats.gaps == 1 and conv.conn not in m.ctx.incomplete_conns
+
+
+def test_a_loss_stamp_without_a_gap_marks_the_connection_incomplete() -> None:
+    """The loss was before the frames this monitor sees (an earlier batch, another shard): the stamp
+    alone makes the findings incomplete, from the frame that carries it on, and no gap is reported."""
+    conv = Conversation()
+    conv.lost = 2
+    m = monitor()
+    findings = m.feed_all(md(conv, 1 * SECOND)) + m.flush()
+    assert [(f.rule, f.incomplete) for f in findings] == [("rec.seen", True)]
+    assert m.stats.gaps == 0 and conv.conn in m.ctx.incomplete_conns
+
+
+def test_the_frame_carrying_the_stamp_is_already_incomplete() -> None:
+    """A response written after the tap lost a record completes its exchange with the connection
+    already incomplete: the mark is taken before the frame is dispatched, as the gap's was."""
+    conv = Conversation()
+    request = conv.request(METADATA, 9, MD_REQ, 1 * SECOND)
+    conv.lose(1)
+    response = conv.response(request, MD_RESP, 2 * SECOND)
+    assert (request.lost, response.lost) == (0, 1)
+    m = monitor()
+    findings = m.feed_all([request, response]) + m.flush()
+    assert [(f.rule, f.incomplete) for f in findings] == [("tap.gap", False), ("rec.seen", True)]
 
 
 def test_decode_errors_are_reported_and_counted() -> None:

@@ -399,7 +399,7 @@ def test_first_batch_seen_mid_stream_is_the_baseline() -> None:
 def test_tap_gap_marks_sequence_findings_incomplete() -> None:
     conv = Conversation()
     frames = write(conv, SECOND, 0, 0, count=2)
-    conv.seq += 3  # the tap dropped frames on this connection (e.g. a produce)
+    conv.lose(3)  # the tap lost records of this connection (e.g. a produce)
     frames += write(conv, 2 * SECOND, 0, 5, error=OUT_OF_ORDER)
     gap = [f for f in run(frames) if f.rule == "producer.sequence_gap"]
     assert len(gap) == 1 and gap[0].incomplete

@@ -99,10 +99,12 @@ def test_headers_to_frame_to_dict_to_frame() -> None:
 
     data = json.loads(json.dumps(frame_to_dict(frame)))
     assert {"direction", "correlation_id", "partition", "offset", "raw"} <= set(data)
-    assert not {Header.DIR, Header.CORR_ID} & set(data)
+    assert not {Header.DIR, Header.CORR_ID, taprecord.LOST} & set(data)
     again = frame_from_dict(data)
     assert again.request is not None and again.request.body == frame.request.body
-    assert _meta(again) == _meta(frame)
+    assert _meta(again) == _meta(frame) and again.lost == 0
+    frame.lost = 2
+    assert frame_from_dict(json.loads(json.dumps(frame_to_dict(frame)))).lost == 2
 
 
 def _meta(frame: TapFrame) -> dict[str, object]:
@@ -150,10 +152,25 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    raw, facts, error = packed[len(FIELDS) :]
-    assert raw is None and error is None and isinstance(facts, bytes)
+    raw, facts, error, lost = packed[len(FIELDS) :]
+    assert raw is None and error is None and isinstance(facts, bytes) and lost == 0
     again = frame_from_packed(packed, decode=False)
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["facts", "error"])
+def test_packed_frames_keep_lost_after_their_tail(decoded: bool) -> None:
+    """``lost`` is the packed list's last element, after ``raw, packed, error``: a frame packed before
+    it (that tail and nothing more) reads as 0, and one packed with it reads it back."""
+    from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
+
+    value = _request_bytes() if decoded else _request_bytes()[:7]
+    frame = frames_from_record(_headers("req"), value, 0, 5)[0]
+    frame.lost = 4
+    packed = frame_to_packed(frame)
+    assert len(packed) == len(FIELDS) + 4 and packed[-1] == 4
+    assert frame_from_packed(packed, decode=False).lost == 4
+    assert frame_from_packed(packed[:-1], decode=False).lost == 0
 
 
 def test_packed_frames_keep_every_field_where_it_was() -> None:
@@ -163,13 +180,18 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
 
     from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
-    assert [f.name for f in fields(TapFrame)] == [*FIELDS[:-1], "message", "error", FIELDS[-1], "raw"]
-    frame = TapFrame("c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta")
+    assert [f.name for f in fields(TapFrame)] == [
+        *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST,
+    ]  # fmt: skip
+    frame = TapFrame(
+        "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9
+    )  # fmt: skip
     assert frame_from_packed(frame_to_packed(frame)) == frame
+    assert frame.with_message(None) == frame
     row = {
         "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
         "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
-        "tap_partition": 7, "tap_offset": 8, "capture": "meta",
+        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9,
     }  # fmt: skip
     assert frame_from_row(row) == frame
 
@@ -223,6 +245,7 @@ _INT_CELLS = st.one_of(
 )
 _TEXT_CELLS = st.one_of(st.text(max_size=6), st.none(), st.just(math.nan))
 _ROW_INT_COLUMNS = (
+    taprecord.LOST,
     Header.SEQ,
     Header.TS_NS,
     Header.API_KEY,
@@ -254,7 +277,7 @@ def test_the_row_reader_reads_a_row_as_the_dict_reader_does(
     row = {**ints, **texts, Header.DIR: direction, Header.TRUNCATED: truncated, "value": value}
     expected = decode_frame(frame_from_dict(row, decode=False), value, truncated=bool(truncated))
     frame = frame_from_row(row)
-    assert _meta(frame) == _meta(expected)
+    assert _meta(frame) == _meta(expected) and frame.lost == expected.lost
     assert frame.message == expected.message and frame.raw == expected.raw
     assert str(frame.error) == str(expected.error)
 
@@ -363,3 +386,64 @@ def test_the_scan_finds_a_header_read() -> None:
         "ts_ns",
         "corr_id",
     }
+
+
+# --- schema 2: the count of lost records -------------------------------------------------------------
+
+
+def _schema_2(meta: list[object], *values: bytes) -> bytes:
+    """A schema-2 value with ``meta`` as given, to write what ``pack_record`` would not."""
+    import struct
+
+    import msgpack
+
+    packed = msgpack.packb(meta, use_bin_type=True)
+    return taprecord.MAGIC + struct.pack(">I", len(packed)) + packed + b"".join(values)
+
+
+_CONNECTION = taprecord.Connection("tap-1-3", "10.0.0.5:51000", "127.0.0.1:9092", 1, "PLAINTEXT", "tap-1")
+
+
+def _exchange(lost: int) -> bytes:
+    request = taprecord.Part("req", 10, ApiKey.API_VERSIONS, 3, 7, _request_bytes())
+    return taprecord.pack_record("req", 5, taprecord.pack_static(_CONNECTION), [request], lost)
+
+
+def test_a_record_carries_how_many_records_of_its_connection_were_lost() -> None:
+    record = taprecord.parse_record(None, _exchange(3))
+    assert (record.schema, record.seq, record.lost) == (2, 5, 3)
+    frames = frames_from_record(None, _exchange(3), partition=1, offset=2)
+    assert [(f.lost, f.seq, f.error) for f in frames] == [(3, 5, None)]
+    assert [f.lost for f, _part in taprecord.record_frames(record)] == [3]
+
+
+def test_a_record_that_lost_nothing_is_written_as_before_lost_was() -> None:
+    """``lost`` is left out while 0: such a record is exactly the four-element layout, which reads 0."""
+    import msgpack
+
+    value = _exchange(0)
+    length = int.from_bytes(value[4:8], "big")
+    assert len(msgpack.unpackb(value[8 : 8 + length])) == 4
+    assert taprecord.parse_record(None, value).lost == 0
+    assert frames_from_record(None, value)[0].lost == 0
+
+
+def test_elements_after_lost_are_ignored() -> None:
+    static = taprecord.pack_static(_CONNECTION)
+    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, "later"], b"{}")
+    assert taprecord.parse_record(None, value).lost == 2
+
+
+@pytest.mark.parametrize("lost", [-1, 2**63, "3", 1.5, True, None, [1]])
+def test_a_lost_count_that_is_not_a_count_breaks_the_record(lost: object) -> None:
+    static = taprecord.pack_static(_CONNECTION)
+    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], lost], b"{}")
+    with pytest.raises(taprecord.RecordError, match="lost"):
+        taprecord.parse_record(None, value)
+    (frame,) = frames_from_record(None, value, partition=2)
+    assert frame.error is not None and frame.lost == 0
+
+
+def test_a_schema_1_record_lost_nothing() -> None:
+    assert taprecord.parse_record(_headers("req"), _request_bytes()).lost == 0
+    assert frames_from_record(_headers("req"), _request_bytes())[0].lost == 0

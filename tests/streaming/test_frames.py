@@ -14,12 +14,14 @@ from codec.taprecord import (
     EXCHANGE,
     HEADERS,
     KINDS,
+    LOST,
     MAGIC,
     ROW_KEYS,
     SASL_TOKEN,
     Connection,
     Header,
     Part,
+    frame_from_row,
     headers_dict,
     pack_record,
     pack_static,
@@ -138,11 +140,12 @@ connections = st.builds(
     st.sampled_from(["full", "headers", "meta"]),
 )
 packed_values = st.builds(
-    lambda kind, seq, conn, ps: pack_record(kind, seq, pack_static(conn), ps),
+    lambda kind, seq, conn, ps, lost: pack_record(kind, seq, pack_static(conn), ps, lost),
     st.sampled_from(KINDS),
     st.integers(min_value=0, max_value=2**40),
     connections,
     st.lists(parts, min_size=1, max_size=2),
+    st.one_of(st.just(0), st.integers(min_value=0, max_value=2**63 - 1)),
 )
 #: Schema-2 records: valid, cut short or with bytes after them (read as not a tap record).
 schema_2_records = st.tuples(
@@ -180,6 +183,20 @@ def test_an_exchange_record_is_two_rows_with_the_record_seq() -> None:
     assert {(r["conn"], r["broker_id"], r["tap_partition"], r["tap_offset"], r["capture"]) for r in rows} == {
         ("tap-1-7", 3, 2, 77, "headers")
     }
+
+
+def test_every_frame_of_a_record_carries_its_lost_count() -> None:
+    """A schema-2 record's ``lost`` is on each of its frames' rows; a schema-1 record's is 0."""
+    static = pack_static(Connection("tap-1-7", "10.0.0.1:5000", "b:9092", 3, "PLAINTEXT", "tap-1", "full"))
+    parts = [Part("req", 10, 18, 3, 5, b"REQ"), Part("resp", 20, 18, 3, 5, b"RESP")]
+    batch = source_batch(
+        [(None, pack_record(EXCHANGE, 9, static, parts, 6), 0, 1), (tap_headers(), b"frame", 1, 2)]
+    )
+    assert_same(batch)
+    rows = frame_columns(batch)
+    assert rows.column(LOST).to_pylist() == [6, 6, 0]
+    # Stage one's one decode reads it onto each frame.
+    assert [frame_from_row(row).lost for row in rows.to_pylist()] == [6, 6, 0]
 
 
 @pytest.mark.parametrize("wide", [2**31, -(2**31) - 1, 2**40, 2**63 - 1, -(2**40)])
@@ -283,6 +300,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         ROW_KEYS["offset"]: 42,
         "size": 5,
         "value": b"frame",
+        LOST: 0,
     }
     assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 

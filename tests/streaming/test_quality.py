@@ -282,7 +282,7 @@ def test_stale_epoch_evidence_names_the_alerting_finding(
 def test_findings_that_do_not_alert_do_not_fail(
     gate: QualityGate, real_findings: dict[str, list[Finding]]
 ) -> None:
-    # A tap gap makes a finding incomplete (not an alert); out_of_range at info is below alerting.
+    # A tap loss makes a finding incomplete (not an alert); out_of_range at info is below alerting.
     incomplete = _finding(real_findings["accepted"] + real_findings["out_of_range"], incomplete=True)
     assert gate.validate(4, clean_agg(), incomplete).success
     info = _finding(real_findings["out_of_range"], severity=Severity.INFO)

@@ -64,7 +64,8 @@ class TapThread:
             time.sleep(0.05)
         if self.tap.connections or self.tap.sink.depth():
             still_open = sorted(
-                f"{c.conn_id} ({c.client_name.decode(errors='replace')})" for c in self.tap.connections
+                f"{c.conn_id} ({c.client_name.decode(errors='replace')})"
+                for c in self.tap.connections.values()
             )
             raise TimeoutError(
                 f"tap not drained after {timeout}s: connection(s) still open: {still_open}; "

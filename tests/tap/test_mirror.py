@@ -1,4 +1,5 @@
-"""The Kafka mirror with its cluster down: traffic is unaffected, drops and delivery errors are counted."""
+"""The Kafka mirror with its cluster down: traffic is unaffected, drops and delivery errors are counted,
+and a connection counts its records whose delivery failed."""
 
 from __future__ import annotations
 
@@ -59,5 +60,39 @@ def test_traffic_flows_with_the_tap_topic_cluster_down() -> None:
         # open + 500 exchanges + close, of which the queue took 10.
         assert metrics.registry.get_sample_value("kpmon_tap_mirror_drops_total") == 502 - 10
         assert metrics.registry.get_sample_value("kpmon_tap_mirror_queue_depth") is not None
+
+    asyncio.run(run())
+
+
+def test_a_failed_delivery_counts_as_lost_on_its_connection() -> None:
+    """Records the sink took but could not deliver are lost records of their connection, as refused
+    ones are: the connection stamps the count on what it writes next."""
+
+    async def run() -> None:
+        broker = FakeBroker()
+        failed: list[str] = []
+        sink = KafkaMirror(
+            "127.0.0.1:1", "kpmon.tap", max_frames=100, max_bytes=1 << 20, on_error=failed.append,
+            message_timeout_ms=300,
+        )  # fmt: skip
+        tap = Tap([ListenerSpec("127.0.0.1", 0, "127.0.0.1", await broker.start())], sink, TapSettings())
+        ((_, port),) = await tap.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(api_versions_request(0)))
+        await writer.drain()
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        assert struct.unpack_from(">i", await reader.readexactly(size))[0] == 0
+        (conn,) = tap.connections.values()
+        assert conn.records_lost == 0  # taken by the sink: not lost yet
+        # Nothing is there to deliver to: the open record and the exchange expire in the queue.
+        deadline = time.monotonic() + 10
+        while conn.records_lost < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert conn.records_lost == 2 and len(failed) == 2
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        sink.close(0.1)
 
     asyncio.run(run())

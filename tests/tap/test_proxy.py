@@ -208,6 +208,37 @@ def test_full_mirror_queue_drops_and_counts_without_affecting_traffic(max_frames
     asyncio.run(run())
 
 
+def test_records_after_a_refused_one_carry_how_many_were_lost() -> None:
+    """The sink refuses records while full; every record the connection writes after one it refused
+    says how many it has lost, so a reader knows the connection is incomplete without its gap."""
+
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror(max_frames=2)
+        tap, port = await _start(sink, await broker.start())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def exchange(corr: int) -> None:
+            writer.write(frame(api_versions_request(corr)))
+            await writer.drain()
+            assert struct.unpack_from(">i", await _read_frame(reader))[0] == corr
+
+        for corr in range(3):  # open and the first exchange fill the sink; it refuses the next two
+            await exchange(corr)
+        before = parsed(sink.take())
+        await exchange(3)
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        after = parsed(sink.take())
+        assert [(r.kind, r.seq, r.lost) for r in before] == [("open", 1, 0), (EXCHANGE, 2, 0)]
+        assert [(r.kind, r.seq, r.lost) for r in after] == [(EXCHANGE, 5, 2), ("close", 6, 2)]
+        assert tap.metrics.registry.get_sample_value("kpmon_tap_mirror_drops_total") == 2
+
+    asyncio.run(run())
+
+
 def test_sasl_v0_tokens_are_never_mirrored() -> None:
     password = b"hunter2-very-secret"
 
@@ -282,7 +313,7 @@ def test_backpressure_bounds_tap_buffers_when_the_client_is_slow() -> None:
         writer.write(frame(api_versions_request(5)))
         await writer.drain()
         await asyncio.sleep(1.0)  # the client reads nothing: the tap must stop reading the broker
-        (conn,) = tap.connections
+        (conn,) = tap.connections.values()
         assert conn.client_t is not None
         buffered = conn.client_t.get_write_buffer_size()
         assert buffered <= tap.settings.write_buffer_high + (4 << 20)
