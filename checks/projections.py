@@ -314,3 +314,27 @@ def _shallow_copy(value: _T) -> _T:
     copied = object.__new__(type(value))
     copied.__dict__.update(value.__dict__)
     return copied
+
+
+#: APIs whose whole bodies the connection-scoped rules read: ApiVersions (the advertised ranges),
+#: Envelope and BrokerRegistration (KIP-590 trust), Fetch (read-committed consumers). Of every other API
+#: they read the headers (version ranges) and the tagged-field evidence (KIP-482: ``flex``), which the
+#: codec flags on the message (``tag_extras``) and in a body decoded with bytes left over (``_trailing``).
+CONNECTION_BODIES: Final = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION, ApiKey.FETCH}
+)
+
+
+def project_for_connection(frame: TapFrame) -> TapFrame:
+    """A copy of ``frame`` with what its connection's own key reads: the whole body where a
+    connection-scoped rule reads it (``CONNECTION_BODIES``, or tagged-field evidence), otherwise only
+    what the engine reads (``ENGINE_READS``)."""
+    message = frame.message
+    api_key = frame.api_key
+    if message is None or api_key is None or api_key in CONNECTION_BODIES:
+        return frame
+    if message.tag_extras is not False or "_trailing" in message.body:
+        return frame
+    pruned = _shallow_copy(message)
+    pruned.body = kind_pruner((), api_key, frame.direction != "req")(message.body)
+    return frame.with_message(pruned)

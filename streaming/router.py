@@ -3,8 +3,9 @@
 The job's ``mapInArrow`` runs ``route_rows`` where the Kafka source hands over the tap topic's records,
 before any shuffle. It decodes each frame once (``codec.taprecord.frame_from_row``) and sends it:
 
-- to its connection's key (``conn|<id>``), whole, for the connection-scoped rules, the gap and decode
-  error reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage);
+- to its connection's key (``conn|<id>``), for the connection-scoped rules, the gap and decode error
+  reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage), with what those
+  read (``checks.projections.project_for_connection``);
 - to every entity key its exchange forms (producer, transaction, group, cluster), pruned to that key
   kind's declared projection (``checks.sharding.Router``, ``checks.projections``).
 
@@ -31,6 +32,7 @@ from typing import Any, Final
 
 import msgpack
 
+from checks.projections import project_for_connection
 from checks.settings import ChecksSettings
 from checks.sharding import Router
 from codec import facts
@@ -108,7 +110,9 @@ def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], bucket
     for conn, frames in per_conn.items():
         frames.sort(key=_seq)
         key = conn_key(conn)
-        bundles[bucket_index(key, buckets)].conns[key] = [pack_frame(f) for f in frames]
+        bundles[bucket_index(key, buckets)].conns[key] = [
+            pack_frame(project_for_connection(f)) for f in frames
+        ]
         _route(config, frames, bundles, buckets)
     passed = aggregate_rows(all_frames, newest * NS_PER_MS)
     return RoutedBatch(newest, bundles, passed)
