@@ -136,6 +136,8 @@ class Monitor:
         ctx = self.ctx
         if self.report_frames:
             ctx.stats.frames += 1
+        if self.track_gaps:
+            self._check_seq(frame)
         ts = frame.ts_ns
         if ts < self.released_ts:
             if not self.in_record_order:
@@ -213,11 +215,6 @@ class Monitor:
         conn = self.conns.get(frame.conn)
         if conn is None:
             conn = self.conns[frame.conn] = _ConnState()
-        seq, last_seq = frame.seq, conn.last_seq
-        if seq > last_seq:
-            if self.track_gaps and last_seq >= 0 and seq > last_seq + 1:
-                self._gap(frame, last_seq)
-            conn.last_seq = seq
         if frame.lost > 0:
             # The tap says it lost records of this connection: from this frame on, until the connection
             # closes, its findings may be wrong for want of them. A gap alone does not say so (the
@@ -264,7 +261,9 @@ class Monitor:
         if response is None:
             return
         request_frame = conn.answered(response.correlation_id)
-        if request_frame is None or request_frame.request is None:
+        # A lone response: the tap wrote its request alone before it (a bound was hit), so no reader
+        # that sees records one batch at a time could pair them; none does (docs/decisions.md).
+        if request_frame is None or request_frame.request is None or frame.lone:
             if self.report_frames:
                 self.stats.unpaired_responses += 1
             return
@@ -391,6 +390,19 @@ class Monitor:
                 self._drop(skey)
         self.conns.pop(frame.conn, None)
         self.ctx.incomplete_conns.discard(frame.conn)
+
+    def _check_seq(self, frame: TapFrame) -> None:
+        """Gaps in a connection's numbering, in the order its records arrive (one tap partition keeps
+        it): the tap numbers records as it writes them, and a request held for its answer is written
+        after records whose frames came later, so its clock would put its number out of order."""
+        conn = self.conns.get(frame.conn)
+        if conn is None:
+            conn = self.conns[frame.conn] = _ConnState()
+        seq, last_seq = frame.seq, conn.last_seq
+        if seq > last_seq:
+            if last_seq >= 0 and seq > last_seq + 1:
+                self._gap(frame, last_seq)
+            conn.last_seq = seq
 
     def _gap(self, frame: TapFrame, last_seq: int) -> None:
         missing = frame.seq - last_seq - 1

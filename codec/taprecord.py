@@ -110,13 +110,16 @@ class TapFrame:
     #: How many of its connection's records the tap had lost when it wrote this one (its sink refused
     #: them, or their delivery failed): any at all makes the connection's findings incomplete.
     lost: int = 0
+    #: A response the tap wrote as a record of its own (schema 2, kind ``resp``): its request was written
+    #: alone before it (a bound was hit) or never seen, so it pairs with nothing (``checks.engine``).
+    lone: bool = False
 
     def with_message(self, message: Request | Response | None) -> TapFrame:
         """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
         return TapFrame(
             self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
             self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
-            self.offset, message, self.error, self.capture, self.raw, self.lost,
+            self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone,
         )  # fmt: skip
 
     @property
@@ -266,6 +269,8 @@ _INT_FIELDS = frozenset(
 #: ``frame_to_dict`` (written only when not 0) and, by position, the last element of a packed frame.
 #: Not one of ``FIELDS``: those are the packed frame's head, and only its tail may grow.
 LOST: Final = "lost"
+#: ``TapFrame.lone`` in the same layouts as ``LOST`` (written only when set; packed after ``lost``).
+LONE: Final = "lone"
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
@@ -298,6 +303,8 @@ def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dic
     out["raw"] = base64.b64encode(frame.raw).decode("ascii") if frame.raw is not None else None
     if frame.lost:
         out[LOST] = frame.lost
+    if frame.lone:
+        out[LONE] = True
     return out
 
 
@@ -339,6 +346,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
         values[name] = int(value) if name in _INT_FIELDS else str(value)
     frame = TapFrame(**values)
     frame.lost = _count(data.get(LOST))
+    frame.lone = data.get(LONE) is True
     raw = data.get("raw")
     if not decode or not isinstance(raw, str):
         return frame
@@ -363,6 +371,7 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     client, broker, broker_id = get(Header.CLIENT), get(Header.BROKER), get(Header.BROKER_ID)
     listener, capture = get(Header.LISTENER), get(Header.CAPTURE)
     partition, offset, lost = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"]), get(LOST)
+    lone = get(LONE)
     # Positional, in the dataclass's field order (its ``__init__`` binds keywords at twice the cost).
     frame = TapFrame(
         "" if conn is None or conn != conn else str(conn),
@@ -383,6 +392,7 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
         "full" if capture is None or capture != capture else str(capture),
         None,
         0 if lost is None or lost != lost else int(lost),
+        lone is True,
     )
     value = get("value")
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))
@@ -406,9 +416,9 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [*_metadata(frame), raw, facts.pack_message(message), None, frame.lost]
+        return [*_metadata(frame), raw, facts.pack_message(message), None, frame.lost, frame.lone]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error, frame.lost]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -441,8 +451,9 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw, packed, error, lost = [*values[count:], None, None, None, None][:4]
+    raw, packed, error, lost, lone = [*values[count:], None, None, None, None, None][:5]
     frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
+    frame.lone = lone is True
     if packed is not None:
         frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
@@ -720,12 +731,13 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
     """Each part of a record as a frame's tap metadata (not decoded) with the part it came from."""
     c = record.connection
     conn = connection_of(c.conn, partition)
+    lone = record.schema == 2 and record.kind == RESP
     return [
         (
             TapFrame(
                 conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
                 c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
-                None, record.lost,
+                None, record.lost, lone,
             ),
             p,
         )

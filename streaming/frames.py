@@ -34,8 +34,10 @@ from codec.taprecord import (
     HEADER_ONLY_FLAGS,
     HEADER_ONLY_READS,
     HEADERS,
+    LONE,
     LOST,
     MAGIC,
+    RESP,
     ROW_KEYS,
     SASL_TOKEN,
     Header,
@@ -73,6 +75,8 @@ FRAME_ROW_SCHEMA = pa.schema(
         ("value", pa.binary()),
         #: The connection's records the tap had lost before this one (``TapFrame.lost``; 0 in schema 1).
         (LOST, pa.int64()),
+        #: A response the tap wrote as a record of its own (``TapFrame.lone``; false in schema 1).
+        (LONE, pa.bool_()),
     ]
 )
 
@@ -104,6 +108,7 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         "size": len(value) if value is not None else None,
         "value": value,
         LOST: 0,
+        LONE: False,
     }
     return row
 
@@ -266,6 +271,7 @@ def record_rows(
                 "size": len(part.value) if part.value is not None else None,
                 "value": part.value,
                 LOST: record.lost,
+                LONE: record.kind == RESP,
             }
         )
     return rows
@@ -319,7 +325,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     )
     listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
     only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
-    lost_col = columns[LOST]
+    lost_col, lone_col = columns[LOST], columns[LONE]
     partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
@@ -335,7 +341,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         strict=True,
     ):
         try:
-            _, seq, c, parts, lost = read_record_2(value)
+            kind, seq, c, parts, lost = read_record_2(value)
         except RecordError:
             parts = []
         if not parts:
@@ -346,6 +352,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
                 origins.append(source)
             continue
         conn = connection_of(c.conn, partition)
+        lone = kind == RESP
         seq_value = seq if seq_lo <= seq <= seq_hi else None
         broker_id = c.broker_id
         if broker_id is not None and not id_lo <= broker_id <= id_hi:
@@ -379,6 +386,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
             size_col.append(size)
             value_col.append(value[pos : pos + size])
             lost_col.append(lost)
+            lone_col.append(lone)
             origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
@@ -398,6 +406,7 @@ def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array)
     columns["value"] = value
     # Schema-1 taps never report losses: their gaps are all a reader learns.
     columns[LOST] = pa.array(np.zeros(len(value), np.int64))
+    columns[LONE] = pa.array(np.zeros(len(value), np.bool_))
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
     )

@@ -171,11 +171,18 @@ def shared_offsets(*conversations: Conversation) -> None:
 
 
 def arrival_order(frames: list[TapFrame], jitters: list[int]) -> list[TapFrame]:
-    """Reorder frames as a tap could deliver them: each delayed by its jitter (ns, below the watermark).
+    """Reorder frames as a tap could deliver them: each delayed by its jitter (ns, below the watermark),
+    each connection's in the order given.
 
     A frame delayed by less than the watermark never arrives after the watermark passed it, so the
     monitor must produce the same findings for any such order.
     """
     delays = jitters + [0] * (len(frames) - len(jitters))
     order = sorted(range(len(frames)), key=lambda i: (frames[i].ts_ns + delays[i], i))
-    return [frames[i] for i in order]
+    # One connection's records share a tap partition, which keeps them in the order the tap wrote
+    # them: the jitter reorders connections, never one connection's frames.
+    mine: dict[str, list[TapFrame]] = {}
+    for frame in frames:
+        mine.setdefault(frame.conn, []).append(frame)
+    cursor = {conn: iter(own) for conn, own in mine.items()}
+    return [next(cursor[frames[i].conn]) for i in order]

@@ -2,8 +2,8 @@
 
 The tap holds a request until its response has been forwarded, then writes both as one record, at the
 response's place in the connection's stream, numbered by one ``seq`` (``tap/framing.py``). A request
-that is never answered goes alone (acks=0 at once; others when the connection ends). A gap the test
-data made in a connection's numbering (a lost record) stays a gap of the same size.
+that is never answered goes alone. A gap the test data made in a connection's numbering (a lost
+record) stays a gap of the same size.
 """
 
 from __future__ import annotations
@@ -14,47 +14,31 @@ from codec.taprecord import REQ, RESP, TapFrame
 
 
 def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
-    """``frames`` (in the order the tap saw them) as tap records, in the order the tap writes them."""
-    answered: set[int] = set()
-    pending: dict[tuple[str, int | None], int] = {}
-    partner: dict[int, int] = {}
-    for i, frame in enumerate(frames):
-        key = (frame.conn, frame.correlation_id)
-        if frame.direction == REQ:
-            pending[key] = i
-        elif frame.direction == RESP and key in pending:
-            request = pending.pop(key)
-            partner[i] = request
-            answered.add(request)
-    # The tap writes records in the order its holds end; a request that gets no answer goes alone, but
-    # not before the requests it followed on its connection (they are held until their answers come).
+    """``frames`` (in the order the tap saw them) as tap records, in the order the tap writes them.
+
+    As ``tap/framing.py``'s ``Correlations`` pairs them: a connection's requests are held in order; a
+    response takes the first held request with its correlation id, and the requests held before that
+    one are orphans (a broker answers in order), written alone first; a response with no held request
+    is written alone, marked ``lone``; requests still held at the end are written alone."""
     records: list[list[TapFrame]] = []
-    held: dict[str, list[int]] = {}
-    waiting: dict[str, list[int]] = {}
-
-    def write_ready(conn: str) -> None:
-        queue = waiting.get(conn, [])
-        holds = held.get(conn, [])
-        while queue and (not holds or holds[0] > queue[0]):
-            records.append([frames[queue.pop(0)]])
-
-    for i, frame in enumerate(frames):
-        conn = frame.conn
-        if i in answered:
-            held.setdefault(conn, []).append(i)
-            continue
-        if i in partner:
-            held[conn].remove(partner[i])
-            records.append([frames[partner[i]], frame])
-            write_ready(conn)
-            continue
+    held: dict[str, list[TapFrame]] = {}
+    for frame in frames:
+        queue = held.setdefault(frame.conn, [])
         if frame.direction == REQ:
-            waiting.setdefault(conn, []).append(i)
-            write_ready(conn)
+            queue.append(frame)
             continue
-        records.append([frame])
-    for conn in waiting:
-        write_ready(conn)
+        if frame.direction != RESP:
+            records.append([frame])
+            continue
+        match = next((i for i, r in enumerate(queue) if r.correlation_id == frame.correlation_id), None)
+        if match is None:
+            records.append([replace(frame, lone=True)])
+            continue
+        records.extend([orphan] for orphan in queue[:match])
+        records.append([queue[match], frame])
+        del queue[: match + 1]
+    for queue in held.values():
+        records.extend([request] for request in queue)
     return _numbered(records)
 
 

@@ -138,7 +138,9 @@ def test_a_tap_loss_marks_the_connection_incomplete_until_it_closes() -> None:
     shared_offsets(conv, other)
     frames += md(other, 4 * SECOND)
     m = monitor()
-    findings = m.feed_all(frames) + m.flush()
+    found = m.feed_all(frames) + m.flush()
+    # A gap is reported as its record arrives (record order); the rules' findings as frames are released.
+    findings = sorted(found, key=lambda f: (f.ts_ns, f.rule != "tap.gap"))
     assert [(f.rule, f.incomplete) for f in findings] == [
         ("rec.seen", False),
         ("tap.gap", False),
@@ -159,7 +161,8 @@ def test_a_gap_the_tap_did_not_report_is_a_tap_gap_and_leaves_findings_complete(
     conv.seq += 3  # numbers missing, no count from the tap
     frames += md(conv, 2 * SECOND)
     m = monitor()
-    findings = m.feed_all(frames) + m.flush()
+    found = m.feed_all(frames) + m.flush()
+    findings = sorted(found, key=lambda f: (f.ts_ns, f.rule != "tap.gap"))
     assert [(f.rule, f.incomplete) for f in findings] == [
         ("rec.seen", False),
         ("tap.gap", False),
@@ -324,3 +327,20 @@ def test_pipelined_exchanges_in_record_order_are_neither_late_nor_gaps() -> None
     unordered = Monitor([Recorder()], Context(ChecksSettings(watermark_seconds=0)))
     unordered.feed_all(frames)
     assert unordered.stats.late_frames == 1 and unordered.stats.gaps == 0
+
+
+def test_a_lone_response_pairs_with_nothing() -> None:
+    """The tap wrote the request alone (a bound was hit) and then its answer alone: a reader that sees
+    records a batch at a time cannot pair them, so no reader does; the answer is counted unpaired."""
+    from dataclasses import replace
+
+    conv = Conversation()
+    request, response = md(conv, 1 * SECOND)
+    m = monitor()
+    m.feed_all([request, replace(response, lone=True)])
+    m.flush()
+    assert m.stats.exchanges == 0 and m.stats.unpaired_responses == 1
+    paired = monitor()
+    paired.feed_all([request, response])
+    paired.flush()
+    assert paired.stats.exchanges == 1 and paired.stats.unpaired_responses == 0

@@ -349,14 +349,9 @@ def test_any_micro_batching_and_arrival_order_matches(data: st.DataObject) -> No
     records = exchange_records(with_headers_only())
     # Jitter below the lateness keeps the single monitor's answer fixed (its own property test).
     jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
-    firsts = [record[-1] for record in records]
-    arrived_firsts = arrival_order(firsts, jitters)
-    # Within one connection the tap partition keeps record order whatever the jitter.
-    by_conn: dict[str, list[list[TapFrame]]] = defaultdict(list)
-    for record in records:
-        by_conn[record[0].conn].append(record)
-    cursor = {conn: iter(rs) for conn, rs in by_conn.items()}
-    arrived = [next(cursor[f.conn]) for f in arrived_firsts]
+    # A record arrives as a whole; within one connection the tap partition keeps record order.
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
     cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=12))
     assert summary(sharded_records(arrived, cuts)) == summary(single_records(records))
 

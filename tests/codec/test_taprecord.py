@@ -152,25 +152,27 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    raw, facts, error, lost = packed[len(FIELDS) :]
-    assert raw is None and error is None and isinstance(facts, bytes) and lost == 0
+    raw, facts, error, lost, lone = packed[len(FIELDS) :]
+    assert raw is None and error is None and isinstance(facts, bytes) and lost == 0 and lone is False
     again = frame_from_packed(packed, decode=False)
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
 
 
 @pytest.mark.parametrize("decoded", [True, False], ids=["facts", "error"])
-def test_packed_frames_keep_lost_after_their_tail(decoded: bool) -> None:
-    """``lost`` is the packed list's last element, after ``raw, packed, error``: a frame packed before
-    it (that tail and nothing more) reads as 0, and one packed with it reads it back."""
+def test_packed_frames_keep_lost_and_lone_after_their_tail(decoded: bool) -> None:
+    """``lost`` and ``lone`` follow ``raw, packed, error`` at the packed list's end: a frame packed
+    before them (that tail and nothing more) reads as 0 and not lone, one packed with them reads them."""
     from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
     value = _request_bytes() if decoded else _request_bytes()[:7]
     frame = frames_from_record(_headers("req"), value, 0, 5)[0]
-    frame.lost = 4
+    frame.lost, frame.lone = 4, True
     packed = frame_to_packed(frame)
-    assert len(packed) == len(FIELDS) + 4 and packed[-1] == 4
-    assert frame_from_packed(packed, decode=False).lost == 4
-    assert frame_from_packed(packed[:-1], decode=False).lost == 0
+    assert len(packed) == len(FIELDS) + 5 and packed[-2:] == [4, True]
+    again = frame_from_packed(packed, decode=False)
+    assert (again.lost, again.lone) == (4, True)
+    older = frame_from_packed(packed[:-2], decode=False)
+    assert (older.lost, older.lone) == (0, False)
 
 
 def test_packed_frames_keep_every_field_where_it_was() -> None:
@@ -181,17 +183,18 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
     from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
     assert [f.name for f in fields(TapFrame)] == [
-        *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST,
+        *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST, taprecord.LONE,
     ]  # fmt: skip
     frame = TapFrame(
-        "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9
+        "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9,
+        lone=True,
     )  # fmt: skip
     assert frame_from_packed(frame_to_packed(frame)) == frame
     assert frame.with_message(None) == frame
     row = {
         "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
         "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
-        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9,
+        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True,
     }  # fmt: skip
     assert frame_from_row(row) == frame
 

@@ -20,7 +20,7 @@ from streaming.stages import DictBucketStore, monitor_bucket, monitor_bucket_exp
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import CONFIG, LATENESS_NS, single_run, summary, with_headers_only
 from tests.streaming.test_frames import Record, source_batch
-from tests.streaming.test_stages import findings_of, tap_record
+from tests.streaming.test_stages import findings_of, schema_2_record
 
 ARRIVAL_MS = 1_234
 
@@ -132,21 +132,21 @@ def test_an_empty_batch_makes_no_bundle() -> None:
 
 
 def run_bundled(batch_size: int, buckets: int) -> list[OutputRow]:
-    """The job's path: each micro-batch's records bundled per source batch (two source partitions, by
-    connection), each bucket's bundles through the stage, its timer fired as Spark would."""
+    """The job's path: each micro-batch's schema-2 records bundled per source batch (two source
+    partitions, by connection), each bucket's bundles through the stage, its timer fired as Spark would."""
     records_ = exchange_records(with_headers_only())
     labels = bucket_labels(buckets, 2)
     stores = {label: DictBucketStore() for label in labels}
     timers: dict[int, int | None] = dict.fromkeys(labels)
     out: list[OutputRow] = []
     watermark_ms, max_ts = 0, 0
-    batches = [flatten(records_[i : i + batch_size]) for i in range(0, len(records_), batch_size)] + [[]]
+    batches = [records_[i : i + batch_size] for i in range(0, len(records_), batch_size)] + [[]]
     for n, batch in enumerate(batches):
         if n == len(batches) - 1:
             watermark_ms = max_ts // NS_PER_MS + 1
         inputs: dict[int, list[Bundle]] = defaultdict(list)
         for part in (0, 1):
-            mine = [tap_record(f) for f in batch if bucket_index(f.conn, 2) == part]
+            mine = [schema_2_record(r) for r in batch if bucket_index(r[0].conn, 2) == part]
             by_label, passed = unbundle(bundled(mine, labels))
             out.extend(passed)
             for label, bundles in by_label.items():
@@ -160,7 +160,7 @@ def run_bundled(batch_size: int, buckets: int) -> list[OutputRow]:
                 result = monitor_bucket_expired(CONFIG, stores[label], watermark_ms)
                 timers[label] = result.timer_ms
                 out.extend(result.rows)
-        max_ts = max([max_ts, *(f.ts_ns for f in batch)])
+        max_ts = max([max_ts, *(f.ts_ns for f in flatten(batch))])
         watermark_ms = max(watermark_ms, (max_ts - LATENESS_NS) // NS_PER_MS)
     return out
 

@@ -14,6 +14,7 @@ from codec.taprecord import (
     EXCHANGE,
     HEADERS,
     KINDS,
+    LONE,
     LOST,
     MAGIC,
     ROW_KEYS,
@@ -199,6 +200,25 @@ def test_every_frame_of_a_record_carries_its_lost_count() -> None:
     assert [frame_from_row(row).lost for row in rows.to_pylist()] == [6, 6, 0]
 
 
+def test_a_response_the_tap_wrote_alone_is_lone_and_nothing_else_is() -> None:
+    """A schema-2 ``resp`` record's frame is lone (its request went alone before it); an exchange's,
+    a lone request's and a schema-1 record's frames are not."""
+    static = pack_static(Connection("tap-1-7", "10.0.0.1:5000", "b:9092", 3, "PLAINTEXT", "tap-1", "full"))
+    parts = [Part("req", 10, 18, 3, 5, b"REQ"), Part("resp", 20, 18, 3, 5, b"RESP")]
+    batch = source_batch(
+        [
+            (None, pack_record(EXCHANGE, 9, static, parts), 0, 1),
+            (None, pack_record("req", 10, static, parts[:1]), 0, 2),
+            (None, pack_record("resp", 11, static, parts[1:]), 0, 3),
+            (tap_headers(), b"frame", 1, 4),
+        ]
+    )
+    assert_same(batch)
+    rows = frame_columns(batch)
+    assert rows.column(LONE).to_pylist() == [False, False, False, True, False]
+    assert [frame_from_row(row).lone for row in rows.to_pylist()] == [False, False, False, True, False]
+
+
 @pytest.mark.parametrize("wide", [2**31, -(2**31) - 1, 2**40, 2**63 - 1, -(2**40)])
 def test_schema_2_integers_beyond_their_column_are_null(wide: int) -> None:
     """Each integer a schema-2 record packs, beyond its column's type, reads as null as the reference
@@ -301,6 +321,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         "size": 5,
         "value": b"frame",
         LOST: 0,
+        LONE: False,
     }
     assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from codec.taprecord import TapFrame
+from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, pack_static
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.router import route_rows
@@ -64,8 +64,19 @@ def tap_record(frame: TapFrame) -> tuple[dict[str, str], bytes | None, int, int]
     return headers, frame.raw, frame.partition, frame.offset
 
 
+def schema_2_record(record: list[TapFrame]) -> tuple[dict[str, str], bytes, int, int]:
+    """A tap record (``tests.checks.exchanges``) as the tap writes it: schema 2, one exchange or one
+    frame, with its connection's count of lost records."""
+    first = record[0]
+    c = Connection(first.conn, first.client, first.broker, first.broker_id, first.listener, "", first.capture)
+    parts = [Part(f.direction, f.ts_ns, f.api_key, f.api_version, f.correlation_id, f.raw) for f in record]
+    kind = EXCHANGE if len(record) == 2 else first.direction
+    return {}, pack_record(kind, first.seq, pack_static(c), parts, first.lost), first.partition, first.offset
+
+
 def rows_of(frames: list[TapFrame]) -> list[dict[str, Any]]:
-    return [frame_row(*tap_record(frame)) for frame in frames]
+    """The job's rows of ``frames``, with their records' ``lost`` and ``lone`` (schema-2 columns)."""
+    return [{**frame_row(*tap_record(frame)), "lost": frame.lost, "lone": frame.lone} for frame in frames]
 
 
 def paged_store() -> PagedBucketStore:
@@ -167,7 +178,10 @@ def _counted(rows: list[OutputRow]) -> dict[str, int]:
     return {name: totals[name] for name in FRAME_COUNTERS}
 
 
-@pytest.mark.parametrize("frames", [corpus_frames(), with_headers_only(), headers_only(SECOND_NS)])
+# Not the corpus: it files several real connections under one id per client library, so correlation ids
+# repeat while in flight, which no real connection does, and which request an answer pairs with then
+# depends on whether frames are seen by clock (the single monitor) or by record (the connection's key).
+@pytest.mark.parametrize("frames", [with_headers_only(), headers_only(SECOND_NS)])
 def test_stage_counters_count_each_frame_once(frames: list[TapFrame]) -> None:
     """The per-batch counters (``kpmon_stream_engine_events_total``) match one monitor's: a frame routed
     on to an entity key is not counted again there."""
