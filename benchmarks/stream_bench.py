@@ -456,7 +456,7 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
 
 
 def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path) -> dict[str, Any]:
-    """The whole monitor over the topic's backlog (``run_available_now``): decode, both stateful stages,
+    """The whole monitor over the topic's backlog (``run_available_now``): decode and route, the stateful stage,
     alert book, Great Expectations, hooks; ``stream_dir`` holds its alert book and spool. Shared with
     ``cost_bench.py``, so both measure the same job the same way."""
     from streaming.hooks import AlertHooks
