@@ -85,7 +85,7 @@ _GROUP_DESCRIBE: Reads = (
 )
 
 #: Rule name -> API -> (request paths, response paths). Only keyed rules: the connection-scoped ones
-#: run in the connection's own entry on the whole decoded frame.
+#: get whole bodies where they read them (``CONNECTION_BODIES``, ``project_for_connection``).
 READS: Final[Mapping[str, Mapping[int, Reads]]] = {
     "producer": {
         ApiKey.PRODUCE: (("TransactionalId", *_TOPIC_DATA), _PRODUCE_ANSWERS),
