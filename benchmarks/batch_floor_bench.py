@@ -6,12 +6,13 @@ job's query shape with processors that do next to nothing, on ``local[2]`` with 
 settings (``streaming.session``: RocksDB state, changelog checkpoints, the checkpoint file manager), a
 1 s trigger and Spark's ``rate`` source at ``--rate`` rows/s, one query after another:
 
-1. **shuffle** (the comparison): the rows regrouped by bucket (one shuffle, as stage one's input is),
+1. **shuffle** (the comparison): the rows regrouped by bucket (one shuffle, as the stateful stage's input is),
    then ``foreachBatch`` collecting them to the driver, as the job's sink does;
 2. **one stage**: the same with one ``transformWithStateInPandas`` stage grouped by bucket, event time
    and a watermark, whose processor does per call what a job bucket does at least: read its meta,
-   write it back, move its timer, emit one row;
-3. **two stages**: the job's shape: a second such stage, grouped by bucket again, behind the first.
+   write it back, move its timer, emit one row; the job's shape since ``87b60d9``;
+3. **two stages**: a second such stage, grouped by bucket again, behind the first: the job's shape
+   before ``87b60d9``, kept so the two compare in one run.
 
 Each query runs ``--seconds``; the figures are the medians over the batches that read rows, after the
 first ``--warmup`` batches: the trigger's wall time, and within it ``addBatch`` and query planning.

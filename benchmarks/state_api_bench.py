@@ -1,6 +1,6 @@
 """What Spark's ``transformWithStateInPandas`` state API costs per value, against one value holding as much.
 
-The job's stateful stages keep their state through the state API of ``transformWithStateInPandas``:
+The job's stateful stage keeps its state through the state API of ``transformWithStateInPandas``:
 each value read or written is a message to the JVM's state server, which converts it (pickle, Spark
 rows, the store's Avro encoding) and reads or writes RocksDB. This benchmark measures, inside one
 processor call, on ``local[2]`` with the job's own session settings (``streaming.session``):

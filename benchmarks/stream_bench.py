@@ -5,10 +5,10 @@ producer's InitProducerId and Produce exchanges with real v2 batches, fetches, c
 record per the tap topic contract, then measures on ``local[2]`` in one run:
 
 1. **raw**: Spark's Kafka source alone (``count`` per batch): the ceiling;
-2. **rows**: raw + the job's ``mapInArrow`` stage (the tap-record rows, bundled per bucket for stage
-   one: ``streaming.bundles``; the codec runs in stage one);
-3. **job**: the whole monitor (rows, both stateful stages with the one decode, alert book, Great
-   Expectations, hooks);
+2. **rows**: raw + the job's ``mapInArrow`` stage (``streaming.job.frame_bundles``: the tap-record rows,
+   decoded once and routed with no state into a bundle per bucket, ``streaming.router``);
+3. **job**: the whole monitor (that stage, the one stateful stage, alert book, Great Expectations,
+   hooks);
    frames/s, and the batch-time breakdown from Spark's progress (state operator time, GX time);
 4. **latency**: the job live on a 1 s trigger while frames arrive at half its sustained rate, with
    violations injected; p50/p95 from a violating frame's ``ts_ns`` to webhook receipt, over the whole
@@ -456,7 +456,7 @@ def run_available_now(df: Any, sink: Any, checkpoint: Path) -> dict[str, Any]:
 
 
 def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path) -> dict[str, Any]:
-    """The whole monitor over the topic's backlog (``run_available_now``): decode, both stateful stages,
+    """The whole monitor over the topic's backlog (``run_available_now``): decode and route, the stateful stage,
     alert book, Great Expectations, hooks; ``stream_dir`` holds its alert book and spool. Shared with
     ``cost_bench.py``, so both measure the same job the same way."""
     from streaming.hooks import AlertHooks

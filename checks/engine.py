@@ -99,9 +99,9 @@ class Monitor:
         self.dispatched: list[Dispatched] | None = [] if record_dispatched else None
         self.track_gaps = track_gaps
         #: Count the frames and exchanges, report undecodable frames and count header-only ones and
-        #: unpaired answers. Off in a keyed shard: the connection shard did all of it for every frame,
-        #: and routes a frame on only for the rules that judge it (counted twice, the job's frame
-        #: counters were the sum over both stages).
+        #: unpaired answers. Off in a keyed shard and in the router: the connection shard does all of it
+        #: for every frame, and a keyed shard gets a frame only for the rules that judge it (counted
+        #: there too, the job's frame counters would count a routed frame again).
         self.report_frames = report_frames
         #: The caller feeds one connection's frames in the order the tap wrote them (a connection
         #: shard). A record is written when its last frame has passed, so a pipelined request can be

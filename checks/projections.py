@@ -1,10 +1,11 @@
-"""The body fields each keyed rule reads, per API: what a frame keeps when it is routed to stage two.
+"""The body fields each keyed rule reads, per API: what a frame keeps when it is routed to an entity key.
 
-Stage one (``checks.sharding.ConnectionShard``) decodes a frame once and runs the connection-scoped
-rules on all of it. A frame it routes on to a keyed shard (a producer id, a transactional id, a group,
-the cluster) carries only the body fields that the rules of that key kind declare here, plus the few
-the engine itself reads; the request and response headers travel whole. So the routes, the shuffle
-and stage two's state hold the facts those rules need and nothing else.
+The job's router (``streaming.router``) decodes a frame once; the connection-scoped rules
+(``checks.sharding.ConnectionShard``) see all of it. A copy ``checks.sharding.Router`` sends to an
+entity key (a producer id, a transactional id, a group, the cluster) carries only the body fields
+that the rules of that key kind declare here, plus the few the engine itself reads; the request and
+response headers travel whole. So the routes, the shuffle and the entity entries' state hold the
+facts those rules need and nothing else.
 
 Paths are dotted field names, as in a codec projection (``codec.projection``): list elements share
 their list's path, and a path ending at a struct, a list of structs, a record set or a nested payload
@@ -84,7 +85,7 @@ _GROUP_DESCRIBE: Reads = (
 )
 
 #: Rule name -> API -> (request paths, response paths). Only keyed rules: the connection-scoped ones
-#: run in stage one on the whole decoded frame.
+#: get whole bodies where they read them (``CONNECTION_BODIES``, ``project_for_connection``).
 READS: Final[Mapping[str, Mapping[int, Reads]]] = {
     "producer": {
         ApiKey.PRODUCE: (("TransactionalId", *_TOPIC_DATA), _PRODUCE_ANSWERS),
@@ -174,7 +175,7 @@ READS: Final[Mapping[str, Mapping[int, Reads]]] = {
 }
 
 #: Rule name -> the APIs whose answer can add to the rule's state keys (``Rule.keys``): the producer id
-#: an InitProducerId answer assigns, or an EndTxn answer (KIP-890) replaces. Stage one works those
+#: an InitProducerId answer assigns, or an EndTxn answer (KIP-890) replaces. The router works those
 #: keys out again when the response comes; every other rule's keys are its request's, so the response
 #: goes where the request went. Checked like the reads: in every test in tests/checks, a keyed rule
 #: whose keys differ with and without the response, for an API not named here, fails the test.
@@ -244,7 +245,7 @@ def pruner(tree: Tree) -> Callable[[Any], Any]:
     The function is generated source, one function per node of the tree with each field's test
     written out, registered in ``linecache`` under a ``<kpmon:projection ...>`` name so tracebacks and
     profiles show it. A closure that looped over the tree's fields cost about twice as much: on these
-    few fields the loop and its tuple unpacking were most of the work (stage one prunes every routed
+    few fields the loop and its tuple unpacking were most of the work (the router prunes every routed
     frame). Fields come out in the tree's order, as they always did: packed facts are byte-identical."""
     lines: list[str] = []
     names = itertools.count()

@@ -1,8 +1,9 @@
 """A decoded message, packed: the facts a frame carries once it has been decoded.
 
-The streaming job decodes each frame once (stage one) and from then on moves the decoded message, not
-the frame bytes: routes to stage two, the requests a connection is waiting on, and buffered frames in
-saved state all hold ``pack_message`` output, which ``unpack_message`` turns back into the same
+The streaming job decodes each frame once (in its router, ``streaming.router``) and from then on moves
+the decoded message, not the frame bytes: the frames and routes it bundles for the stateful stage, the
+requests a connection is waiting on, and buffered frames in saved state all hold ``pack_message``
+output, which ``unpack_message`` turns back into the same
 ``Request``/``Response`` with no decoding. What is left out is what no check reads and what makes
 frames big: the records of data batches (their headers stay; control batches stay whole, their
 markers are facts). Everything else round-trips exactly: header, body, unknown tags, the codec's
@@ -69,7 +70,8 @@ def packb(values: Any) -> bytes:
     """``values`` (plain values and the facts' extension types) as msgpack, exactly as
     ``msgpack.packb(values, use_bin_type=True, default=...)`` packs them, with this thread's packer.
 
-    Every decoded frame is packed this way at least twice on its way to stage two, and
+    Every decoded frame is packed this way at least twice on its way to the stateful stage (its
+    connection's copy, each routed copy, then the bundle that holds them), and
     ``msgpack.packb`` builds a new ``Packer`` (and its buffer) per call, which cost about as much as
     packing a small frame. A packer is not thread-safe, hence one per thread; it cannot re-enter
     itself either, so nested payloads (``_default``) are packed with ``msgpack.packb``. On an error the

@@ -1,6 +1,6 @@
 """The per-frame cores, compiled: the same Python source built into C extensions by mypyc.
 
-The monitor's per-frame work (the checks engine, its rules, the sharding of stage one and two, the
+The monitor's per-frame work (the checks engine, its rules, the sharding and the stage steps, the
 tap-record contract and the facts) is plain typed Python. ``make setup`` compiles exactly these
 modules with mypyc into ``build/native/`` (``deploy/native.py``); this module decides, once per
 process, whether to use what it built. There is no second implementation: the compiled modules are

@@ -195,11 +195,12 @@ class StreamConfig(_Section):
     metrics_port: int | None = 9465
     #: Address the metrics endpoint binds; loopback unless set (``0.0.0.0`` for a scraper elsewhere).
     metrics_host: str = "127.0.0.1"
-    #: Partitions of the two stateful stages (Spark's spark.sql.shuffle.partitions); fixed by the first
-    #: start of a checkpoint.
+    #: Partitions of the stateful stage (Spark's spark.sql.shuffle.partitions); fixed by the first start
+    #: of a checkpoint.
     shuffle_partitions: int = Field(default=4, gt=0)
-    #: Buckets each stateful stage groups its connections or route keys into: Spark calls the Python
-    #: stage once per bucket and batch. Default (None): 4 x ``shuffle_partitions``, so every partition
+    #: Buckets the stateful stage groups its stage keys into (a connection's ``conn|<id>``, an entity's
+    #: ``<kind>|<key>``; ``streaming.rows.bucket_index``): Spark calls the Python stage once per bucket
+    #: and batch. Default (None): 4 x ``shuffle_partitions``, so every partition
     #: gets buckets despite hash collisions while a batch still makes only tens of calls. Raise it to at
     #: least the tap topic's partition count on a wide topic. Fixed by the first start of a checkpoint.
     state_buckets: int | None = Field(default=None, gt=0)

@@ -1,12 +1,12 @@
-"""The tap-record rows: one row per tap record, its headers as typed columns, plus the frame itself.
+"""The tap-record rows: one row per frame of a tap record, its metadata as typed columns, plus the frame.
 
-``frame_columns`` is the body of the job's ``mapInArrow`` stage (``streaming.bundles`` bundles what it
-makes), and pure: an Arrow batch of Kafka source rows (value, headers, partition, offset) in, an Arrow
-batch of ``FRAME_ROW_SCHEMA`` rows out.
-It parses headers only (``codec.taprecord``, the one tap-record contract) and never runs the codec:
-the frame is decoded once, in stage one, where the rules that read it run (docs/decisions.md,
-"Decode once, in stage one"). What the stages before stage one need is the connection (the bucket)
-and the tap clock (the watermark).
+``frame_columns`` is the first step of the job's ``mapInArrow`` stage (``streaming.bundles``; the router,
+``streaming.router``, decodes and routes what it makes), and pure: an Arrow batch of Kafka source rows
+(value, headers, partition, offset) in, an Arrow batch of ``FRAME_ROW_SCHEMA`` rows out: a schema-1
+record's headers, or a schema-2 record's packed metadata, one row per frame.
+It reads tap-record metadata only (``codec.taprecord``, the one tap-record contract) and never runs
+the codec: the router decodes each frame once, right after (docs/decisions.md, "Decode once, in
+stage one").
 
 ``frame_columns`` computes the batch column by column with Arrow kernels (the headers flattened once,
 no Python per record); ``frame_row`` is the one-record reference it equals, kept for the tests, the
@@ -17,7 +17,7 @@ tests/streaming/test_frames.py holds the two equal on generated batches.
 
 A numeric header that does not read as an integer of its column's type is null: one that is not an
 integer (``int_header``) and one its column cannot hold (``api_key`` of 2**31, ``seq`` beyond int64)
-alike, so no record a foreign producer writes to the tap topic can fail the batch. Stage one judges
+alike, so no record a foreign producer writes to the tap topic can fail the batch. The job judges
 the record as it judges any without a usable header (``codec.taprecord.frame_from_row``).
 """
 
@@ -71,7 +71,7 @@ FRAME_ROW_SCHEMA = pa.schema(
         (ROW_KEYS["partition"], pa.int32()),
         (ROW_KEYS["offset"], pa.int64()),
         ("size", pa.int32()),
-        #: The mirrored frame, decoded once by stage one.
+        #: The mirrored frame, decoded once by the router.
         ("value", pa.binary()),
         #: The connection's records the tap had lost before this one (``TapFrame.lost``; 0 in schema 1).
         (LOST, pa.int64()),
@@ -84,7 +84,7 @@ FRAME_ROW_SCHEMA = pa.schema(
 def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
     """One tap record as a row. Header-derived columns are named after their headers; the record's own
     place gets ``ROW_KEYS``. The api key, version and correlation id come from the tap's headers, on
-    requests and responses alike; for a request, stage one's decode replaces them with the frame's
+    requests and responses alike; for a request, the router's decode replaces them with the frame's
     own header, exactly as ``codec.taprecord.frame_from_record`` does, so a request looks the same
     everywhere (and an undecodable one keeps what the tap read of its header)."""
     direction = headers.get(Header.DIR, "")
@@ -237,8 +237,8 @@ def record_rows(
 ) -> list[dict[str, Any]]:
     """One tap record of either schema as its frames' rows: a schema-1 record is one frame
     (``frame_row``), a schema-2 record one row per part, each with the record's ``seq`` and ``lost``.
-    A value that claims schema 2 but breaks it is one row with no ``dir``, which stage one reports as
-    not a tap record."""
+    A value that claims schema 2 but breaks it is one row with no ``dir``, which the connection's
+    entry reports as not a tap record."""
     if headers.get(Header.DIR) is not None or not is_schema_2(value):
         return [frame_row(headers, value, partition, offset)]
     assert value is not None

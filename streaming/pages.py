@@ -4,8 +4,8 @@ Every value a ``transformWithStateInPandas`` call reads or writes is a round tri
 server, and a round trip costs about the same whether it carries one entry or a hundred
 (``benchmarks/state_api_bench.py``: ~0.85 ms each on the 2-core machine). A bucket that held one
 ``MapState`` entry per key paid a round trip for every key a call touched, twice (read and write): a
-fleet's long-lived connections are all touched in every batch, so stage one's state work grew with
-the fleet, not with the traffic. Here a bucket's entries live in ``2**depth`` pages (a key's page is
+fleet's long-lived connections are all touched in every batch, so the connection entries' state work
+grew with the fleet, not with the traffic. Here a bucket's entries live in ``2**depth`` pages (a key's page is
 a hash of the key), and a call pays a round trip per page it touches, plus one to read and one to
 write the bucket's *meta*: the format, each page's entry count and every key's next call (the due
 index, so a lookup of a key the bucket does not hold and a timer's sweep read no page in vain).
@@ -98,8 +98,9 @@ class DictPageBackend:
 
 
 def page_hash(key: str) -> int:
-    """A key's page hash. Not CRC-32: stage one's bucket is CRC-32 of the connection modulo the bucket
-    count, so CRC-32's low bits are the same for every key of a bucket and would fill one page."""
+    """A key's page hash. Not CRC-32: a stage key's bucket is CRC-32 of the key modulo the bucket
+    count (``streaming.rows.bucket_index``), so CRC-32's low bits are the same for every key of a
+    bucket and would fill one page."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 

@@ -84,8 +84,8 @@ def build_session(config: KpmonConfig, app_name: str = "kpmon-stream") -> SparkS
     return spark
 
 
-#: Logs a WARN line for every map-state lookup of a key that is not there yet. The stateful stages look
-#: up each connection and route key they meet, so every new connection would cost a log line.
+#: Logs a WARN line for every map-state lookup of a key that is not there yet. The stateful stage looks
+#: up each connection and entity key it meets, so every new connection would cost a log line.
 STATE_SERVER_LOGGER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
 
 

@@ -1,6 +1,6 @@
-"""The garbage collector's settings in the Python workers that run the stateful stages.
+"""The garbage collector's settings in the Python workers that run the stateful stage.
 
-The stages allocate a few dicts and tuples per frame and free almost all of them by reference count, so
+The stage allocates a few dicts and tuples per frame and frees almost all of them by reference count, so
 CPython's young-generation collections (every 700 net container allocations by default) find next to
 nothing to free; and each full collection walks every object the worker holds, most of them pyspark,
 pandas, pyarrow and the checks catalogue, loaded once and alive for the worker's life. Measured in the job

@@ -21,7 +21,7 @@ HOST = "127.0.0.1"
 DEFAULT_TAP_PORT = 29092
 
 #: Demo tuning, applied only where the user's config (or a KPMON__* variable) did not set the field:
-#: a short watermark so alerts fire seconds after the violation, and stateful stages sized for 2 cores.
+#: a short watermark so alerts fire seconds after the violation, and the stateful stage sized for 2 cores.
 DEMO_TUNING: dict[str, dict[str, Any]] = {
     "checks": {"watermark_seconds": 2.0},
     "stream": {"shuffle_partitions": 2},
