@@ -1,24 +1,26 @@
 """The catalogue split into shards that a distributed engine can key its state by.
 
-Two stages, both driving the same ``Monitor`` and rules as a single-process run:
+Three parts, all driving the same ``Monitor`` and rules as a single-process run:
 
-1. **Connection shard** (one per tap connection). Frames of one connection arrive in ``seq`` order
-   (one connection, one tap partition), so this stage needs no event-time buffering. It pairs requests
-   with responses, runs the connection-scoped rules (ApiVersions ranges, KIP-482, Envelope trust,
-   read-committed fetches), notices tap gaps and decode errors, and decides where each exchange goes
-   next: a *route* per (rule, state key) of every other rule, computed by that rule's own ``keys``.
-2. **Keyed shard** (one per route key ``"<key kind>|<state key>"``: a group, a producer id, a
+1. **Router** (no state). A batch of one connection's frames in ``seq`` order (one connection, one tap
+   partition): it pairs each request with its response within the batch (the tap writes both in one
+   record) and decides where each exchange goes: a *route* per (key kind, state key) of every keyed
+   rule, computed by that rule's own ``keys``.
+2. **Connection shard** (one per tap connection, fed its frames in ``seq`` order, so it needs no
+   event-time buffering): the connection-scoped rules (ApiVersions ranges, KIP-482, Envelope trust,
+   read-committed fetches), tap gaps, decode errors and the frame counts.
+3. **Keyed shard** (one per route key ``"<key kind>|<state key>"``: a group, a producer id, a
    transactional id, the cluster). It receives the routed frames of many connections, which a caller
    must hand over in event-time order once the watermark has passed them, and runs the rules of that
    key kind for that one key.
 
 A route carries the frame's facts (``codec.facts``: the decoded message without the records of data
-batches), so the two stages can run in different processes and the frame is decoded only once. Routes are only sent for the frames a rule needs: a request when it is sent, and its
-response when it comes (with the request again for keys that only the response revealed, such as the
-producer id an InitProducerId response assigns). A request known only by its header (its body did not
-decode, or was mirrored header-only) goes on as it came, with its decode error and bytes, to the keyed
-rules that judge headers (``Rule.judges_headers``: the fleet matrix); the connection shard alone reports
-its decode error.
+batches), so the parts can run in different processes and the frame is decoded only once. Routes are
+only sent for the frames a rule needs: a request when it is sent, and its response when it comes (with
+the request again for keys that only the response revealed, such as the producer id an InitProducerId
+response assigns). A request known only by its header (its body did not decode, or was mirrored
+header-only) goes on as it came, with its decode error and bytes, to the keyed rules that judge headers
+(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.settings import ChecksSettings
 from codec.protocol import ApiKey
-from codec.taprecord import TapFrame
+from codec.taprecord import RESP, TapFrame
 
 #: Key kinds whose rules see every request (the fleet matrix, one key for the whole cluster). Routing
 #: all traffic to that key would funnel the stream through one task, so it gets each connection's first
@@ -78,7 +80,7 @@ class Route:
     #: Event time of the frame that sent this route (a re-sent request travels with its response):
     #: what a caller's watermark must pass before the keyed shard may see it.
     at_ns: int
-    #: The connection had a tap gap: the keyed shard reports its findings as incomplete.
+    #: The tap reported losing records of the connection: the keyed shard reports its findings incomplete.
     incomplete: bool = False
     #: A request whose response this shard will never get (first-use routes of the fleet matrix).
     request_only: bool = False
@@ -104,10 +106,10 @@ _STAGE_CONFIG: tuple[ChecksSettings, ChecksSettings] | None = None
 
 @dataclass(frozen=True)
 class _Catalogue:
-    """The keyed rules as stage one routes for them (rules keep no state of their own: one set serves
+    """The keyed rules as the router routes for them (rules keep no state of their own: one set serves
     every connection shard)."""
 
-    #: The connection-scoped rules (stage one's own).
+    #: The connection-scoped rules (the connection shard's).
     own_rules: tuple[Rule, ...]
     keyed_rules: tuple[Rule, ...]
     #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
@@ -236,15 +238,22 @@ class Router:
         self.sent: dict[str, list[str]] = {}
         #: "conn|api|version" this batch already reported to the first-use-only rules.
         self.used: set[str] = set()
+        #: Answers this router could not pair (their request came in an earlier batch: a schema-1
+        #: record, or a response the tap wrote alone): the entity keys never see them.
+        self.unrouted_responses = 0
 
     def route(self, frames: Iterable[TapFrame]) -> list[Route]:
         """The routes of one connection's frames (seq order); a router serves one batch."""
         monitor = self.monitor
         for frame in frames:
             monitor.feed(frame)
+            answered = False
             # Route what the frame dispatched (nothing a rule does changes where an exchange goes).
             for event in monitor.take_dispatched():
+                answered = answered or event.hook == "on_response"
                 self._observe(event)
+            if not answered and frame.direction == RESP and frame.message is not None:
+                self.unrouted_responses += 1
         self.ctx.findings.clear()
         out, self.routes = self.routes, []
         return out
@@ -355,7 +364,7 @@ class Router:
 
 
 class KeyedShard:
-    """Stage two for one route key: the rules of one key kind, one state key, frames from any connection."""
+    """One route key: the rules of one key kind, one state key, frames from any connection."""
 
     def __init__(self, config: ChecksSettings, key: str, saved: bytes | None = None) -> None:
         kind, state_key = split_route_key(key)

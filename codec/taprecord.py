@@ -358,7 +358,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
 
 def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``: header names, ``ROW_KEYS``) to a frame,
-    decoded: the one decode of the streaming job (stage one).
+    decoded: the one decode of the streaming job (its ``mapInArrow`` stage, ``streaming.router``).
 
     Reads exactly the row's columns, once each, as ``frame_from_dict`` would read them (the same
     defaults and conversions) but without trying every saved-state layout for every field: this runs

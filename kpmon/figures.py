@@ -125,7 +125,12 @@ HEADLINES: tuple[tuple[FigureSpec, FigureSpec | None], ...] = (
         ),
     ),
     (
-        _spec("stages_bench.json", "us_per_frame.both_stages", "µs/frame", "both stages' pure steps"),
+        _spec(
+            "stages_bench.json",
+            "us_per_frame.route_and_stage",
+            "µs/frame",
+            "routing and the stage, pure steps",
+        ),
         _spec("stages_bench.json", "us_per_frame.full_decode_comparison", "µs/frame", "a full codec decode"),
     ),
     (
@@ -145,9 +150,9 @@ HEADLINES: tuple[tuple[FigureSpec, FigureSpec | None], ...] = (
     (
         _spec(
             "batch_floor_bench.json",
-            "results.two_stages.trigger_ms",
+            "results.one_stage.trigger_ms",
             "ms",
-            "a live batch, two stateful stages",
+            "a live batch, one stateful stage",
         ),
         _spec("batch_floor_bench.json", "results.shuffle.trigger_ms", "ms", "a plain shuffle"),
     ),

@@ -31,13 +31,12 @@ from streaming.paths import StreamPaths
 #: Bumped when the layout of the shape itself changes.
 SHAPE_VERSION = 1
 SHAPE_FILE = "query-shape.json"
-#: The grouping column of both stateful stages (``streaming.job.checks_pipeline``).
+#: The grouping column of the stateful stage (``streaming.job.checks_pipeline``).
 BUCKET = "bucket"
 #: How a bucket becomes the grouping value its state is stored under: 1, the bucket number itself; 2,
-#: ``streaming.job.bucket_labels``; 3, stage one's buckets by CRC-32 of the connection
-#: (``streaming.stages.bucket_index``, in the bundles), stage two's by Spark's xxhash64 of the route key,
-#: both ``bucket_labels``; 4, both stages' by ``streaming.stages.bucket_index`` (stage two's named by
-#: stage one), both ``bucket_labels``.
+#: ``streaming.job.bucket_labels``; 3, by CRC-32 of the connection and by Spark's xxhash64 of the route
+#: key, both ``bucket_labels``; 4, every key by CRC-32 (``streaming.rows.bucket_index``), through
+#: ``bucket_labels``.
 BUCKET_SCHEME = 4
 
 
@@ -187,7 +186,7 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         )
     if saved.get("route_scheme") != new.get("route_scheme"):
         problems.append(
-            f"stage two's route keys changed (scheme {saved.get('route_scheme')!r} -> "
+            f"the entity keys' route scheme changed (scheme {saved.get('route_scheme')!r} -> "
             f"{new.get('route_scheme')!r}): its state is stored under keys this build does not form"
         )
     old_stages = {s["name"]: s for s in saved["stages"]}

@@ -10,7 +10,7 @@ before any shuffle. It decodes each frame once (``codec.taprecord.frame_from_row
   kind's declared projection (``checks.sharding.Router``, ``checks.projections``).
 
 It keeps nothing between batches: the tap writes a request and its response as one record (tap-record
-schema 2), so the pairing the old first stage kept state for is within each record. The three meanings
+schema 2), so pairing needs no memory of earlier batches. The three meanings
 that stateless routing changes are in ``checks.sharding.Router``'s docstring.
 
 **The bundle** is this module's format, written by ``pack_bundle`` and read by ``read_bundle``: per
@@ -20,8 +20,9 @@ Spark will hand the next batch in this one, ``streaming.stages``), the frames of
 key falls in the bucket, and the routed frames of each entity key that does. Spark shuffles and groups
 a few rows per source batch instead of one per frame, and the stage reads each in one call.
 
-The per-batch aggregates the data-quality suites read are counted here too (stateless), and go to
-``PASS_BUCKET``, which the stage passes through untouched.
+The per-batch aggregates the data-quality suites read are counted here too (stateless), with the
+answers no entity key will see (``unrouted_responses``: their request came in an earlier batch, as a
+schema-1 record or a lone one); both go to ``PASS_BUCKET``, which the stage passes through untouched.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from streaming.rows import (
     conn_key,
     event_ms_of,
     pack_frame,
+    stat_row,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
@@ -107,14 +109,18 @@ def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], bucket
     if newest is None:
         return RoutedBatch(None, {}, [])
     bundles = {b: Bundle(newest) for b in range(buckets)}
+    unrouted = 0
     for conn, frames in per_conn.items():
         frames.sort(key=_seq)
         key = conn_key(conn)
         bundles[bucket_index(key, buckets)].conns[key] = [
             pack_frame(project_for_connection(f)) for f in frames
         ]
-        _route(config, frames, bundles, buckets)
+        unrouted += _route(config, frames, bundles, buckets)
     passed = aggregate_rows(all_frames, newest * NS_PER_MS)
+    counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest * NS_PER_MS)
+    if counted is not None:
+        passed.append(counted)
     return RoutedBatch(newest, bundles, passed)
 
 
@@ -122,12 +128,14 @@ def _seq(frame: TapFrame) -> int:
     return frame.seq
 
 
-def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bundle], buckets: int) -> None:
-    """One connection's routes, into the bundles of their keys' buckets."""
+def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bundle], buckets: int) -> int:
+    """One connection's routes, into the bundles of their keys' buckets; how many of its answers could
+    not be routed (``checks.sharding.Router.unrouted_responses``)."""
     # A frame routed to several keys of one kind is one projected object: packed once.
     packed: dict[int, bytes] = {}
     bucket_of: dict[str, int] = {}
-    for route in Router(config).route(frames):
+    router = Router(config)
+    for route in router.route(frames):
         frame = route.frame
         data = packed.get(id(frame))
         if data is None:
@@ -141,3 +149,4 @@ def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bu
         if entries is None:
             entries = bundles[bucket].routes[key] = []
         entries.append([-(-route.at_ns // NS_PER_MS), frame.ts_ns, frame.conn, frame.seq, data, flags])
+    return router.unrouted_responses

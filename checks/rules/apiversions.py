@@ -302,6 +302,14 @@ class ApiVersionsClusterRule(Rule):
             ctx.trim(conns)
         software = label or f"client.id={ex.req.client_id or ''}"
         api, version = ex.api_key, ex.api_version
+        # The matrix counts connections: each connection's use of an (api, version) once, however many
+        # of its requests this rule is handed (the job's router hands it one per micro-batch).
+        counted: dict[str, bool] = state.setdefault("conn_uses", {})
+        use = f"{conn}|{api}|{version}"
+        if use in counted:
+            return
+        counted[use] = True
+        ctx.trim(counted)
         used: dict[str, Any] = state.setdefault("used", {})
         per_software: dict[str, dict[str, int]] | None = used.get(software)
         if per_software is None:

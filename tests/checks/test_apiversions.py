@@ -202,11 +202,12 @@ def test_removed_in_4_0_once_per_software_api_version_and_fleet_matrix() -> None
     state = monitor.states[("apiversions.cluster", "cluster")]
     rows = {(r.software, r.api_name, r.version): r for r in fleet_matrix(state)}
     fetch = rows[("kafka-python/2.6.0", "Fetch", 3)]
-    assert fetch.count == 2 and fetch.removed_in_4_0
+    # The matrix counts connections: two Fetch v3 requests on one connection are one use.
+    assert fetch.count == 1 and fetch.removed_in_4_0
     assert not rows[("librdkafka/2.6.0", "Metadata", 12)].removed_in_4_0
     cells = {(c.api_key, c.version): c for c in coverage(state)}
     assert (
-        cells[(FETCH, 3)].used == 2 and not cells[(FETCH, 3)].advertised and cells[(FETCH, 3)].removed_in_4_0
+        cells[(FETCH, 3)].used == 1 and not cells[(FETCH, 3)].advertised and cells[(FETCH, 3)].removed_in_4_0
     )
     assert cells[(FETCH, 17)].advertised and cells[(FETCH, 17)].used == 0
 
