@@ -140,6 +140,8 @@ class TapConfig(_Section):
     max_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     #: ...and seconds a request is held.
     max_held_seconds: float = Field(default=30.0, gt=0)
+    #: ...but a JoinGroup up to this (the coordinator answers it when the rebalance completes).
+    max_held_join_group_seconds: float = Field(default=330.0, gt=0)
     rewrite_broker_addresses: bool = False
     #: With rewriting: a broker id that has no listener gets one on the fly (docs/tap.md)...
     dynamic_listeners: bool = True

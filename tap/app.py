@@ -118,6 +118,7 @@ def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str |
             tap_cfg.max_in_flight,
             tap_cfg.max_held_bytes_per_connection,
             int(tap_cfg.max_held_seconds * 1e9),
+            int(tap_cfg.max_held_join_group_seconds * 1e9),
         ),
         max_held_bytes=tap_cfg.max_held_bytes,
     )

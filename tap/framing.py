@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import codec.peek
 from codec.errors import DecodeError
@@ -201,6 +201,15 @@ class HoldLimits:
     max_bytes: int = 8 * 1024 * 1024
     #: How long a request is held before it is written alone (its response may still come).
     max_age_ns: int = 30_000_000_000
+    #: ...and a JoinGroup, which the coordinator answers only when the rebalance completes, up to the
+    #: group's rebalance timeout (a consumer's ``max.poll.interval.ms``, 300 s by default). Written alone
+    #: sooner, its answer would pair with nothing: a reader that sees records a batch at a time cannot
+    #: pair two lone records, so none does (``TapFrame.lone``), and the group rules would miss it.
+    max_rebalance_age_ns: int = 330_000_000_000
+
+
+#: Requests held up to ``HoldLimits.max_rebalance_age_ns`` instead of ``max_age_ns``.
+REBALANCE_WAITS: Final = frozenset({ApiKey.JOIN_GROUP})
 
 
 class Correlations:
@@ -287,8 +296,13 @@ class Correlations:
         still gets its API and version)."""
         out: list[Unpaired] = []
         cutoff = now_ns - self._limits.max_age_ns
+        rebalance_cutoff = now_ns - self._limits.max_rebalance_age_ns
         for _, pending in self._pending.values():
-            if pending.forwarded_ns > cutoff:
+            if pending.api_key in REBALANCE_WAITS:
+                if pending.forwarded_ns > rebalance_cutoff:
+                    continue
+            elif pending.forwarded_ns > cutoff:
+                # Entries are in the order they were forwarded: every later one is younger still.
                 break
             if pending.held is not None:
                 out.append(Unpaired(pending.held, "held_age"))

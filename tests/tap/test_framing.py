@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from codec.protocol import ApiKey
 from codec.taprecord import Part
 from tap.framing import (
     HEAD_BYTES,
@@ -142,6 +143,17 @@ def test_correlations_expire_and_drain() -> None:
     assert found is not None and found.held is None  # already written alone
     assert c.drain() == [Unpaired(_held(2), "closed")]
     assert len(c) == 0 and c.held_bytes == 0
+
+
+def test_a_join_group_is_held_until_its_rebalance_can_have_ended() -> None:
+    """The coordinator answers a JoinGroup when the rebalance completes: it is held past the usual age
+    bound, up to its own, while younger requests behind it still go out at theirs."""
+    c = Correlations(HoldLimits(max_age_ns=100, max_rebalance_age_ns=1_000))
+    c.add(1, Pending(ApiKey.JOIN_GROUP, 9, 0, held=_held(1)))
+    c.add(2, Pending(ApiKey.METADATA, 12, 10, held=_held(2)))
+    assert c.expire(150) == [Unpaired(_held(2), "held_age")]
+    assert c.expire(999) == []
+    assert c.expire(1_000) == [Unpaired(_held(1), "held_age")]
 
 
 _OPS = st.lists(
