@@ -149,7 +149,7 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
 
     # A checkpoint from before stage two was keyed by key kind has no route scheme: refused.
     older = {k: v for k, v in shape.items() if k != "route_scheme"}
-    assert any("route keys changed" in p for p in check_compatible(older, shape))
+    assert any("route scheme changed" in p for p in check_compatible(older, shape))
 
 
 def test_state_schema_evolution_rules(shape: dict[str, Any]) -> None:
