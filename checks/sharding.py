@@ -230,7 +230,7 @@ class Router:
         # No rules: the monitor pairs and unwraps and returns what it dispatched; the connection's
         # own key (``ConnectionShard``) reports gaps, decode errors and counts.
         self.monitor = Monitor(
-            (), self.ctx, record_dispatched=True, in_record_order=True, report_frames=False
+            (), self.ctx, record_dispatched=True, track_gaps=False, report_frames=False, in_record_order=True
         )
         self.routes: list[Route] = []
         self._projected: dict[tuple[int, str], TapFrame] = {}

@@ -37,7 +37,7 @@ from checks.projections import project_for_connection
 from checks.settings import ChecksSettings
 from checks.sharding import Router
 from codec import facts
-from codec.taprecord import TapFrame, frame_from_row
+from codec.taprecord import TapFrame, frame_from_row, frame_to_packed
 from streaming.rows import (
     NS_PER_MS,
     OutputRow,
@@ -60,8 +60,9 @@ class Bundle:
 
     #: The newest event time (ms) among the source batch's frames: the batch clock.
     newest_ms: int
-    #: Connection id -> its frames of the batch, packed (``pack_frame``), in seq order.
-    conns: dict[str, list[bytes]] = field(default_factory=dict)
+    #: Connection key -> its frames of the batch as packed lists (``codec.taprecord.frame_to_packed``,
+    #: packed with the bundle, not one by one: nothing else shares them), in seq order.
+    conns: dict[str, list[list[Any]]] = field(default_factory=dict)
     #: Route key -> its routed frames: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each, in routing order.
     routes: dict[str, list[list[Any]]] = field(default_factory=dict)
 
@@ -114,7 +115,7 @@ def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], bucket
         frames.sort(key=_seq)
         key = conn_key(conn)
         bundles[bucket_index(key, buckets)].conns[key] = [
-            pack_frame(project_for_connection(f)) for f in frames
+            frame_to_packed(project_for_connection(f)) for f in frames
         ]
         unrouted += _route(config, frames, bundles, buckets)
     passed = aggregate_rows(all_frames, newest * NS_PER_MS)

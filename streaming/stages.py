@@ -40,6 +40,7 @@ import msgpack
 
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, forms_route_key
+from codec.taprecord import frame_from_packed
 from streaming.router import INCOMPLETE, REQUEST_ONLY, Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
@@ -218,14 +219,14 @@ def _connection_entry(
     config: ChecksSettings,
     store: BucketStore,
     key: str,
-    packed: list[bytes],
+    packed: list[list[Any]],
     watermark_ms: int,
 ) -> StepResult:
-    """A connection's frames of this batch (packed, seq order) through its own entry, at once.
+    """A connection's frames of this batch (packed lists, seq order) through its own entry, at once.
 
     Entries are ``(shard state, expiry ms)``."""
     saved = store.get(key)
-    frames = [unpack_frame(data) for data in packed]
+    frames = [frame_from_packed(values) for values in packed]
     frames.sort(key=attrgetter("seq"))
     shard = ConnectionShard(config, saved[0] if saved else None)
     findings = shard.feed(frames)
@@ -328,7 +329,7 @@ def monitor_bucket(
     busy bucket does not move its timer every batch)."""
     watermark = batch_watermark(config, watermark_ms, bundles)
     call = _Call(armed_ms)
-    conns: dict[str, list[bytes]] = {}
+    conns: dict[str, list[list[Any]]] = {}
     routes: dict[str, list[list[Any]]] = {}
     for bundle in bundles:
         for key, packed in bundle.conns.items():

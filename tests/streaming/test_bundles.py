@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from codec.taprecord import frame_from_packed
 from streaming.bundles import BUNDLE_SCHEMA, bundle_batch
 from streaming.job import bucket_labels
 from streaming.router import PASS_BUCKET, Bundle, read_bundle, read_passed
-from streaming.rows import NS_PER_MS, OutputRow, bucket_index, conn_key, unpack_frame
+from streaming.rows import NS_PER_MS, OutputRow, bucket_index, conn_key
 from streaming.stages import DictBucketStore, monitor_bucket, monitor_bucket_expired
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import CONFIG, LATENESS_NS, single_run, summary, with_headers_only
@@ -80,7 +81,7 @@ def test_every_frame_is_in_exactly_one_bundle_of_its_bucket(count: int, conns: i
     for label, bundles in by_label.items():
         for key, packed in bundles[0].conns.items():
             assert labels[bucket_index(key, buckets)] == label
-            frames = [unpack_frame(data) for data in packed]
+            frames = [frame_from_packed(values) for values in packed]
             assert all(conn_key(f.conn) == key for f in frames)
             # A connection's frames keep their seq order.
             assert [f.seq for f in frames] == sorted(f.seq for f in frames)
@@ -97,7 +98,11 @@ def test_a_bundles_event_time_is_its_source_batchs_newest_frame_and_the_tap_cloc
     batch = bundled([*recs, no_clock], bucket_labels(2, 1))
     by_label, _ = unbundle(batch)
     frames = [
-        unpack_frame(d) for bundles in by_label.values() for b in bundles for p in b.conns.values() for d in p
+        frame_from_packed(d)
+        for bundles in by_label.values()
+        for b in bundles
+        for p in b.conns.values()
+        for d in p
     ]
     by_offset = {f.offset: f for f in frames}
     assert [by_offset[r[3]].ts_ns for r in recs] == [int(r[0]["ts_ns"]) for r in recs]
@@ -119,7 +124,7 @@ def test_a_record_with_numeric_headers_beyond_their_columns_is_bundled_with_them
     )
     by_label, _ = unbundle(bundled([*recs, beyond], bucket_labels(1, 1)))
     ((bundle,),) = by_label.values()
-    frames = [unpack_frame(d) for d in bundle.conns[conn_key("c0")]]
+    frames = [frame_from_packed(d) for d in bundle.conns[conn_key("c0")]]
     assert sorted(f.offset for f in frames) == sorted([*(r[3] for r in recs), 99])
     last = next(f for f in frames if f.offset == 99)
     assert (last.seq, last.ts_ns, last.api_key) == (0, 0, None) and last.error is not None
