@@ -79,9 +79,7 @@ for name, frames in (("proofs", with_headers_only()), ("corpus", corpus_frames()
     out[name + "/single"] = [list(map(str, s)) for s in summary(single_run(frames))]
     for batch, buckets in ((1, 1), (7, 3), (1000, 16)):
         rows, calls = run_bucketed(frames, batch, buckets)
-        out[f"{name}/{batch}/{buckets}"] = [
-            {k: (v.hex() if isinstance(v, bytes) else v) for k, v in sorted(r.items())} for r in rows
-        ] + [calls]
+        out[f"{name}/{batch}/{buckets}"] = [r._asdict() for r in rows] + [calls]
 json.dump(out, sys.stdout, sort_keys=True)
 """
 
