@@ -19,6 +19,7 @@ from streaming.paths import StreamPaths
 from tests.airflow_dags.traffic import produce
 from tests.checks import test_apiversions as av
 from tests.checks.builders import SECOND, Conversation
+from tests.checks.exchanges import exchange_records, flatten
 
 
 def config_file(tmp_path: Path, **extra: Any) -> str:
@@ -156,6 +157,7 @@ def test_kip896_report_from_the_tap_topic(kafka_stack: Any, tmp_path: Path) -> N
         *legacy.exchange(av.FETCH, 3, fetch_v3, {}, 2 * SECOND),
         *av.metadata(modern, 12, 3 * SECOND),
     ]
+    frames = flatten(exchange_records(frames))  # as the tap writes them: an exchange per record
     produce(kafka_stack.bootstrap_servers, topic, frames)
     path = config_file(
         tmp_path, kafka={"bootstrap_servers": kafka_stack.bootstrap_servers}, tap={"topic": topic}

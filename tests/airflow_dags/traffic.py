@@ -17,8 +17,9 @@ from typing import Any
 from codec.taprecord import TapFrame
 from tests.checks import test_apiversions as av
 from tests.checks.builders import SECOND, Conversation
+from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import scenario
-from tests.streaming.test_stages import tap_record
+from tests.streaming.test_stages import schema_2_record
 
 #: Event time between the starts of two rounds (the scenario spans 30 s).
 ROUND_NS = 60 * SECOND
@@ -27,21 +28,36 @@ TAIL_AT_NS = 45 * SECOND
 
 
 def round_frames(k: int, base_ns: int) -> list[TapFrame]:
+    """Round ``k``'s frames as the tap writes them (``tests.checks.exchanges``): a request and its
+    answer side by side, numbered as one record."""
     shift = base_ns + k * ROUND_NS
     frames = [dataclasses.replace(f, conn=f"r{k}-{f.conn}", ts_ns=f.ts_ns + shift) for f in scenario()]
     tail = av.handshake(Conversation(conn=f"r{k}-tail"), shift + TAIL_AT_NS, av.STANDARD)
-    return sorted([*frames, *tail], key=lambda f: (f.ts_ns, f.conn, f.seq))
+    return flatten(exchange_records(sorted([*frames, *tail], key=lambda f: (f.ts_ns, f.conn, f.seq))))
+
+
+def tap_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
+    """Frames as ``round_frames`` lists them, grouped into their tap records (one ``seq`` each)."""
+    records: list[list[TapFrame]] = []
+    for frame in frames:
+        last = records[-1][0] if records else None
+        if last is not None and (last.conn, last.seq) == (frame.conn, frame.seq):
+            records[-1].append(frame)
+        else:
+            records.append([frame])
+    return records
 
 
 def produce(bootstrap: str, topic: str, frames: list[TapFrame], producer: Any = None) -> None:
+    """``frames`` (whole records, as ``round_frames`` lists them) as schema-2 tap records."""
     from confluent_kafka import Producer
 
     own = producer is None
     producer = producer or Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     try:
-        for frame in frames:
-            headers, value, _partition, _offset = tap_record(frame)
-            producer.produce(topic, key=frame.conn.encode(), value=value, headers=list(headers.items()))
+        for record in tap_records(frames):
+            _headers, value, _partition, _offset = schema_2_record(record)
+            producer.produce(topic, key=record[0].conn.encode(), value=value)
         if producer.flush(30) != 0:
             raise AssertionError("tap records not delivered")
     finally:
@@ -50,7 +66,7 @@ def produce(bootstrap: str, topic: str, frames: list[TapFrame], producer: Any = 
 
 
 class TapTraffic:
-    """Rounds written in chunks of ``chunk`` frames every ``every`` seconds, from round ``first`` on."""
+    """Rounds written in chunks of ``chunk`` records every ``every`` seconds, from round ``first`` on."""
 
     def __init__(
         self, bootstrap: str, topic: str, base_ns: int, first: int = 0, chunk: int = 12, every: float = 1.0
@@ -71,12 +87,12 @@ class TapTraffic:
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
         try:
             while not self._stop.is_set():
-                frames = round_frames(self.next_round, self.base_ns)
-                for i in range(0, len(frames), self.chunk):
-                    produce(self.bootstrap, self.topic, frames[i : i + self.chunk], producer)
-                    if self._stop.wait(self.every) and i + self.chunk < len(frames):
+                records = tap_records(round_frames(self.next_round, self.base_ns))
+                for i in range(0, len(records), self.chunk):
+                    produce(self.bootstrap, self.topic, flatten(records[i : i + self.chunk]), producer)
+                    if self._stop.wait(self.every) and i + self.chunk < len(records):
                         # Stopping mid-round: finish it, so every round ends with its clean tail.
-                        produce(self.bootstrap, self.topic, frames[i + self.chunk :], producer)
+                        produce(self.bootstrap, self.topic, flatten(records[i + self.chunk :]), producer)
                         break
                 self.next_round += 1
         except BaseException as exc:
