@@ -34,7 +34,9 @@ def test_the_first_call_freezes_and_raises_the_thresholds_the_next_ones_change_n
     gc.set_threshold(700, 10, 10)
     assert workergc.tune_worker_gc() is False
     assert gc.get_threshold() == (700, 10, 10)
-    assert gc.get_freeze_count() == frozen
+    # Not frozen again: a second freeze would add every object made since. (Frozen objects that
+    # are freed meanwhile leave the count, so it may fall.)
+    assert gc.get_freeze_count() <= frozen
 
 
 @pytest.mark.parametrize("worker_gc", [True, False])
