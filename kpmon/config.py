@@ -209,6 +209,10 @@ class StreamConfig(_Section):
     #: Freeze the stateful Python workers' long-lived objects and collect their young generation every
     #: 50,000 allocations instead of 700 (streaming/workergc.py): the collector took 16 % of their CPU.
     worker_gc: bool = True
+    #: A starting job waits this long for the alert spool's lock (``<state_dir>/stream/hooks-spool``):
+    #: a driver replacing one its cluster killed waits for the old process, which exits once its JVM is
+    #: gone but can take tens of seconds on a loaded host. Its holder is logged every 10 s meanwhile.
+    spool_lock_wait_seconds: float = Field(default=180.0, ge=0)
     #: A graceful stop waits for the running batch, then this long for the query to end.
     stop_timeout_seconds: float = Field(default=60.0, gt=0)
     #: ``kpmon stream status``: no progress for this long is "stalled"...

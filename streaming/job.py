@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from streaming.processors import MonitorProcessor
 
 log = logging.getLogger("kpmon.stream")
-#: How long a starting job waits for the alert spool's lock (``AlertHooks``) before refusing to start.
-SPOOL_LOCK_WAIT_SECONDS = 30.0
 
 
 def source_options(config: KpmonConfig) -> dict[str, str]:
@@ -205,8 +203,8 @@ def start(
     metrics = StreamMetrics(registry)
     metrics.serve(config.stream.metrics_port, config.stream.metrics_host)
     # A driver replacing one its cluster just killed waits for the old process to let the spool go
-    # (it exits within a second of its JVM: streaming.orphan).
-    hooks = AlertHooks(config, paths.spool, registry, lock_wait_seconds=SPOOL_LOCK_WAIT_SECONDS)
+    # (it exits once its JVM is gone: streaming.orphan).
+    hooks = AlertHooks(config, paths.spool, registry, lock_wait_seconds=config.stream.spool_lock_wait_seconds)
     gate = QualityGate(config.quality, paths.data_docs if config.quality.data_docs else None)
     last: dict[str, Any] = {}
 

@@ -23,6 +23,8 @@ log = logging.getLogger("kpmon.stream")
 GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
 #: The exit status of a driver whose JVM went away (EX_SOFTWARE: not a config or usage error).
 ORPHANED_EXIT = 70
+#: How long the exit waits for its log line to be written.
+LOG_GRACE_SECONDS = 2.0
 
 
 def exit_with_the_jvm(
@@ -40,6 +42,11 @@ def exit_with_the_jvm(
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_seconds)
+        # The exit must not wait for the log line: the JVM read this process's stdout and stderr, and
+        # a thread still writing to them (holding the logging handler's lock) would hold this one too.
+        deadline = threading.Timer(LOG_GRACE_SECONDS, exit, (ORPHANED_EXIT,))
+        deadline.daemon = True
+        deadline.start()
         log.error("kpmon: spark-submit's JVM (pid %d) is gone: exiting, nothing to stop without it", parent)
         exit(ORPHANED_EXIT)
 

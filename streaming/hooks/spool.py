@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,8 @@ Contents = dict[str, dict[str, dict[str, Any]]]
 #: Rewrite the journal once it holds this many lines and more than ``_DEAD_RATIO`` per live entry.
 _COMPACT_MIN_LINES = 1000
 _DEAD_RATIO = 4
+#: A lock taken with a wait logs who holds it this often.
+_WAIT_REPORT_SECONDS = 10.0
 
 
 class SpoolLockedError(RuntimeError):
@@ -37,26 +40,55 @@ class SpoolLockedError(RuntimeError):
 
 
 class SpoolLock:
-    """An exclusive lock on a spool directory: two writers would re-send and compact each other's entries."""
+    """An exclusive lock on a spool directory: two writers would re-send and compact each other's entries.
+
+    The holder writes who it is into the lock file, so a process that waits for it, or is refused, can
+    say which process holds the spool."""
 
     def __init__(self, directory: Path, wait_seconds: float = 0.0) -> None:
         """``wait_seconds``: how long to wait for a holder to let go (a driver replacing one its cluster
-        just killed: the old process may take a few seconds to exit) before ``SpoolLockedError``."""
+        just killed: the old process exits once its JVM is gone, which a loaded host can delay by tens
+        of seconds) before ``SpoolLockedError``."""
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "lock"
         self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held until release()
-        deadline = time.monotonic() + wait_seconds
+        started = time.monotonic()
+        deadline = started + wait_seconds
+        next_report = started + _WAIT_REPORT_SECONDS
         while True:
             try:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                break
             except OSError as exc:
-                if time.monotonic() < deadline:
+                now = time.monotonic()
+                if now < deadline:
+                    if now >= next_report:
+                        next_report = now + _WAIT_REPORT_SECONDS
+                        log.warning(
+                            "alert spool %s is held by %s: waited %.0f s, waiting up to %.0f s more",
+                            directory,
+                            self.holder(),
+                            now - started,
+                            deadline - now,
+                        )
                     time.sleep(0.2)
                     continue
+                holder = self.holder()
                 self._file.close()
                 self._file = None
-                raise SpoolLockedError(f"alert spool {directory} is in use by another process") from exc
+                raise SpoolLockedError(
+                    f"alert spool {directory} is in use by another process ({holder})"
+                ) from exc
+        self._file.truncate(0)
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self._file.flush()
+
+    def holder(self) -> str:
+        """Who holds the lock, as the holder wrote it."""
+        try:
+            return self.path.read_text().strip() or "a process that did not say"
+        except OSError:
+            return "a process that did not say"
 
     def release(self) -> None:
         if self._file is not None:

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from streaming.orphan import GATEWAY_ENV, ORPHANED_EXIT, exit_with_the_jvm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The driver: watches its parent as the job does, records the status it exits with, then waits.
 DRIVER = textwrap.dedent(
     """
-    import os, sys, time
+    import logging, os, sys, time
     from streaming.orphan import exit_with_the_jvm
 
     def leave(code):
@@ -25,7 +27,11 @@ DRIVER = textwrap.dedent(
             out.write(str(code))
         os._exit(code)
 
+    logging.basicConfig(stream=sys.stderr)
     exit_with_the_jvm(poll_seconds=0.05, exit=leave)
+    if sys.argv[2] == "stuck":
+        # As a thread blocked writing to the dead JVM's pipe does: it holds the log handler's lock.
+        logging.getLogger().handlers[0].acquire()
     print("watching", flush=True)
     time.sleep(120)
     """
@@ -35,7 +41,7 @@ PARENT = textwrap.dedent(
     """
     import os, subprocess, sys, time
     env = dict(os.environ, PYSPARK_GATEWAY_PORT="1")
-    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], env=env, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "watching"
     print(child.pid, flush=True)
     time.sleep(120)
@@ -51,11 +57,16 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in state
 
 
-def test_an_orphaned_driver_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("logging_state", ["free", "stuck"])
+def test_an_orphaned_driver_exits(tmp_path: Path, logging_state: str) -> None:
+    """Also when its log line cannot be written: the exit is what lets the next driver start."""
     status = tmp_path / "status"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, DRIVER, str(status)], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT, DRIVER, str(status), logging_state],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert parent.stdout is not None
     driver = int(parent.stdout.readline())

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def test_compaction_bounds_the_file(tmp_path: Path) -> None:
 
 def test_one_owner_per_directory(tmp_path: Path) -> None:
     lock = SpoolLock(tmp_path)
-    with pytest.raises(SpoolLockedError, match="in use"):
+    # The refusal names the holder: this process.
+    with pytest.raises(SpoolLockedError, match=rf"in use by another process \(pid {os.getpid()} on "):
         SpoolLock(tmp_path)
     lock.release()
     SpoolLock(tmp_path).release()
