@@ -14,7 +14,7 @@ change the tap topic format). In Python a frame's fields are ``TapFrame``'s attr
 Two layouts spell some fields after their headers and are read as aliases by ``frame_from_dict``:
 the JSON checker state of kpmon state format 1 (``STATE_KEYS``; no longer written: the engine's
 format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-record rows
-(``ROW_KEYS``; ``frame_from_row`` reads those rows, and only those, on the job's hot path).
+(``ROW_KEYS``; ``frames_from_columns`` reads those rows, and only those, on the job's hot path).
 """
 
 from __future__ import annotations
@@ -356,22 +356,68 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
 # --- the streaming job's tap-record rows ------------------------------------------------------------------
 
 
+#: The tap-record rows' columns a frame is read from, in ``_frame_of``'s argument order.
+ROW_COLUMNS: Final = (
+    Header.CONN,
+    Header.SEQ,
+    Header.TS_NS,
+    Header.DIR,
+    Header.API_KEY,
+    Header.API_VERSION,
+    Header.CORR_ID,
+    Header.CLIENT,
+    Header.BROKER,
+    Header.BROKER_ID,
+    Header.LISTENER,
+    ROW_KEYS["partition"],
+    ROW_KEYS["offset"],
+    Header.CAPTURE,
+    LOST,
+    LONE,
+    "value",
+    Header.TRUNCATED,
+)
+
+
 def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``: header names, ``ROW_KEYS``) to a frame,
-    decoded: the one decode of the streaming job (its ``mapInArrow`` stage, ``streaming.router``).
+    decoded, as ``frames_from_columns`` reads each of its rows."""
+    return _frame_of(*map(row.get, ROW_COLUMNS))
 
-    Reads exactly the row's columns, once each, as ``frame_from_dict`` would read them (the same
-    defaults and conversions) but without trying every saved-state layout for every field: this runs
-    for every frame of the stream. pandas hands Spark's null ints over as NaN floats, and NaN is the
-    one value unequal to itself (``v != v``); written out per column, as a helper call per column
-    cost more than the rest of the reading."""
-    get = row.get
-    conn, seq, ts_ns, direction = get(Header.CONN), get(Header.SEQ), get(Header.TS_NS), get(Header.DIR)
-    api_key, api_version, corr = get(Header.API_KEY), get(Header.API_VERSION), get(Header.CORR_ID)
-    client, broker, broker_id = get(Header.CLIENT), get(Header.BROKER), get(Header.BROKER_ID)
-    listener, capture = get(Header.LISTENER), get(Header.CAPTURE)
-    partition, offset, lost = get(ROW_KEYS["partition"]), get(ROW_KEYS["offset"]), get(LOST)
-    lone = get(LONE)
+
+def frames_from_columns(columns: Mapping[str, Sequence[Any]], rows: int) -> list[TapFrame]:
+    """The ``rows`` tap-record rows of ``columns`` (``ROW_COLUMNS``, each a column's values; a missing
+    column is all null) to frames, decoded: the one decode of the streaming job (its ``mapInArrow``
+    stage, ``streaming.bundles``). Column by column: a dict per row cost as much as reading it."""
+    nulls = [None] * rows
+    values = (columns.get(name, nulls) for name in ROW_COLUMNS)
+    return [_frame_of(*row) for row in zip(*values, strict=True)]
+
+
+def _frame_of(
+    conn: Any,
+    seq: Any,
+    ts_ns: Any,
+    direction: Any,
+    api_key: Any,
+    api_version: Any,
+    corr: Any,
+    client: Any,
+    broker: Any,
+    broker_id: Any,
+    listener: Any,
+    partition: Any,
+    offset: Any,
+    capture: Any,
+    lost: Any,
+    lone: Any,
+    value: Any,
+    truncated: Any,
+) -> TapFrame:
+    """One row's values (``ROW_COLUMNS``' order) to a frame, decoded, with ``frame_from_dict``'s
+    defaults and conversions but none of its saved-state layouts: this runs for every frame of the
+    stream. pandas hands Spark's null ints over as NaN floats, and NaN is the one value unequal to
+    itself (``v != v``); written out per column, as a helper call per column cost more than the rest."""
     # Positional, in the dataclass's field order (its ``__init__`` binds keywords at twice the cost).
     frame = TapFrame(
         "" if conn is None or conn != conn else str(conn),
@@ -394,8 +440,7 @@ def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
         0 if lost is None or lost != lost else int(lost),
         lone is True,
     )
-    value = get("value")
-    return decode_frame(frame, None if value is None else bytes(value), truncated=bool(get(Header.TRUNCATED)))
+    return decode_frame(frame, None if value is None else bytes(value), truncated=bool(truncated))
 
 
 # --- frames as packed lists (binary state) ---------------------------------------------------------------

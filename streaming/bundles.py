@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from checks.settings import ChecksSettings
-from codec.taprecord import Header
-from streaming.frames import FRAME_ROW_SCHEMA, frame_columns
-from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_rows
-from streaming.rows import EVENT_TIME_MS, NS_PER_MS
+from codec.taprecord import ROW_COLUMNS, Header, frames_from_columns
+from streaming.frames import frame_columns
+from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_frames
+from streaming.rows import NS_PER_MS
 
 #: What the job's ``mapInArrow`` stage reads: the Kafka source's value, headers, partition and offset,
 #: as Spark hands them over (``streaming.job.source_rows``).
@@ -40,9 +40,6 @@ KAFKA_SOURCE_SCHEMA = pa.schema(
         ("offset", pa.int64()),
     ]
 )
-
-#: The tap-record rows the router reads: each frame's event time (ms) added.
-ROUTED_ROW_SCHEMA = FRAME_ROW_SCHEMA.append(pa.field(EVENT_TIME_MS, pa.int64()))
 
 #: The columns of a bundle row: the grouping value of its bucket (``PASS_BUCKET`` for the aggregates),
 #: the newest event time of its source batch (the watermark's column) and the bundle.
@@ -74,9 +71,10 @@ def bundle_batch(
     if rows.num_rows == 0:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms
-    millis = _event_ms(rows, now_ms)
-    rows = pa.RecordBatch.from_arrays([*rows.columns, pa.array(millis)], schema=ROUTED_ROW_SCHEMA)
-    routed = route_rows(config, rows.to_pylist(), len(labels))
+    newest_ms = int(_event_ms(rows, now_ms).max())
+    columns = {name: rows.column(name).to_pylist() for name in ROW_COLUMNS}
+    frames = frames_from_columns(columns, rows.num_rows)
+    routed = route_frames(config, frames, newest_ms, len(labels))
     if routed.newest_ms is None:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     event_us = routed.newest_ms * 1000

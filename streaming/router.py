@@ -1,7 +1,8 @@
 """The stateless half of the job: tap-record rows in, one *bundle* per stateful bucket out.
 
-The job's ``mapInArrow`` runs ``route_rows`` where the Kafka source hands over the tap topic's records,
-before any shuffle. It decodes each frame once (``codec.taprecord.frame_from_row``) and sends it:
+The job's ``mapInArrow`` runs ``route_frames`` where the Kafka source hands over the tap topic's
+records, before any shuffle, on each frame decoded once (``codec.taprecord.frames_from_columns``,
+``streaming.bundles``). It sends each frame:
 
 - to its connection's key (``conn|<id>``), for the connection-scoped rules, the gap and decode error
   reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage), with what those
@@ -27,7 +28,7 @@ schema-1 record or a lone one); both go to ``PASS_BUCKET``, which the stage pass
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -95,34 +96,45 @@ class RoutedBatch:
 
 
 def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], buckets: int) -> RoutedBatch:
-    """One source batch's tap-record rows (``streaming.frames.FRAME_ROW_SCHEMA`` plus each frame's
-    event time, ``streaming.rows.EVENT_TIME_MS``) as a bundle per bucket of ``buckets``."""
-    per_conn: dict[str, list[TapFrame]] = {}
+    """``route_frames`` over tap-record rows as dicts (``streaming.frames.frame_row``, plus each frame's
+    event time where known, ``streaming.rows.EVENT_TIME_MS``): how ``LocalStages`` feeds the router."""
+    frames: list[TapFrame] = []
     newest: int | None = None
-    all_frames: list[TapFrame] = []
     for row in rows:
-        frame = frame_from_row(row)
+        frames.append(frame_from_row(row))
         millis = event_ms_of(row)
         if newest is None or millis > newest:
             newest = millis
-        per_conn.setdefault(frame.conn, []).append(frame)
-        all_frames.append(frame)
-    if newest is None:
+    return route_frames(config, frames, newest, buckets)
+
+
+def route_frames(
+    config: ChecksSettings, frames: Sequence[TapFrame], newest_ms: int | None, buckets: int
+) -> RoutedBatch:
+    """One source batch's frames, decoded, in record order, and the newest event time (ms) among them
+    (the batch clock; None: no frames) as a bundle per bucket of ``buckets``."""
+    if newest_ms is None or not frames:
         return RoutedBatch(None, {}, [])
-    bundles = {b: Bundle(newest) for b in range(buckets)}
+    per_conn: dict[str, list[TapFrame]] = {}
+    for frame in frames:
+        conn_frames = per_conn.get(frame.conn)
+        if conn_frames is None:
+            conn_frames = per_conn[frame.conn] = []
+        conn_frames.append(frame)
+    bundles = {b: Bundle(newest_ms) for b in range(buckets)}
     unrouted = 0
-    for conn, frames in per_conn.items():
-        frames.sort(key=_seq)
+    for conn, conn_frames in per_conn.items():
+        conn_frames.sort(key=_seq)
         key = conn_key(conn)
         bundles[bucket_index(key, buckets)].conns[key] = [
-            frame_to_packed(project_for_connection(f)) for f in frames
+            frame_to_packed(project_for_connection(f)) for f in conn_frames
         ]
-        unrouted += _route(config, frames, bundles, buckets)
-    passed = aggregate_rows(all_frames, newest * NS_PER_MS)
-    counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest * NS_PER_MS)
+        unrouted += _route(config, conn_frames, bundles, buckets)
+    passed = aggregate_rows(frames, newest_ms * NS_PER_MS)
+    counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest_ms * NS_PER_MS)
     if counted is not None:
         passed.append(counted)
-    return RoutedBatch(newest, bundles, passed)
+    return RoutedBatch(newest_ms, bundles, passed)
 
 
 def _seq(frame: TapFrame) -> int:

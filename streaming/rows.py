@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -165,7 +165,7 @@ def _first_error_code(body: dict[str, Any], api_key: int) -> int | None:
     return None
 
 
-def aggregate_rows(frames: list[TapFrame], ts_ns: int) -> list[OutputRow]:
+def aggregate_rows(frames: Sequence[TapFrame], ts_ns: int) -> list[OutputRow]:
     """Per (dir, api, version) counts of a batch of frames, from the one decode: the data-quality
     suites' input (``streaming.quality``)."""
     out: dict[tuple[str, int | None, int | None], dict[str, Any]] = {}

@@ -17,12 +17,16 @@ from codec.taprecord import (
     LONE,
     LOST,
     MAGIC,
+    ROW_COLUMNS,
     ROW_KEYS,
     SASL_TOKEN,
     Connection,
     Header,
     Part,
+    TapFrame,
     frame_from_row,
+    frame_to_packed,
+    frames_from_columns,
     headers_dict,
     pack_record,
     pack_static,
@@ -169,6 +173,27 @@ def test_mixed_schemas_equal_the_per_record_reference(batch_records: list[Record
     batch = source_batch(batch_records)
     assert_same(batch)
     assert_same(batch.slice(min(skip, batch.num_rows)))
+
+
+def _frame_facts(frame: TapFrame) -> tuple[object, ...]:
+    return (*frame_to_packed(frame), frame.raw, None if frame.error is None else str(frame.error))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(records, schema_2_records), max_size=12))
+def test_the_job_reads_the_rows_column_by_column_as_row_by_row(batch_records: list[Record]) -> None:
+    """The job's decode (``frames_from_columns``) reads every row as ``frame_from_row`` does."""
+    rows = frame_columns(source_batch(batch_records))
+    columns = {name: rows.column(name).to_pylist() for name in ROW_COLUMNS}
+    by_column = frames_from_columns(columns, rows.num_rows)
+    assert [_frame_facts(f) for f in by_column] == [_frame_facts(frame_from_row(r)) for r in rows.to_pylist()]
+
+
+def test_a_missing_column_reads_as_null() -> None:
+    frames = frames_from_columns({Header.CONN: ["c1"], Header.DIR: ["open"]}, 1)
+    assert [(f.conn, f.seq, f.direction, f.api_key, f.partition, f.capture) for f in frames] == [
+        ("c1", 0, "open", None, -1, "full")
+    ]
 
 
 def test_an_exchange_record_is_two_rows_with_the_record_seq() -> None:
