@@ -93,7 +93,8 @@ unit: setup
 	$(PY) -m pytest -m "not integration" -q $(XDIST)
 
 test: setup lint typecheck
-	$(PY) -m pytest -q $(XDIST)
+	@# The slowest tests are listed at the end: what to look at first when the suite's time grows.
+	$(PY) -m pytest -q $(XDIST) --durations=15
 	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.
 	KPMON_NATIVE=0 $(PY) -m pytest -q $(XDIST) -m "not integration" $(PURE_TESTS)
 

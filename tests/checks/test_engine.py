@@ -128,6 +128,15 @@ def test_acks_zero_produce_completes_without_response() -> None:
     assert m.conns[conv.conn].pending == {}
 
 
+def _run_gap_first(frames: list[TapFrame]) -> tuple[Monitor, list[Finding]]:
+    """A monitor over ``frames`` and its findings by time, a gap before the rules' findings of its
+    instant: a gap is reported as its record arrives (record order), the rules' findings as frames
+    are released."""
+    m = monitor()
+    found = m.feed_all(frames) + m.flush()
+    return m, sorted(found, key=lambda f: (f.ts_ns, f.rule != "tap.gap"))
+
+
 def test_a_tap_loss_marks_the_connection_incomplete_until_it_closes() -> None:
     conv = Conversation()
     frames = md(conv, 1 * SECOND)
@@ -137,10 +146,7 @@ def test_a_tap_loss_marks_the_connection_incomplete_until_it_closes() -> None:
     other = Conversation(conn="c-other")
     shared_offsets(conv, other)
     frames += md(other, 4 * SECOND)
-    m = monitor()
-    found = m.feed_all(frames) + m.flush()
-    # A gap is reported as its record arrives (record order); the rules' findings as frames are released.
-    findings = sorted(found, key=lambda f: (f.ts_ns, f.rule != "tap.gap"))
+    m, findings = _run_gap_first(frames)
     assert [(f.rule, f.incomplete) for f in findings] == [
         ("rec.seen", False),
         ("tap.gap", False),
@@ -160,9 +166,7 @@ def test_a_gap_the_tap_did_not_report_is_a_tap_gap_and_leaves_findings_complete(
     frames = md(conv, 1 * SECOND)
     conv.seq += 3  # numbers missing, no count from the tap
     frames += md(conv, 2 * SECOND)
-    m = monitor()
-    found = m.feed_all(frames) + m.flush()
-    findings = sorted(found, key=lambda f: (f.ts_ns, f.rule != "tap.gap"))
+    m, findings = _run_gap_first(frames)
     assert [(f.rule, f.incomplete) for f in findings] == [
         ("rec.seen", False),
         ("tap.gap", False),
