@@ -75,9 +75,7 @@ def bundle_batch(
     columns = {name: rows.column(name).to_pylist() for name in ROW_COLUMNS}
     frames = frames_from_columns(columns, rows.num_rows)
     routed = route_frames(config, frames, newest_ms, len(labels))
-    if routed.newest_ms is None:
-        return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
-    event_us = routed.newest_ms * 1000
+    event_us = newest_ms * 1000
     out: dict[str, list[Any]] = {
         "bucket": [labels[b] for b in routed.bundles],
         "event_time": [event_us] * len(routed.bundles),

@@ -105,15 +105,17 @@ def route_rows(config: ChecksSettings, rows: Iterable[Mapping[str, Any]], bucket
         millis = event_ms_of(row)
         if newest is None or millis > newest:
             newest = millis
+    if newest is None:
+        return RoutedBatch(None, {}, [])
     return route_frames(config, frames, newest, buckets)
 
 
 def route_frames(
-    config: ChecksSettings, frames: Sequence[TapFrame], newest_ms: int | None, buckets: int
+    config: ChecksSettings, frames: Sequence[TapFrame], newest_ms: int, buckets: int
 ) -> RoutedBatch:
     """One source batch's frames, decoded, in record order, and the newest event time (ms) among them
-    (the batch clock; None: no frames) as a bundle per bucket of ``buckets``."""
-    if newest_ms is None or not frames:
+    (the batch clock) as a bundle per bucket of ``buckets``."""
+    if not frames:
         return RoutedBatch(None, {}, [])
     per_conn: dict[str, list[TapFrame]] = {}
     for frame in frames:
