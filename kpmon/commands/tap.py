@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from kpmon.config import ConfigError, KpmonConfig, TapListenerConfig, load_config
 
 
-def _listener(text: str) -> TapListenerConfig:
-    """``LISTEN=BROKER[@ID]``, e.g. ``127.0.0.1:29092=127.0.0.1:19092@1``."""
+@dataclass(frozen=True)
+class ListenArg:
+    """One ``--listen``: a tap port, and the broker behind it unless the config's listener gives it."""
+
+    listen: str
+    broker: str | None = None
+    broker_id: int | None = None
+
+
+def _listener(text: str) -> ListenArg:
+    """``LISTEN[=BROKER[@ID]]``, e.g. ``127.0.0.1:29092=127.0.0.1:19092@1``."""
     listen, sep, broker = text.partition("=")
-    if not sep or not listen or not broker:
+    if not listen or (sep and not broker):
         raise argparse.ArgumentTypeError(
-            f"expected LISTEN_HOST:PORT=BROKER_HOST:PORT[@BROKER_ID], got {text!r}"
+            f"expected LISTEN_HOST:PORT[=BROKER_HOST:PORT[@BROKER_ID]], got {text!r}"
         )
     broker_id: int | None = None
     if "@" in broker:
@@ -21,7 +31,42 @@ def _listener(text: str) -> TapListenerConfig:
         if not raw_id.isdigit():
             raise argparse.ArgumentTypeError(f"broker id must be an integer in {text!r}")
         broker_id = int(raw_id)
-    return TapListenerConfig(listen=listen, broker=broker, broker_id=broker_id)
+    return ListenArg(listen, broker or None, broker_id)
+
+
+def select_listeners(configured: list[TapListenerConfig], wanted: list[ListenArg]) -> list[TapListenerConfig]:
+    """The listeners ``--listen`` asks for. With listeners in the config, each ``--listen`` *selects*
+    one of them, by broker id when it gives one, else by listen address, and keeps every setting of it
+    (TLS, advertise, listener name, identities): the command line sets only the address and broker it
+    names. A ``--listen`` that selects none is an error, since a tap started without its listener's
+    TLS settings would relay ciphertext it cannot read. With none configured, each one is a listener."""
+    out: list[TapListenerConfig] = []
+    for arg in wanted:
+        if not configured:
+            if arg.broker is None:
+                raise ConfigError(
+                    f"--listen {arg.listen} names no broker and the config has no tap.listeners"
+                )
+            out.append(TapListenerConfig(listen=arg.listen, broker=arg.broker, broker_id=arg.broker_id))
+            continue
+        if arg.broker_id is not None:
+            found = [c for c in configured if c.broker_id == arg.broker_id]
+            how = f"broker id {arg.broker_id}"
+        else:
+            found = [c for c in configured if c.listen == arg.listen]
+            how = f"listen address {arg.listen}"
+        if len(found) != 1:
+            known = ", ".join(f"{c.listen} (broker id {c.broker_id})" for c in configured)
+            problem = "no" if not found else "more than one"
+            raise ConfigError(
+                f"--listen {arg.listen}: {problem} configured tap listener has {how} "
+                f"(tap.listeners: {known}); name one by its listen address or broker id"
+            )
+        update: dict[str, Any] = {"listen": arg.listen}
+        if arg.broker is not None:
+            update["broker"] = arg.broker
+        out.append(found[0].model_copy(update=update))
+    return out
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -46,7 +91,7 @@ def configure(args: argparse.Namespace) -> KpmonConfig:
     config = load_config(getattr(args, "config", None))
     tap: dict[str, Any] = {}
     if args.listen:
-        tap["listeners"] = list(args.listen)
+        tap["listeners"] = select_listeners(config.tap.listeners, list(args.listen))
     for name in ("topic", "capture", "instance_id", "metrics_port", "max_mirrored_frame_bytes"):
         value = getattr(args, name)
         if value is not None:
@@ -118,8 +163,10 @@ def register(sub: Any) -> None:
         "--listen",
         action="append",
         type=_listener,
-        metavar="LISTEN=BROKER[@ID]",
-        help="a tap port in front of one broker, e.g. 127.0.0.1:29092=127.0.0.1:19092@1 (repeat per broker)",
+        metavar="LISTEN[=BROKER[@ID]]",
+        help="a tap port in front of one broker, e.g. 127.0.0.1:29092=127.0.0.1:19092@1 (repeat per broker). "
+        "With tap.listeners in --config it selects one of them (by @ID, else by LISTEN) and keeps its "
+        "TLS and other settings; naming none of them is an error",
     )
     parser.add_argument("--topic", help="tap topic (default from config: kpmon.tap)")
     parser.add_argument(

@@ -364,6 +364,49 @@ def test_sidecar_variant_parses_and_agrees(config_file: Path) -> None:
     assert {v["name"]: v["configMap"]["name"] for v in pod["volumes"]} == {"kpmon-config": "kpmon-config"}
 
 
+@pytest.fixture(scope="module")
+def tls_config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ConfigMap's kpmon.yaml with every per-listener setting set, as a SASL_SSL cluster needs."""
+    data = yaml.safe_load(one("ConfigMap", "kpmon-config")["data"]["kpmon.yaml"])
+    for entry in data["tap"]["listeners"]:
+        n = entry["broker_id"]
+        entry.update(
+            listener_name="CLIENT",
+            tls_certfile=f"/etc/kpmon/tls/tap-{n}.crt",
+            tls_keyfile=f"/etc/kpmon/tls/tap-{n}.key",
+            broker_tls=True,
+            broker_cafile="/etc/kpmon/tls/ca.crt",
+        )
+    path = tmp_path_factory.mktemp("tls-configmap") / "kpmon.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_tap_command_lines_keep_every_listener_setting(tls_config_file: Path) -> None:
+    """Each Deployment's ``--listen`` selects its configured listener: TLS to clients and to the broker,
+    the listener name and the advertised address all survive (a replaced listener relayed ciphertext)."""
+    configured = {entry.broker_id: entry for entry in load_config(tls_config_file, environ={}).tap.listeners}
+    deployments = tap_deployments()
+    assert len(deployments) == len(configured)
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        (listener,) = tap_configure(parse_kpmon(container_argv(container), tls_config_file)).tap.listeners
+        assert listener == configured[listener.broker_id]
+        assert listener.broker_tls and listener.tls_certfile and listener.listener_name == "CLIENT"
+
+
+def test_sidecar_command_line_keeps_its_brokers_listener_settings(tls_config_file: Path) -> None:
+    patch = docs_of(K8S / "sidecar" / "tap-sidecar-patch.yaml")[0]
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    configured = {entry.broker_id: entry for entry in load_config(tls_config_file, environ={}).tap.listeners}
+    for broker_id, entry in configured.items():
+        argv = [a.replace("$(BROKER_ID)", str(broker_id)) for a in container_argv(container)]
+        (listener,) = tap_configure(parse_kpmon(argv, tls_config_file)).tap.listeners
+        # The sidecar listens on its own port in front of its own broker; the rest is the config's.
+        assert listener.broker == "127.0.0.1:9092"
+        assert listener.model_copy(update={"listen": entry.listen, "broker": entry.broker}) == entry
+
+
 # ----- schema validation (when the tools are installed) ---------------------------------------------
 
 

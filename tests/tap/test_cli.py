@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kpmon.cli import build_parser
 from kpmon.commands.tap import configure
-from kpmon.config import TapConfig
+from kpmon.config import ConfigError, TapConfig
 from tests.tap.helpers import FakeBroker, api_versions_request, frame
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +51,68 @@ def test_listen_args_override_config(tmp_path: Path) -> None:
     assert config.tap_cluster.bootstrap_servers == "mon:9092"
     assert config.tap_cluster.properties == {"security.protocol": "SASL_SSL"}  # kept, not dropped
     assert config.tap.rewrite_broker_addresses and config.tap.clamp_api_versions
+
+
+def _tls_listeners_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "kpmon.yaml"
+    cfg.write_text(
+        "tap:\n  listeners:\n"
+        "    - {listen: '0.0.0.0:29092', broker: 'b0:9093', broker_id: 0, listener_name: CLIENT,\n"
+        "       tls_certfile: /t/0.crt, tls_keyfile: /t/0.key, broker_tls: true, broker_cafile: /t/ca.crt,\n"
+        "       advertise: 'tap-0:9092'}\n"
+        "    - {listen: '0.0.0.0:29093', broker: 'b1:9093', broker_id: 1, tls_certfile: /t/1.crt,\n"
+        "       tls_keyfile: /t/1.key, broker_tls: true}\n"
+    )
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected_id", "listen_addr", "broker"),
+    [
+        ("0.0.0.0:29093", 1, "0.0.0.0:29093", "b1:9093"),  # by listen address
+        ("0.0.0.0:29093=b1:9093@1", 1, "0.0.0.0:29093", "b1:9093"),  # the whole entry, as manifests write it
+        ("0.0.0.0:29092=127.0.0.1:9093@1", 1, "0.0.0.0:29092", "127.0.0.1:9093"),  # by id: a sidecar
+    ],
+)
+def test_listen_selects_a_configured_listener_and_keeps_its_settings(
+    tmp_path: Path, listen: str, expected_id: int, listen_addr: str, broker: str
+) -> None:
+    cfg = _tls_listeners_config(tmp_path)
+    configured = {
+        c.broker_id: c
+        for c in configure(build_parser().parse_args(["tap", "--config", str(cfg)])).tap.listeners
+    }
+    args = build_parser().parse_args(["tap", "--config", str(cfg), "--listen", listen])
+    (listener,) = configure(args).tap.listeners
+    assert (listener.broker_id, listener.listen, listener.broker) == (expected_id, listen_addr, broker)
+    assert listener == configured[expected_id].model_copy(update={"listen": listen_addr, "broker": broker})
+    assert listener.broker_tls and listener.tls_certfile == f"/t/{expected_id}.crt"
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:29999", "0.0.0.0:29092=b0:9093@7"])
+def test_listen_naming_no_configured_listener_is_an_error(tmp_path: Path, listen: str) -> None:
+    cfg = _tls_listeners_config(tmp_path)
+    args = build_parser().parse_args(["tap", "--config", str(cfg), "--listen", listen])
+    with pytest.raises(ConfigError, match=r"no configured tap listener.*0\.0\.0\.0:29092 \(broker id 0\)"):
+        configure(args)
+
+
+def test_listen_without_a_broker_needs_configured_listeners() -> None:
+    with pytest.raises(ConfigError, match="names no broker"):
+        configure(build_parser().parse_args(["tap", "--listen", "127.0.0.1:29092"]))
+
+
+def test_tap_command_reports_a_listen_that_selects_nothing(tmp_path: Path) -> None:
+    cfg = _tls_listeners_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "kpmon.cli", "tap", "--config", str(cfg), "--listen", "0.0.0.0:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no configured tap listener has listen address 0.0.0.0:1" in done.stdout
 
 
 def test_dynamic_listener_options(capsys: pytest.CaptureFixture[str]) -> None:
