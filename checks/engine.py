@@ -10,6 +10,7 @@ the watermark is processed at once and counted as late.
 from __future__ import annotations
 
 import heapq
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -227,6 +228,10 @@ class Monitor:
             return
         if direction == "open":
             return
+        if direction == "blind":
+            if self.report_frames:
+                self._blind(frame)
+            return
         if frame.error is not None:
             if self.report_frames:
                 self._decode_error(frame)
@@ -415,6 +420,34 @@ class Monitor:
             + (f"; the tap reports {frame.lost} lost" if frame.lost else ""),
             frame.ts_ns,
             {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
+        )
+
+    def _blind(self, frame: TapFrame) -> None:
+        """The tap saw TLS it does not terminate on this connection: every later frame is opaque."""
+        try:
+            side = str(json.loads(frame.raw or b"{}").get("side", "client"))
+        except (ValueError, AttributeError):
+            side = "client"
+        fix = (
+            "the broker speaks TLS: set broker_tls (and broker_cafile) on that tap listener"
+            if side == "broker"
+            else "the client speaks TLS: set tls_certfile and tls_keyfile on that tap listener"
+        )
+        self.ctx.emit(
+            "tap.blind",
+            Severity.WARNING,
+            f"conn:{frame.conn}",
+            f"the tap relays connection {frame.conn} (listener {frame.listener or '?'}, broker "
+            f"{frame.broker or '?'}) as TLS it cannot read, so none of its frames are checked; {fix}",
+            frame.ts_ns,
+            {
+                **frame.evidence(),
+                "client": frame.client,
+                "broker": frame.broker,
+                "listener": frame.listener,
+                "side": side,
+                "offsets": [[frame.partition, frame.offset]],
+            },
         )
 
     def _decode_error(self, frame: TapFrame) -> None:

@@ -37,7 +37,7 @@ from codec.errors import DecodeError
 class Header:
     """Tap record header names, exactly as on the wire. A namespace of plain ``str`` constants."""
 
-    #: ``req``, ``resp``, ``open`` or ``close`` (``DIRECTIONS``).
+    #: ``req``, ``resp``, ``open``, ``close`` or ``blind`` (``DIRECTIONS``).
     DIR: Final = "dir"
     #: Per-connection sequence number, from 1 (the ``open`` record); a gap means dropped records.
     SEQ: Final = "seq"
@@ -77,8 +77,11 @@ REQ: Final = "req"
 RESP: Final = "resp"
 OPEN: Final = "open"
 CLOSE: Final = "close"
+#: The tap cannot read this connection's frames from here on (it carries TLS the tap does not
+#: terminate); its value is JSON with the ``side`` that sent it (``client`` or ``broker``).
+BLIND: Final = "blind"
 #: Values of the ``dir`` header.
-DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE)
+DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE, BLIND)
 #: The ``redacted`` entry of a raw SASL token (mirrored header-only).
 SASL_TOKEN: Final = "sasl_token"
 
@@ -222,6 +225,9 @@ def decode_frame(
         frame.direction = REQ
         return frame
     if frame.direction not in (REQ, RESP):
+        if frame.direction == BLIND:
+            # Its JSON says which side sent what the tap cannot read (``checks.engine``).
+            frame.raw = value
         return frame
     if frame.capture == "meta" or truncated:
         # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.

@@ -26,6 +26,13 @@ _INT32 = struct.Struct(">i")
 DEFAULT_MAX_FRAME = 1 << 30
 
 
+def starts_with_tls(data: bytes | bytearray | memoryview) -> bool:
+    """Whether a stream's first bytes are a TLS record header (content type 20-23, version 3.x) rather
+    than a Kafka size prefix. As a size those bytes would read 335 MB or more, far past any broker's
+    ``socket.request.max.bytes``, so a Kafka stream never starts this way."""
+    return len(data) >= 3 and 0x14 <= data[0] <= 0x17 and data[1] == 0x03 and data[2] <= 0x04
+
+
 class FrameError(ValueError):
     """The stream is not Kafka framing (negative or absurd size); the connection must be closed."""
 

@@ -82,6 +82,13 @@ class TapMetrics:
         self.bad_connections = Counter(
             "kpmon_tap_closed_connections", "Connections the tap closed", ["reason", *where], registry=r
         )
+        self.blind_connections = Counter(
+            "kpmon_tap_blind_connections",
+            "Connections relayed unread: one side spoke TLS that the tap does not terminate (side: "
+            "client or broker); the monitor sees none of their frames",
+            ["side", *where],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "kpmon_tap_mirror_queue_depth", "Tap records waiting to be produced", registry=r
         )
@@ -153,6 +160,8 @@ class ListenerMetrics:
         self.connections = metrics.connections.labels(*self.where)
         self.connections_total = metrics.connections_total.labels(*self.where)
         self.connections.set(0)
+        for side in ("client", "broker"):
+            metrics.blind_connections.labels(side, *self.where)
         # At zero from the first connection on, so rate() and the dashboard see them before any event.
         self._closed = {
             reason: metrics.bad_connections.labels(reason, *self.where) for reason in CLOSE_REASONS
@@ -183,6 +192,9 @@ class ListenerMetrics:
         # Error codes are Kafka's small, fixed set; clamp anything else.
         label = str(code) if -1 <= code < 256 else "other"
         self.metrics.errors.labels(api_label(api_key), label, *self.where).inc()
+
+    def blind(self, side: str) -> None:
+        self.metrics.blind_connections.labels(side, *self.where).inc()
 
     def closed(self, reason: str) -> None:
         child = self._closed.get(reason)

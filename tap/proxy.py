@@ -41,6 +41,7 @@ from tap.framing import (
     Unpaired,
     WireFrame,
     expects_response,
+    starts_with_tls,
 )
 from tap.listeners import (
     DynamicListeners,
@@ -185,6 +186,12 @@ class TapConnection:
         self.closed = False
         self.close_reason = "client closed"
         self.close_error = False
+        #: Each side's stream is checked once, at its start, for TLS the tap does not terminate.
+        self.client_started = False
+        self.broker_started = False
+        #: The side that sent TLS the tap cannot read (``client`` or ``broker``): from then on the
+        #: connection is relayed as opaque bytes, unframed.
+        self.blind: str | None = None
         self.client_addr = "?"
         self.client_name: bytes = b""
         self._static = b""
@@ -321,7 +328,9 @@ class TapConnection:
         info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
         if self.close_error:
             info["error"] = self.close_reason
-        if self.req_split.mid_frame or self.resp_split.mid_frame:
+        if self.blind is not None:
+            info["blind"] = self.blind
+        elif self.req_split.mid_frame or self.resp_split.mid_frame:
             info["mid_frame"] = True
         self._mirror_lifecycle(taprecord.CLOSE, info)
         self.tap.log_event("close", conn=self.conn_id, **info)
@@ -348,7 +357,35 @@ class TapConnection:
             t.resume_reading()
 
     # --- data ------------------------------------------------------------------------------
+    def _go_blind(self, side: str) -> None:
+        """TLS the tap does not terminate: relay the rest unread, and say so in the log, the metrics
+        and the tap topic (``tap.blind``), since the monitor sees nothing of this connection."""
+        self.blind = side
+        fix = (
+            "set broker_tls on the listener"
+            if side == "broker"
+            else "set tls_certfile and tls_keyfile on the listener"
+        )
+        log.warning(
+            "tap listener %s:%s (%s, broker %s): the %s speaks TLS that the tap does not terminate; "
+            "connection %s is relayed unread and the monitor is blind to it: %s",
+            self.spec.listen_host, self.spec.listen_port, self.spec.listener_name, self.spec.broker,
+            side, self.conn_id, fix,
+        )  # fmt: skip
+        self.metrics.blind(side)
+        self._mirror_lifecycle(taprecord.BLIND, {"side": side})
+
     def client_data(self, data: bytes) -> None:
+        if not self.client_started:
+            self.client_started = True
+            if self.blind is None and starts_with_tls(data):
+                self._go_blind("client")
+        if self.blind is not None:
+            if self.broker_t is None:
+                self.pending.append(data)
+            else:
+                self.broker_t.write(data)
+            return
         t0 = time.perf_counter_ns()
         try:
             frames = self.req_split.feed(data)
@@ -365,6 +402,14 @@ class TapConnection:
                 self._on_request(frame, inside)
 
     def broker_data(self, data: bytes) -> None:
+        if not self.broker_started:
+            self.broker_started = True
+            if self.blind is None and starts_with_tls(data):
+                self._go_blind("broker")
+        if self.blind is not None:
+            assert self.client_t is not None
+            self.client_t.write(data)
+            return
         t0 = time.perf_counter_ns()
         try:
             frames = self.resp_split.feed(data)

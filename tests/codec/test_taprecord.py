@@ -86,7 +86,7 @@ def _headers(direction: str, **extra: str) -> dict[str, str]:
 
 def test_the_wire_names_do_not_change() -> None:
     assert HEADERS == WIRE_NAMES
-    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close")
+    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close", "blind")
 
 
 def test_headers_to_frame_to_dict_to_frame() -> None:

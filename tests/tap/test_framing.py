@@ -21,6 +21,7 @@ from tap.framing import (
     Pending,
     SaslState,
     Unpaired,
+    starts_with_tls,
 )
 
 
@@ -217,3 +218,29 @@ def test_failed_handshake_is_not_raw() -> None:
     s.on_handshake_v0("PLAIN")
     s.on_handshake_response(33)
     assert not s.client_frame_is_token()
+
+
+# ----- TLS where Kafka was expected ------------------------------------------------------------------
+
+
+def _client_hello() -> bytes:
+    """The first bytes a real TLS client (Python's ssl, OpenSSL) sends."""
+    import ssl
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="broker")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_tls_client_hello_is_recognised() -> None:
+    hello = _client_hello()
+    assert starts_with_tls(hello)
+    assert not starts_with_tls(hello[:2])
+
+
+@given(size=st.integers(0, 100 * 1024 * 1024), rest=st.binary(max_size=8))
+def test_no_kafka_frame_a_broker_accepts_looks_like_tls(size: int, rest: bytes) -> None:
+    # socket.request.max.bytes defaults to 100 MiB; a size prefix up to there never reads as TLS.
+    assert not starts_with_tls(struct.pack(">i", size) + rest)

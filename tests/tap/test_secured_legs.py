@@ -303,6 +303,70 @@ def test_plaintext_to_the_brokers_tls_listener_is_refused(secured: Secured) -> N
     assert refused(config)
 
 
+def test_a_listener_without_its_tls_settings_relays_and_says_it_is_blind(
+    secured: Secured, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SASL_SSL clients through a tap listener that has none of its TLS settings (what the shipped
+    manifests' ``--listen`` used to leave): the clients still work, and the log, the metrics and the
+    monitor all say that the tap sees only ciphertext on that connection."""
+    import checks
+    from codec.taprecord import frames_from_record
+
+    sink = MemoryMirror()
+    port = free_port()
+    plain = TapConfig(
+        listeners=[
+            TapListenerConfig(listen=f"127.0.0.1:{port}", broker="{}:{}".format(*secured.broker), broker_id=1)
+        ]
+    )
+    t = TapThread(listener_specs(plain), sink, TapSettings(capture="full")).start()
+    try:
+        # The broker's own certificate is for 127.0.0.1, so a client's TLS through the relay verifies.
+        config = {**secured.direct("PLAIN"), "bootstrap.servers": f"127.0.0.1:{port}"}
+        roundtrip(config, f"blind-{uuid.uuid4().hex[:6]}", b"through a blind tap")
+        t.wait_idle(30)
+    finally:
+        t.stop()
+    blind = [p for _, p in parts(sink.records) if p.direction == "blind"]
+    assert blind and all(json.loads(p.value or b"")["side"] == "client" for p in blind)
+    assert [p for _, p in parts(sink.records) if p.direction in ("req", "resp")] == []
+    closes = [json.loads(p.value or b"") for _, p in parts(sink.records) if p.direction == "close"]
+    assert closes and all(c["blind"] == "client" and "mid_frame" not in c for c in closes)
+    assert t.metric("kpmon_tap_blind_connections_total", {"side": "client"}) == len(blind)
+    assert any("speaks TLS that the tap does not terminate" in r.getMessage() for r in caplog.records)
+    monitor = checks.new_monitor()
+    frames = [f for i, r in enumerate(sink.records) for f in frames_from_record(None, r.value, 0, i)]
+    findings = [*monitor.feed_all(frames), *monitor.flush()]
+    assert {f.rule for f in findings} == {"tap.blind"}, [f.summary for f in findings]
+    assert all("set tls_certfile and tls_keyfile" in f.summary for f in findings)
+
+
+def test_plaintext_to_a_tls_broker_through_the_tap_is_reported_as_the_brokers_side(secured: Secured) -> None:
+    """A listener whose broker speaks TLS but lacks ``broker_tls``: the broker answers the client's
+    plaintext with a TLS alert, and the tap names the broker side and the setting to fix."""
+    sink = MemoryMirror()
+    port = free_port()
+    plain = TapConfig(
+        listeners=[
+            TapListenerConfig(listen=f"127.0.0.1:{port}", broker="{}:{}".format(*secured.broker), broker_id=1)
+        ]
+    )
+    t = TapThread(listener_specs(plain), sink, TapSettings(capture="full")).start()
+    try:
+        config = {
+            **secured.direct("PLAIN"),
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "security.protocol": "SASL_PLAINTEXT",
+        }
+        assert refused(config)
+        t.wait_idle(30)
+    finally:
+        t.stop()
+    blind = [json.loads(p.value or b"")["side"] for _, p in parts(sink.records) if p.direction == "blind"]
+    assert blind and set(blind) == {"broker"}
+    assert t.metric("kpmon_tap_blind_connections_total", {"side": "broker"}) == len(blind)
+
+
 def test_the_spark_kafka_source_reads_the_tap_topic_on_sasl_ssl(secured: Secured, tmp_path: Path) -> None:
     """The job's own streaming source (Spark's Kafka source, the Java client) with ``source_options``:
     the translated properties, in a Structured Streaming query run once (``availableNow``)."""
