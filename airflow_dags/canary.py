@@ -118,7 +118,8 @@ def finding_in_window(finding: Mapping[str, Any], window: Window, ts_range: tupl
     offsets = (finding.get("evidence") or {}).get("offsets")
     if offsets:
         return any(
-            isinstance(pair, list | tuple) and len(pair) == 2 and window.contains(int(pair[0]), int(pair[1]))
+            # [partition, offset], and a schema-3 record's entry index after them when not the first.
+            isinstance(pair, list | tuple) and len(pair) >= 2 and window.contains(int(pair[0]), int(pair[1]))
             for pair in offsets
             if pair[0] is not None and pair[1] is not None
         )

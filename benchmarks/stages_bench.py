@@ -80,7 +80,7 @@ def tap_records(sessions: int, produces: int = 18) -> list[tuple[dict[str, str],
 
 def frames_of(records: list[tuple[dict[str, str], bytes, int, int]]) -> int:
     """The frames the records hold (one per schema-1 record, an exchange's two per schema-2 one)."""
-    return sum(len(taprecord.parse_record(h, raw).parts) for h, raw, _, _ in records)
+    return sum(len(e.parts) for h, raw, _, _ in records for e in taprecord.parse_records(h, raw))
 
 
 #: Records per Arrow batch the Kafka source hands ``mapInArrow`` (Spark's ``maxRecordsPerBatch``).
@@ -126,7 +126,9 @@ def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
 
 
 def full_decode(records: list[tuple[dict[str, str], bytes, int, int]]) -> float:
-    parts = [part for headers, raw, _, _ in records for part in taprecord.parse_record(headers, raw).parts]
+    parts = [
+        p for headers, raw, _, _ in records for e in taprecord.parse_records(headers, raw) for p in e.parts
+    ]
     start = time.perf_counter()
     for part in parts:
         if part.direction == "req":

@@ -267,7 +267,7 @@ def mirrored_frames(bootstrap: str, topic: str, start: dict[int, int], end: dict
     end offsets: read back from the tap topic, the independent side of the completeness figure."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from codec.taprecord import REQ, RESP, RecordError, headers_dict, parse_record
+    from codec.taprecord import REQ, RESP, RecordError, headers_dict, parse_records
 
     left = {p: end[p] - start.get(p, 0) for p in end if end[p] > start.get(p, 0)}
     if not left:
@@ -288,10 +288,10 @@ def mirrored_frames(bootstrap: str, topic: str, start: dict[int, int], end: dict
                     continue
                 left[partition] -= 1
                 try:
-                    parsed = parse_record(headers_dict(record.headers() or []), record.value())
+                    entries = parse_records(headers_dict(record.headers() or []), record.value())
                 except RecordError:
                     continue
-                frames += sum(1 for part in parsed.parts if part.direction in (REQ, RESP))
+                frames += sum(1 for e in entries for part in e.parts if part.direction in (REQ, RESP))
         if any(n > 0 for n in left.values()):
             raise RuntimeError(f"could not read back the tap topic {topic}: {left} records unread")
     finally:

@@ -419,7 +419,7 @@ class Monitor:
             f"{missing} record(s) missing on connection {frame.conn} (seq {last_seq + 1}..{frame.seq - 1})"
             + (f"; the tap reports {frame.lost} lost" if frame.lost else ""),
             frame.ts_ns,
-            {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
+            {**frame.evidence(), "missing": missing, "offsets": [frame.at()]},
         )
 
     def _blind(self, frame: TapFrame) -> None:
@@ -446,7 +446,7 @@ class Monitor:
                 "broker": frame.broker,
                 "listener": frame.listener,
                 "side": side,
-                "offsets": [[frame.partition, frame.offset]],
+                "offsets": [frame.at()],
             },
         )
 
@@ -468,7 +468,7 @@ class Monitor:
                 "api_key": frame.api_key,
                 "api_version": frame.api_version,
                 "correlation_id": frame.correlation_id,
-                "offsets": [[frame.partition, frame.offset]],
+                "offsets": [frame.at()],
             },
         )
         # Rules that can explain an undecodable frame (the KIP-482 header-version check defines
@@ -626,6 +626,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
         offset=outer.offset,
         message=data.request,
         capture=outer.capture,
+        index=outer.index,
     )
     inner_response = None
     resp = exchange.resp
@@ -649,6 +650,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
                 offset=r.offset,
                 message=wrapped.response,
                 capture=r.capture,
+                index=r.index,
             )
     # ``envelope`` marks the exchange as unwrapped, so rules can tell it from the connection's own traffic.
     return Exchange(inner_request, inner_response, envelope=exchange.request)

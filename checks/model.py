@@ -150,13 +150,9 @@ class Exchange:
             "correlation_id": request.correlation_id,
         }
         response = self.response
-        out["offsets"] = (
-            [[request.partition, request.offset]]
-            if response is None
-            else [[request.partition, request.offset], [response.partition, response.offset]]
-        )
+        out["offsets"] = [request.at()] if response is None else [request.at(), response.at()]
         if self.envelope is not None:
-            out["envelope"] = [self.envelope.partition, self.envelope.offset]
+            out["envelope"] = self.envelope.at()
         return out
 
 

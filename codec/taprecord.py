@@ -2,7 +2,8 @@
 
 The tap writes records with these header names (``tap/proxy.py``, ``tap/capture.py``); the checks
 (``checks/``), the streaming job (``streaming/frames.py``, ``streaming/stages.py``), the DAGs and the
-CLI read them through the functions here. docs/tap.md, "Tap records (schema 2)", describes the format.
+CLI read them through the functions here. docs/tap.md, "Tap records", describes the formats: every
+reader reads schemas 1, 2 and 3 (``parse_records``).
 
 Why in ``codec/``: it is the one package that the tap, the checks, the job and the CLI all depend on,
 and the tap must stay installable without ``checks/`` or Spark. Parsing a record needs the codec
@@ -116,14 +117,25 @@ class TapFrame:
     #: A response the tap wrote as a record of its own (schema 2, kind ``resp``): its request was written
     #: alone before it (a bound was hit) or never seen, so it pairs with nothing (``checks.engine``).
     lone: bool = False
+    #: Which of its record's entries the frame came from: a schema-3 record holds a connection's
+    #: exchanges of one flush, so the record's offset alone no longer names one (0 in schemas 1 and 2).
+    index: int = 0
 
     def with_message(self, message: Request | Response | None) -> TapFrame:
         """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
         return TapFrame(
             self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
             self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
-            self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone,
+            self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone, self.index,
         )  # fmt: skip
+
+    def at(self) -> list[int]:
+        """Where the frame sits in the tap topic, as findings' ``offsets`` name it: partition and
+        offset, and the entry's index within a schema-3 record when it is not the first (so ids of
+        findings on frames of schemas 1 and 2, always index 0, stay what they were)."""
+        if self.index:
+            return [self.partition, self.offset, self.index]
+        return [self.partition, self.offset]
 
     @property
     def request(self) -> Request | None:
@@ -138,7 +150,15 @@ class TapFrame:
         return self.client.rsplit(":", 1)[0]
 
     def evidence(self) -> dict[str, Any]:
-        return {"conn": self.conn, "seq": self.seq, "partition": self.partition, "offset": self.offset}
+        out: dict[str, Any] = {
+            "conn": self.conn,
+            "seq": self.seq,
+            "partition": self.partition,
+            "offset": self.offset,
+        }
+        if self.index:
+            out["index"] = self.index
+        return out
 
 
 # --- parsing a record -------------------------------------------------------------------------------
@@ -277,11 +297,18 @@ _INT_FIELDS = frozenset(
 LOST: Final = "lost"
 #: ``TapFrame.lone`` in the same layouts as ``LOST`` (written only when set; packed after ``lost``).
 LONE: Final = "lone"
+#: ``TapFrame.index`` in the same layouts (written only when not 0; packed after ``lone``).
+INDEX: Final = "index"
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
 #: Columns of the streaming job's tap-record rows (``streaming.frames.FRAME_ROW_SCHEMA``).
-ROW_KEYS: Final[Mapping[str, str]] = {**STATE_KEYS, "partition": "tap_partition", "offset": "tap_offset"}
+ROW_KEYS: Final[Mapping[str, str]] = {
+    **STATE_KEYS,
+    "partition": "tap_partition",
+    "offset": "tap_offset",
+    "index": "tap_index",
+}
 #: Every other key a field may be found under in a saved dict, newest layout first.
 KEY_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {
     name: tuple(dict.fromkeys(layout[name] for layout in (STATE_KEYS, ROW_KEYS) if name in layout))
@@ -311,6 +338,8 @@ def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dic
         out[LOST] = frame.lost
     if frame.lone:
         out[LONE] = True
+    if frame.index:
+        out[INDEX] = frame.index
     return out
 
 
@@ -353,6 +382,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
     frame = TapFrame(**values)
     frame.lost = _count(data.get(LOST))
     frame.lone = data.get(LONE) is True
+    frame.index = _count(data.get(INDEX))
     raw = data.get("raw")
     if not decode or not isinstance(raw, str):
         return frame
@@ -382,6 +412,7 @@ ROW_COLUMNS: Final = (
     LONE,
     "value",
     Header.TRUNCATED,
+    ROW_KEYS["index"],
 )
 
 
@@ -419,6 +450,7 @@ def _frame_of(
     lone: Any,
     value: Any,
     truncated: Any,
+    index: Any,
 ) -> TapFrame:
     """One row's values (``ROW_COLUMNS``' order) to a frame, decoded, with ``frame_from_dict``'s
     defaults and conversions but none of its saved-state layouts: this runs for every frame of the
@@ -445,6 +477,7 @@ def _frame_of(
         None,
         0 if lost is None or lost != lost else int(lost),
         lone is True,
+        0 if index is None or index != index else int(index),
     )
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(truncated))
 
@@ -467,9 +500,17 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [*_metadata(frame), raw, facts.pack_message(message), None, frame.lost, frame.lone]
+        return [
+            *_metadata(frame),
+            raw,
+            facts.pack_message(message),
+            None,
+            frame.lost,
+            frame.lone,
+            frame.index,
+        ]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.index]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -502,9 +543,10 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw, packed, error, lost, lone = [*values[count:], None, None, None, None, None][:5]
+    raw, packed, error, lost, lone, index = [*values[count:], None, None, None, None, None, None][:6]
     frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
     frame.lone = lone is True
+    frame.index = index if isinstance(index, int) and not isinstance(index, bool) and index > 0 else 0
     if packed is not None:
         frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
@@ -609,7 +651,10 @@ class TapRecord:
     connection: Connection
     parts: tuple[Part, ...]
     #: The connection's records the tap had lost before this one (``TapFrame.lost``); 0 in schema 1.
+    #: In schema 3, the entries it lost: each of a lost record's entries counts.
     lost: int = 0
+    #: The entry's place in its schema-3 record (``TapFrame.index``); 0 in schemas 1 and 2.
+    index: int = 0
 
 
 def pack_static(connection: Connection) -> bytes:
@@ -617,20 +662,16 @@ def pack_static(connection: Connection) -> bytes:
     return msgpack.packb([getattr(connection, name) for name in STATIC_FIELDS], use_bin_type=True)
 
 
+def _part_meta(p: Part) -> list[Any]:
+    return [
+        p.direction, p.ts_ns, p.api_key, p.api_version, p.correlation_id,
+        ",".join(p.redacted), dict(p.flags) or None, len(p.value or b""),
+    ]  # fmt: skip
+
+
 def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0) -> bytes:
     """A schema-2 record value; ``lost``: the connection's records the tap lost before this one."""
-    meta: list[Any] = [
-        kind,
-        seq,
-        static,
-        [
-            [
-                p.direction, p.ts_ns, p.api_key, p.api_version, p.correlation_id,
-                ",".join(p.redacted), dict(p.flags) or None, len(p.value or b""),
-            ]
-            for p in parts
-        ],
-    ]  # fmt: skip
+    meta: list[Any] = [kind, seq, static, [_part_meta(p) for p in parts]]
     if lost:
         meta.append(lost)
     packed = msgpack.packb(meta, use_bin_type=True)
@@ -639,6 +680,15 @@ def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost:
 
 def is_schema_2(value: bytes | None) -> bool:
     return value is not None and value[:4] == MAGIC
+
+
+#: What values of schemas 2 and 3 start with (the fourth byte is the schema number).
+PACKED_PREFIX: Final = MAGIC[:3]
+
+
+def is_packed(value: bytes | None) -> bool:
+    """A value of schema 2 or 3 (metadata packed in the value, no Kafka headers)."""
+    return value is not None and value[:4] in (MAGIC, MAGIC_3)
 
 
 #: ``static`` values already read: a connection's records all carry the same bytes.
@@ -679,12 +729,8 @@ def _opt(value: Any) -> int | None:
 RawPart = tuple[str, Any, Any, Any, Any, Any, Any, int, int]
 
 
-def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int]:
-    """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
-    ``Part`` objects: the kind, ``seq``, the connection, each part's raw metadata with where its
-    bytes are, and ``lost`` (0 when the record has none). ``RecordError`` when it does not follow the
-    schema. The one reader of the layout: ``parse_record_2`` builds on it, and the job's columnar
-    read (``streaming.frames``) reads it so."""
+def _meta(value: bytes) -> tuple[list[Any], int]:
+    """The msgpack list after a schema-2 or 3 prefix, and where the payloads start."""
     if len(value) < _PREFIX.size:
         raise RecordError("shorter than its prefix")
     _, length = _PREFIX.unpack_from(value)
@@ -694,21 +740,23 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], in
         raise RecordError(f"metadata of {length} bytes overruns the {len(value)}-byte value")
     try:
         meta = msgpack.unpackb(memoryview(value)[start:end], raw=False)
-        if not isinstance(meta, list) or len(meta) < 4:
-            raise RecordError("metadata is not a list of at least kind, seq, static and parts")
-        kind, seq, static, raw_parts = meta[:4]
-        connection = _static(static)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise RecordError(f"unreadable metadata: {exc}") from exc
-    if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
-        raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
-    lost = meta[4] if len(meta) > 4 else 0
+    if not isinstance(meta, list):
+        raise RecordError("metadata is not a list")
+    return meta, end
+
+
+def _lost(lost: Any) -> int:
     # A count, and one that an int64 column (the job's rows) holds.
     if not isinstance(lost, int) or isinstance(lost, bool) or not 0 <= lost < _MAX_LOST:
         raise RecordError(f"bad count of lost records {lost!r}")
+    return lost
+
+
+def _raw_parts(raw_parts: list[Any], pos: int, total: int) -> tuple[list[RawPart], int]:
+    """Parts' metadata checked, each with where its bytes start from ``pos``; and where they end."""
     parts: list[RawPart] = []
-    pos = end
-    total = len(value)
     for raw in raw_parts:
         if not isinstance(raw, list) or len(raw) < 8:
             raise RecordError("a frame's metadata is not a list of its fields")
@@ -717,8 +765,29 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], in
             raise RecordError(f"frame {len(parts)}: bad direction {direction!r} or length {size!r}")
         parts.append((direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos))
         pos += size
-    if pos != total:
-        raise RecordError(f"{total - pos} bytes after the last frame")
+    return parts, pos
+
+
+def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int]:
+    """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
+    ``Part`` objects: the kind, ``seq``, the connection, each part's raw metadata with where its
+    bytes are, and ``lost`` (0 when the record has none). ``RecordError`` when it does not follow the
+    schema. The one reader of the layout: ``parse_record_2`` builds on it, and the job's columnar
+    read (``streaming.frames``) reads it so."""
+    meta, end = _meta(value)
+    if len(meta) < 4:
+        raise RecordError("metadata is not a list of at least kind, seq, static and parts")
+    kind, seq, static, raw_parts = meta[:4]
+    try:
+        connection = _static(static)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise RecordError(f"unreadable metadata: {exc}") from exc
+    if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
+        raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
+    lost = _lost(meta[4] if len(meta) > 4 else 0)
+    parts, pos = _raw_parts(raw_parts, end, len(value))
+    if pos != len(value):
+        raise RecordError(f"{len(value) - pos} bytes after the last frame")
     return kind, seq, connection, parts, lost
 
 
@@ -743,22 +812,104 @@ def parse_record_2(value: bytes) -> TapRecord:
     return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost)
 
 
-def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1) -> TapRecord:
-    """A record of either schema: a ``dir`` header means schema 1 (one frame, metadata in headers), a
-    value starting with ``MAGIC`` means schema 2. Raises ``RecordError`` for a record of neither or a
-    broken schema-2 value (readers turn that into a decode-error frame: ``frames_from_record``)."""
+# --- schema 3: one record per connection flush -----------------------------------------------------------
+#
+# A schema-3 record holds a connection's exchanges and lone frames of one flush, in the order the tap
+# wrote them. Its key is the connection id; its value is
+#
+#     MAGIC_3 (4 bytes) | meta length (uint32, big-endian) | meta (msgpack) | payload | payload ...
+#
+# ``meta`` is ``[static, entries, lost]``: ``static`` as in schema 2, once per record instead of once
+# per exchange; ``entries`` one ``[kind, seq, parts]`` per exchange, lone frame or lifecycle event,
+# each with the schema-2 meaning (``seq`` still numbers them one by one, so a lost record leaves a gap
+# of all its entries); ``parts`` as in schema 2, their bytes following in order across all entries.
+# ``lost`` counts the connection's entries the tap lost before this record, left out while 0. A reader
+# ignores elements after ``lost``, and after an entry's ``parts``: both lists grow at their end.
+
+#: The first bytes of every schema-3 value.
+MAGIC_3: Final = b"\xffKT\x03"
+#: One entry of a schema-3 record as ``pack_flush`` takes it: kind, ``seq`` and its parts.
+Entry = tuple[str, int, Sequence[Part]]
+
+
+def pack_flush(static: bytes, entries: Sequence[Entry], lost: int = 0) -> bytes:
+    """A schema-3 record value: a connection's ``entries`` of one flush; ``lost``: the connection's
+    entries the tap lost before them."""
+    meta: list[Any] = [static, [[kind, seq, [_part_meta(p) for p in parts]] for kind, seq, parts in entries]]
+    if lost:
+        meta.append(lost)
+    packed = msgpack.packb(meta, use_bin_type=True)
+    payloads = (p.value or b"" for _, _, parts in entries for p in parts)
+    return b"".join((_PREFIX.pack(MAGIC_3, len(packed)), packed, *payloads))
+
+
+def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[RawPart]]], int]:
+    """A schema-3 value's metadata, checked against the layout: the connection, each entry's kind,
+    ``seq`` and parts (as ``read_record_2`` gives them, with where their bytes are), and ``lost``.
+    ``RecordError`` when it does not follow the schema."""
+    meta, end = _meta(value)
+    if len(meta) < 2 or not isinstance(meta[1], list):
+        raise RecordError("metadata is not a list of at least static and entries")
+    try:
+        connection = _static(meta[0])
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise RecordError(f"unreadable connection metadata: {exc}") from exc
+    lost = _lost(meta[2] if len(meta) > 2 else 0)
+    entries: list[tuple[str, int, list[RawPart]]] = []
+    pos = end
+    for entry in meta[1]:
+        if not isinstance(entry, list) or len(entry) < 3:
+            raise RecordError(f"entry {len(entries)} is not a list of kind, seq and parts")
+        kind, seq, raw_parts = entry[:3]
+        if (
+            kind not in KINDS
+            or not isinstance(seq, int)
+            or isinstance(seq, bool)
+            or not isinstance(raw_parts, list)
+        ):
+            raise RecordError(f"entry {len(entries)}: unknown kind {kind!r} or bad sequence number")
+        parts, pos = _raw_parts(raw_parts, pos, len(value))
+        entries.append((kind, seq, parts))
+    if pos != len(value):
+        raise RecordError(f"{len(value) - pos} bytes after the last frame")
+    return connection, entries, lost
+
+
+def parse_record_3(value: bytes) -> list[TapRecord]:
+    """A schema-3 value as one ``TapRecord`` per entry, each holding the record's ``lost``."""
+    connection, entries, lost = read_record_3(value)
+    return [
+        TapRecord(3, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost, index)
+        for index, (kind, seq, parts) in enumerate(entries)
+    ]
+
+
+def parse_records(
+    headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1
+) -> list[TapRecord]:
+    """The records one tap-topic record holds, in order: a ``dir`` header means schema 1 (one frame,
+    metadata in headers), a value starting with ``MAGIC`` schema 2 (one exchange), with ``MAGIC_3``
+    schema 3 (a connection's flush: one ``TapRecord`` per entry, ``index`` numbering them). Raises
+    ``RecordError`` for a record of none of them or a broken value (readers turn that into a
+    decode-error frame: ``frames_from_record``)."""
     headers = headers or {}
     direction = headers.get(Header.DIR)
-    if direction is None and is_schema_2(value):
-        assert value is not None
-        return parse_record_2(value)
+    if direction is None and value is not None:
+        if value[:4] == MAGIC:
+            return [parse_record_2(value)]
+        if value[:4] == MAGIC_3:
+            return parse_record_3(value)
     if direction not in DIRECTIONS:
-        raise RecordError(f"not a tap record: {Header.DIR} header {direction!r} and no schema-2 prefix")
+        raise RecordError(f"not a tap record: {Header.DIR} header {direction!r} and no schema-2 or 3 prefix")
+    return [_parse_record_1(headers, value, partition)]
+
+
+def _parse_record_1(headers: Mapping[str, str], value: bytes | None, partition: int) -> TapRecord:
     frame = frame_from_headers(headers, partition)
     flags = {name: headers[name] for name in _FLAG_HEADERS if headers.get(name)}
     redacted = headers.get(Header.REDACTED) or ""
     part = Part(
-        direction,
+        frame.direction,
         frame.ts_ns,
         frame.api_key,
         frame.api_version,
@@ -771,7 +922,7 @@ def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partiti
         frame.conn, frame.client, frame.broker, frame.broker_id, frame.listener,
         headers.get(Header.TAP, ""), frame.capture,
     )  # fmt: skip
-    return TapRecord(1, direction, frame.seq, connection, (part,))
+    return TapRecord(1, frame.direction, frame.seq, connection, (part,))
 
 
 #: The flag headers of schema 1, kept as a part's ``flags``.
@@ -782,13 +933,13 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
     """Each part of a record as a frame's tap metadata (not decoded) with the part it came from."""
     c = record.connection
     conn = connection_of(c.conn, partition)
-    lone = record.schema == 2 and record.kind == RESP
+    lone = record.schema >= 2 and record.kind == RESP
     return [
         (
             TapFrame(
                 conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
                 c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
-                None, record.lost, lone,
+                None, record.lost, lone, record.index,
             ),
             p,
         )
@@ -800,10 +951,10 @@ def record_time_ns(headers: Mapping[str, str] | None, value: bytes | None) -> in
     """When the tap wrote a record (its last frame's clock): the order readers merge partitions in.
     None for a record of neither schema."""
     try:
-        record = parse_record(headers, value)
+        records = parse_records(headers, value)
     except RecordError:
         return None
-    return max((part.ts_ns for part in record.parts), default=None)
+    return max((part.ts_ns for record in records for part in record.parts), default=None)
 
 
 def frames_from_record(
@@ -817,7 +968,7 @@ def frames_from_record(
     that follows no schema becomes one undecodable request on its connection (or on
     ``untracked-p<partition>``), so it is reported, not ignored."""
     try:
-        record = parse_record(headers, value, partition)
+        records = parse_records(headers, value, partition)
     except RecordError as exc:
         conn = (headers or {}).get(Header.CONN)
         frame = TapFrame(connection_of(conn, partition), 0, 0, REQ, partition=partition, offset=offset)
@@ -825,5 +976,6 @@ def frames_from_record(
         return [frame]
     return [
         decode_frame(frame, part.value, truncated=part.header_only, fields=fields)
+        for record in records
         for frame, part in record_frames(record, partition, offset)
     ]

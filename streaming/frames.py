@@ -36,20 +36,24 @@ from codec.taprecord import (
     HEADERS,
     LONE,
     LOST,
-    MAGIC,
+    MAGIC_3,
+    PACKED_PREFIX,
     RESP,
     ROW_KEYS,
     SASL_TOKEN,
     Header,
+    RawPart,
     RecordError,
+    TapRecord,
     connection_of,
     header_only,
     header_text,
     int_header,
-    is_schema_2,
-    parse_record_2,
+    is_packed,
+    parse_records,
     part_of,
     read_record_2,
+    read_record_3,
 )
 
 FRAME_ROW_SCHEMA = pa.schema(
@@ -77,6 +81,8 @@ FRAME_ROW_SCHEMA = pa.schema(
         (LOST, pa.int64()),
         #: A response the tap wrote as a record of its own (``TapFrame.lone``; false in schema 1).
         (LONE, pa.bool_()),
+        #: The entry of a schema-3 record the frame came from (``TapFrame.index``; 0 in schemas 1, 2).
+        (ROW_KEYS["index"], pa.int32()),
     ]
 )
 
@@ -107,6 +113,7 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         ROW_KEYS["offset"]: offset,
         "size": len(value) if value is not None else None,
         "value": value,
+        ROW_KEYS["index"]: 0,
         LOST: 0,
         LONE: False,
     }
@@ -235,17 +242,25 @@ def _per_distinct(values: pa.Array, read: Callable[[Any], Any], type_: pa.DataTy
 def record_rows(
     headers: dict[str, str], value: bytes | None, partition: int, offset: int
 ) -> list[dict[str, Any]]:
-    """One tap record of either schema as its frames' rows: a schema-1 record is one frame
-    (``frame_row``), a schema-2 record one row per part, each with the record's ``seq`` and ``lost``.
-    A value that claims schema 2 but breaks it is one row with no ``dir``, which the connection's
-    entry reports as not a tap record."""
-    if headers.get(Header.DIR) is not None or not is_schema_2(value):
+    """One tap record of any schema as its frames' rows: a schema-1 record is one frame
+    (``frame_row``), a schema-2 record one row per part, each with the record's ``seq`` and ``lost``,
+    a schema-3 record one row per part of each entry, with the entry's ``seq`` and ``index``. A value
+    that claims schema 2 or 3 but breaks it is one row with no ``dir``, which the connection's entry
+    reports as not a tap record."""
+    if headers.get(Header.DIR) is not None or not is_packed(value):
         return [frame_row(headers, value, partition, offset)]
     assert value is not None
     try:
-        record = parse_record_2(value)
+        records = parse_records(None, value)
     except RecordError:
         return [frame_row({}, value, partition, offset)]
+    rows: list[dict[str, Any]] = []
+    for record in records:
+        rows.extend(_entry_rows(record, partition, offset))
+    return rows
+
+
+def _entry_rows(record: TapRecord, partition: int, offset: int) -> list[dict[str, Any]]:
     c = record.connection
     conn = connection_of(c.conn, partition)
     rows: list[dict[str, Any]] = []
@@ -272,6 +287,7 @@ def record_rows(
                 "value": part.value,
                 LOST: record.lost,
                 LONE: record.kind == RESP,
+                ROW_KEYS["index"]: record.index,
             }
         )
     return rows
@@ -289,7 +305,7 @@ def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
         value = value.cast(pa.binary())
     headers = _Headers(batch.column("headers"))
     packed = pc.and_(
-        pc.starts_with(value, pattern=MAGIC).fill_null(False),
+        pc.starts_with(value, pattern=PACKED_PREFIX).fill_null(False),
         pa.array(headers.index[_LOOKED_UP.index(Header.DIR)] < 0),
     )
     if not pc.any(packed).as_py():
@@ -325,7 +341,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     )
     listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
     only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
-    lost_col, lone_col = columns[LOST], columns[LONE]
+    lost_col, lone_col, index_col = columns[LOST], columns[LONE], columns[ROW_KEYS["index"]]
     partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
@@ -340,11 +356,16 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         sources.tolist(),
         strict=True,
     ):
+        entries: list[tuple[str, int, list[RawPart]]]
         try:
-            kind, seq, c, parts, lost = read_record_2(value)
+            if value[:4] == MAGIC_3:
+                c, entries, lost = read_record_3(value)
+            else:
+                kind, seq, c, parts, lost = read_record_2(value)
+                entries = [(kind, seq, parts)]
         except RecordError:
-            parts = []
-        if not parts:
+            entries = []
+        if not any(parts for _, _, parts in entries):
             # Broken, or (never written by a tap) a record of no frames: as the reference reads it.
             for row in record_rows({}, value, partition, offset):
                 for name in names:
@@ -352,42 +373,44 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
                 origins.append(source)
             continue
         conn = connection_of(c.conn, partition)
-        lone = kind == RESP
-        seq_value = seq if seq_lo <= seq <= seq_hi else None
         broker_id = c.broker_id
         if broker_id is not None and not id_lo <= broker_id <= id_hi:
             broker_id = None
-        for raw in parts:
-            direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos = raw
-            if flags or redacted:
-                part = part_of(value, raw)
-                header_only = part.header_only
-            else:
-                header_only = False
-            ts = ts_ns if type(ts_ns) is int else 0
-            conn_col.append(conn)
-            seq_col.append(seq_value)
-            ts_col.append(ts if ts_lo <= ts <= ts_hi else None)
-            dir_col.append(direction)
-            api_col.append(api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None)
-            ver_col.append(
-                api_version if type(api_version) is int and i32_lo <= api_version <= i32_hi else None
-            )
-            corr_col.append(corr if type(corr) is int and i32_lo <= corr <= i32_hi else None)
-            client_col.append(c.client)
-            broker_col.append(c.broker)
-            broker_id_col.append(broker_id)
-            listener_col.append(c.listener)
-            tap_col.append(c.tap)
-            capture_col.append(c.capture)
-            only_col.append(header_only)
-            partition_col.append(partition)
-            offset_col.append(offset)
-            size_col.append(size)
-            value_col.append(value[pos : pos + size])
-            lost_col.append(lost)
-            lone_col.append(lone)
-            origins.append(source)
+        for index, (kind, seq, parts) in enumerate(entries):
+            lone = kind == RESP
+            seq_value = seq if seq_lo <= seq <= seq_hi else None
+            for raw in parts:
+                direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos = raw
+                if flags or redacted:
+                    part = part_of(value, raw)
+                    header_only = part.header_only
+                else:
+                    header_only = False
+                ts = ts_ns if type(ts_ns) is int else 0
+                conn_col.append(conn)
+                seq_col.append(seq_value)
+                ts_col.append(ts if ts_lo <= ts <= ts_hi else None)
+                dir_col.append(direction)
+                api_col.append(api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None)
+                ver_col.append(
+                    api_version if type(api_version) is int and i32_lo <= api_version <= i32_hi else None
+                )
+                corr_col.append(corr if type(corr) is int and i32_lo <= corr <= i32_hi else None)
+                client_col.append(c.client)
+                broker_col.append(c.broker)
+                broker_id_col.append(broker_id)
+                listener_col.append(c.listener)
+                tap_col.append(c.tap)
+                capture_col.append(c.capture)
+                only_col.append(header_only)
+                partition_col.append(partition)
+                offset_col.append(offset)
+                size_col.append(size)
+                value_col.append(value[pos : pos + size])
+                lost_col.append(lost)
+                lone_col.append(lone)
+                index_col.append(index)
+                origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
 
@@ -407,6 +430,7 @@ def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array)
     # Schema-1 taps never report losses: their gaps are all a reader learns.
     columns[LOST] = pa.array(np.zeros(len(value), np.int64))
     columns[LONE] = pa.array(np.zeros(len(value), np.bool_))
+    columns[ROW_KEYS["index"]] = pa.array(np.zeros(len(value), np.int32))
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
     )

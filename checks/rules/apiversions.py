@@ -204,7 +204,7 @@ class ApiVersionsRule(Rule):
         else:
             return
         assert ex.response is not None
-        state["advertised_at"] = [ex.response.partition, ex.response.offset]
+        state["advertised_at"] = ex.response.at()
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ class ApiVersionsClusterRule(Rule):
         ident = str(frame.broker_id) if frame.broker_id is not None else frame.broker
         label = f"{role}:{ident}"
         brokers: dict[str, Any] = state.setdefault("brokers", {})
-        brokers[label] = {"role": role, "ranges": ranges, "at": [frame.partition, frame.offset]}
+        brokers[label] = {"role": role, "ranges": ranges, "at": frame.at()}
         brokers[label] = brokers.pop(label)
         ctx.trim(brokers)
         self._check_skew(state, brokers, ex, ctx)

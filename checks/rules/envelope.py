@@ -30,7 +30,7 @@ class EnvelopeRule(Rule):
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         frame = ex.request
         if ex.api_key == ApiKey.BROKER_REGISTRATION:
-            state["broker_registration"] = [frame.partition, frame.offset]
+            state["broker_registration"] = frame.at()
             return
         config = ctx.config
         listeners = {name.upper() for name in config.broker_listeners}

@@ -202,11 +202,7 @@ class FlexibleRule(Rule):
             return
         flexible = codec.is_flexible(api_key, version)
         kind = "request" if frame.direction == "req" else "response"
-        evidence = (
-            ex.evidence()
-            if ex is not None
-            else {**frame.evidence(), "offsets": [[frame.partition, frame.offset]]}
-        )
+        evidence = ex.evidence() if ex is not None else {**frame.evidence(), "offsets": [frame.at()]}
         ctx.emit(
             RULE_HEADER,
             Severity.WARNING,

@@ -14,7 +14,7 @@ from typing import Any
 import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
-from codec.taprecord import REQ, RESP, RecordError, parse_record
+from codec.taprecord import REQ, RESP, RecordError, parse_records
 from kpmon.commands.topicopts import (
     InputError,
     add_cluster_options,
@@ -120,13 +120,14 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
             if record is None:
                 return
             try:
-                parsed = parse_record(record.headers, record.value, record.partition)
+                entries = parse_records(record.headers, record.value, record.partition)
             except RecordError as exc:
                 print(
                     f"kpmon decode: {record.topic}/{record.partition}@{record.offset}: {exc}", file=sys.stderr
                 )
                 continue
-            for index, part in enumerate(parsed.parts):
+            parts = [part for entry in entries for part in entry.parts]
+            for index, part in enumerate(parts):
                 if part.direction not in (REQ, RESP) or (args.max is not None and seen >= args.max):
                     continue
                 seen += 1
@@ -136,7 +137,7 @@ def frames_from_topic(args: argparse.Namespace) -> Iterator[InputFrame]:
                     part.direction,
                     part.api_key,
                     part.api_version,
-                    where if len(parsed.parts) == 1 else f"{where}#{index}",
+                    where if len(parts) == 1 else f"{where}#{index}",
                 )
     finally:
         consumer.close()

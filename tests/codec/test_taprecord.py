@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,9 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    raw, facts, error, lost, lone = packed[len(FIELDS) :]
+    raw, facts, error, lost, lone, index = packed[len(FIELDS) :]
     assert raw is None and error is None and isinstance(facts, bytes) and lost == 0 and lone is False
+    assert index == 0
     again = frame_from_packed(packed, decode=False)
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
 
@@ -166,13 +168,13 @@ def test_packed_frames_keep_lost_and_lone_after_their_tail(decoded: bool) -> Non
 
     value = _request_bytes() if decoded else _request_bytes()[:7]
     frame = frames_from_record(_headers("req"), value, 0, 5)[0]
-    frame.lost, frame.lone = 4, True
+    frame.lost, frame.lone, frame.index = 4, True, 2
     packed = frame_to_packed(frame)
-    assert len(packed) == len(FIELDS) + 5 and packed[-2:] == [4, True]
+    assert len(packed) == len(FIELDS) + 6 and packed[-3:] == [4, True, 2]
     again = frame_from_packed(packed, decode=False)
-    assert (again.lost, again.lone) == (4, True)
-    older = frame_from_packed(packed[:-2], decode=False)
-    assert (older.lost, older.lone) == (0, False)
+    assert (again.lost, again.lone, again.index) == (4, True, 2)
+    older = frame_from_packed(packed[:-3], decode=False)
+    assert (older.lost, older.lone, older.index) == (0, False, 0)
 
 
 def test_packed_frames_keep_every_field_where_it_was() -> None:
@@ -183,18 +185,18 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
     from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
 
     assert [f.name for f in fields(TapFrame)] == [
-        *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST, taprecord.LONE,
+        *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST, taprecord.LONE, taprecord.INDEX,
     ]  # fmt: skip
     frame = TapFrame(
         "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9,
-        lone=True,
+        lone=True, index=10,
     )  # fmt: skip
     assert frame_from_packed(frame_to_packed(frame)) == frame
     assert frame.with_message(None) == frame
     row = {
         "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
         "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
-        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True,
+        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True, "tap_index": 10,
     }  # fmt: skip
     assert frame_from_row(row) == frame
 
@@ -413,7 +415,7 @@ def _exchange(lost: int) -> bytes:
 
 
 def test_a_record_carries_how_many_records_of_its_connection_were_lost() -> None:
-    record = taprecord.parse_record(None, _exchange(3))
+    record = taprecord.parse_records(None, _exchange(3))[0]
     assert (record.schema, record.seq, record.lost) == (2, 5, 3)
     frames = frames_from_record(None, _exchange(3), partition=1, offset=2)
     assert [(f.lost, f.seq, f.error) for f in frames] == [(3, 5, None)]
@@ -427,14 +429,14 @@ def test_a_record_that_lost_nothing_is_written_as_before_lost_was() -> None:
     value = _exchange(0)
     length = int.from_bytes(value[4:8], "big")
     assert len(msgpack.unpackb(value[8 : 8 + length])) == 4
-    assert taprecord.parse_record(None, value).lost == 0
+    assert taprecord.parse_records(None, value)[0].lost == 0
     assert frames_from_record(None, value)[0].lost == 0
 
 
 def test_elements_after_lost_are_ignored() -> None:
     static = taprecord.pack_static(_CONNECTION)
     value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, "later"], b"{}")
-    assert taprecord.parse_record(None, value).lost == 2
+    assert taprecord.parse_records(None, value)[0].lost == 2
 
 
 @pytest.mark.parametrize("lost", [-1, 2**63, "3", 1.5, True, None, [1]])
@@ -442,11 +444,90 @@ def test_a_lost_count_that_is_not_a_count_breaks_the_record(lost: object) -> Non
     static = taprecord.pack_static(_CONNECTION)
     value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], lost], b"{}")
     with pytest.raises(taprecord.RecordError, match="lost"):
-        taprecord.parse_record(None, value)
+        taprecord.parse_records(None, value)
     (frame,) = frames_from_record(None, value, partition=2)
     assert frame.error is not None and frame.lost == 0
 
 
 def test_a_schema_1_record_lost_nothing() -> None:
-    assert taprecord.parse_record(_headers("req"), _request_bytes()).lost == 0
+    assert taprecord.parse_records(_headers("req"), _request_bytes())[0].lost == 0
     assert frames_from_record(_headers("req"), _request_bytes())[0].lost == 0
+
+
+# ----- schema 3: one record per connection flush ----------------------------------------------------------
+
+_parts = st.builds(
+    taprecord.Part,
+    direction=st.sampled_from(taprecord.DIRECTIONS),
+    ts_ns=st.integers(0, 2**62),
+    api_key=st.none() | st.integers(0, 90),
+    api_version=st.none() | st.integers(0, 20),
+    correlation_id=st.none() | st.integers(-(2**31), 2**31 - 1),
+    value=st.binary(max_size=40),
+    redacted=st.lists(st.sampled_from(["AuthBytes", "Password"]), max_size=2, unique=True).map(tuple),
+    flags=st.dictionaries(
+        st.sampled_from(["truncated", "orig_size", "error"]), st.text(min_size=1, max_size=5)
+    ),
+)
+_entries = st.lists(
+    st.tuples(
+        st.sampled_from(taprecord.KINDS), st.integers(1, 2**40), st.lists(_parts, min_size=1, max_size=3)
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(entries=_entries, lost=st.integers(0, 2**62))
+def test_a_flush_reads_back_as_its_entries(
+    entries: list[tuple[str, int, list[taprecord.Part]]], lost: int
+) -> None:
+    value = taprecord.pack_flush(taprecord.pack_static(_CONNECTION), entries, lost)
+    records = taprecord.parse_records(None, value)
+    assert [(r.schema, r.kind, r.seq, list(r.parts), r.lost, r.index) for r in records] == [
+        (3, kind, seq, [p if p.value else replace(p, value=b"") for p in parts], lost, i)
+        for i, (kind, seq, parts) in enumerate(entries)
+    ]
+    assert all(r.connection == _CONNECTION for r in records)
+
+
+@given(entries=_entries, cut=st.integers(1, 200))
+def test_a_broken_flush_is_a_record_error_and_one_undecodable_frame(
+    entries: list[tuple[str, int, list[taprecord.Part]]], cut: int
+) -> None:
+    value = taprecord.pack_flush(taprecord.pack_static(_CONNECTION), entries)
+    broken = value[: max(4, len(value) - cut)] if cut < len(value) else value + b"x"
+    with pytest.raises(taprecord.RecordError):
+        taprecord.parse_records(None, broken)
+    (frame,) = frames_from_record(None, broken, partition=4, offset=9)
+    assert frame.error is not None and frame.conn == "untracked-p4"
+
+
+def test_frames_of_a_flush_name_their_entry_and_findings_on_them_have_distinct_ids() -> None:
+    from checks.model import Finding, Severity
+
+    request = taprecord.Part("req", 10, ApiKey.API_VERSIONS, 3, 7, _request_bytes())
+    static = taprecord.pack_static(_CONNECTION)
+    value = taprecord.pack_flush(static, [("req", 5, [request]), ("req", 6, [request])], lost=2)
+    frames = frames_from_record(None, value, partition=1, offset=40)
+    assert [(f.seq, f.index, f.lost, f.offset, f.error) for f in frames] == [
+        (5, 0, 2, 40, None),
+        (6, 1, 2, 40, None),
+    ]
+    assert [f.at() for f in frames] == [[1, 40], [1, 40, 1]]
+    ids = {Finding("r", Severity.WARNING, "s", "x", 0, {"offsets": [f.at()]}).id for f in frames}
+    assert len(ids) == 2
+    # The entry's index survives every layout a frame is kept in.
+    second = frames[1]
+    assert taprecord.frame_from_packed(taprecord.frame_to_packed(second)).index == 1
+    assert taprecord.frame_from_dict(taprecord.frame_to_dict(second)).index == 1
+    assert taprecord.record_time_ns(None, value) == 10
+
+
+def test_a_flush_lists_its_connection_once() -> None:
+    request = taprecord.Part("req", 10, ApiKey.API_VERSIONS, 3, 7, _request_bytes())
+    static = taprecord.pack_static(_CONNECTION)
+    one = taprecord.pack_flush(static, [("req", 5, [request])])
+    many = taprecord.pack_flush(static, [("req", 5 + i, [request]) for i in range(64)])
+    per_exchange = len(taprecord.pack_record("req", 5, static, [request]))
+    assert (len(many) - len(one)) / 63 < per_exchange - len(static)

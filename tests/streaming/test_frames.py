@@ -17,6 +17,7 @@ from codec.taprecord import (
     LONE,
     LOST,
     MAGIC,
+    MAGIC_3,
     ROW_COLUMNS,
     ROW_KEYS,
     SASL_TOKEN,
@@ -28,6 +29,7 @@ from codec.taprecord import (
     frame_to_packed,
     frames_from_columns,
     headers_dict,
+    pack_flush,
     pack_record,
     pack_static,
 )
@@ -152,7 +154,21 @@ packed_values = st.builds(
     st.lists(parts, min_size=1, max_size=2),
     st.one_of(st.just(0), st.integers(min_value=0, max_value=2**63 - 1)),
 )
-#: Schema-2 records: valid, cut short or with bytes after them (read as not a tap record).
+#: Schema-3 values: a connection's flush of several entries.
+flush_values = st.builds(
+    lambda conn, entries, lost: pack_flush(pack_static(conn), entries, lost),
+    connections,
+    st.lists(
+        st.tuples(
+            st.sampled_from(KINDS),
+            st.integers(min_value=0, max_value=2**40),
+            st.lists(parts, min_size=0, max_size=2),
+        ),
+        max_size=4,
+    ),
+    st.one_of(st.just(0), st.integers(min_value=0, max_value=2**63 - 1)),
+)
+#: Schema-2 and 3 records: valid, cut short or with bytes after them (read as not a tap record).
 schema_2_records = st.tuples(
     st.one_of(st.none(), st.just([]), st.just([("x-other", b"1")])),
     st.one_of(
@@ -160,6 +176,9 @@ schema_2_records = st.tuples(
         packed_values.map(lambda v: v[:-1]),
         packed_values.map(lambda v: v + b"!"),
         st.binary(max_size=8).map(lambda b: MAGIC + b),
+        flush_values,
+        flush_values.map(lambda v: v[:-1]),
+        st.binary(max_size=8).map(lambda b: MAGIC_3 + b),
     ),
     st.one_of(st.integers(min_value=0, max_value=3), st.none()),
     st.integers(min_value=0, max_value=2**63 - 1),
@@ -169,7 +188,7 @@ schema_2_records = st.tuples(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(records, schema_2_records), max_size=12), st.integers(min_value=0, max_value=3))
 def test_mixed_schemas_equal_the_per_record_reference(batch_records: list[Record], skip: int) -> None:
-    """Schema-1 and schema-2 records in one batch: each record's frames, in the records' order."""
+    """Records of schemas 1, 2 and 3 in one batch: each record's frames, in the records' order."""
     batch = source_batch(batch_records)
     assert_same(batch)
     assert_same(batch.slice(min(skip, batch.num_rows)))
@@ -347,6 +366,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         "value": b"frame",
         LOST: 0,
         LONE: False,
+        ROW_KEYS["index"]: 0,
     }
     assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import codec
-from codec.taprecord import Part, TapRecord, parse_record
+from codec.taprecord import Part, TapRecord, parse_records
 
 
 def frame(payload: bytes) -> bytes:
@@ -79,8 +79,9 @@ def metric_sum(registry: Any, name: str, labels: dict[str, str] | None = None) -
 
 
 def parsed(records: Iterable[Any]) -> list[TapRecord]:
-    """Mirrored records (anything with the record's ``value``) parsed by the tap-record contract."""
-    return [parse_record(None, r.value) for r in records]
+    """Mirrored records (anything with the record's ``value``) parsed by the tap-record contract: the
+    records they hold, in order (a schema-3 record holds several)."""
+    return [entry for r in records for entry in parse_records(None, r.value)]
 
 
 def parts(records: Iterable[Any]) -> list[tuple[TapRecord, Part]]:

@@ -92,10 +92,10 @@ def main(argv: list[str]) -> int:
     kinds: dict[tuple[str, str, str, str], int] = {}
     lines = []
     import codec
-    from codec.taprecord import parse_record
+    from codec.taprecord import parse_records
 
     for record in sink.records:
-        for part in parse_record(None, record.value).parts:
+        for part in (part for entry in parse_records(None, record.value) for part in entry.parts):
             value = part.value or b""
             direction = part.direction
             if direction not in ("req", "resp") or len(value) > MAX_FRAME or part.api_key is None:

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import codec
-from codec.taprecord import EXCHANGE, parse_record
+from codec.taprecord import EXCHANGE, parse_records
 from tests.tap.conftest import TappedCluster
 from tests.tap.harness import TapRecord, TapThread, by_connection, read_topic
 from tests.tap.helpers import parsed, parts
@@ -43,8 +43,8 @@ def check_tap_topic(records: list[TapRecord], capture: str = "full") -> dict[str
         counts["records"] += len(recs)
         assert len({r.partition for r in recs}) == 1, "one connection, one partition"
         assert not any(r.headers for r in recs), "schema 2 writes no Kafka headers"
-        parsed = [parse_record(None, r.value) for r in recs]
-        assert [p.seq for p in parsed] == list(range(1, len(recs) + 1)), f"gap or reorder on {conn!r}"
+        parsed = [entry for r in recs for entry in parse_records(None, r.value)]
+        assert [p.seq for p in parsed] == list(range(1, len(parsed) + 1)), f"gap or reorder on {conn!r}"
         assert parsed[0].kind == "open"
         assert parsed[-1].kind == "close", f"{conn!r} not closed"
         for record in parsed:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
 
-from codec.taprecord import parse_record
+from codec.taprecord import parse_records
 from tests.tap.conftest import TappedCluster, free_port
 from tests.tap.harness import TapRecord, by_connection, read_topic
 from tests.tap.helpers import FakeBroker, api_versions_request, frame
@@ -294,9 +294,10 @@ def test_a_killed_worker_restarts_alone_and_stop_drains_every_worker(
     counts = check_tap_topic(drained)  # every connection of a stopped worker ends with its close record
     assert counts["conns"] == 3
     reasons = [
-        json.loads(parse_record(None, r.value).parts[0].value or b"{}").get("reason")
+        json.loads(entry.parts[0].value or b"{}").get("reason")
         for r in drained
-        if parse_record(None, r.value).kind == "close"
+        for entry in parse_records(None, r.value)
+        if entry.kind == "close"
     ]
     assert reasons.count("tap stopping") == 3
 
