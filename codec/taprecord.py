@@ -875,6 +875,16 @@ def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[R
     return connection, entries, lost
 
 
+def entries_in(value: bytes | None) -> int:
+    """How many entries a tap record holds (what its loss loses): a schema-3 record's entries, else 1."""
+    if value is None or value[:4] != MAGIC_3:
+        return 1
+    try:
+        return max(1, len(read_record_3(value)[1]))
+    except RecordError:
+        return 1
+
+
 def parse_record_3(value: bytes) -> list[TapRecord]:
     """A schema-3 value as one ``TapRecord`` per entry, each holding the record's ``lost``."""
     connection, entries, lost = read_record_3(value)

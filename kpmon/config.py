@@ -142,6 +142,14 @@ class TapConfig(_Section):
     max_held_seconds: float = Field(default=30.0, gt=0)
     #: ...but a JoinGroup up to this (the coordinator answers it when the rebalance completes).
     max_held_join_group_seconds: float = Field(default=330.0, gt=0)
+    #: A connection's entries (exchanges, lone frames, lifecycle events) are gathered into one tap
+    #: record (schema 3) until they reach this many payload bytes...
+    flush_max_bytes: int = Field(default=256 * 1024, gt=0, le=900_000)
+    #: ...or this many entries...
+    flush_max_entries: int = Field(default=64, gt=0)
+    #: ...or the oldest is this old (what the tap adds to alert latency, never to client latency),
+    #: and at once when the connection closes or the tap stops.
+    flush_max_age_ms: float = Field(default=50.0, gt=0)
     rewrite_broker_addresses: bool = False
     #: With rewriting: a broker id that has no listener gets one on the fly (docs/tap.md)...
     dynamic_listeners: bool = True

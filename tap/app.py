@@ -12,6 +12,7 @@ import time
 import uuid
 
 from kpmon.config import KpmonConfig, TapConfig
+from tap.flush import FlushLimits
 from tap.framing import HoldLimits
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink, NullMirror
@@ -121,6 +122,9 @@ def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str |
             int(tap_cfg.max_held_join_group_seconds * 1e9),
         ),
         max_held_bytes=tap_cfg.max_held_bytes,
+        flush=FlushLimits(
+            tap_cfg.flush_max_bytes, tap_cfg.flush_max_entries, int(tap_cfg.flush_max_age_ms * 1e6)
+        ),
     )
     return Tap(listener_specs(tap_cfg), sink, settings, metrics)
 

@@ -37,7 +37,7 @@ class MirrorSink(Protocol):
 
     def close(self, timeout: float = 5.0) -> None: ...
 
-    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+    def watch_failures(self, lost: Callable[[bytes | None, bytes | None], None]) -> None:
         """Call ``lost(key)`` for each record ``offer`` accepted and the sink then failed to deliver,
         on whatever thread the sink learns it on."""
         ...
@@ -74,7 +74,7 @@ class MemoryMirror:
     def close(self, timeout: float = 5.0) -> None:
         return None
 
-    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+    def watch_failures(self, lost: Callable[[bytes | None, bytes | None], None]) -> None:
         # What it accepts it keeps.
         return None
 
@@ -92,7 +92,7 @@ class NullMirror:
     def close(self, timeout: float = 5.0) -> None:
         return None
 
-    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+    def watch_failures(self, lost: Callable[[bytes | None, bytes | None], None]) -> None:
         return None
 
 
@@ -114,7 +114,11 @@ class KafkaMirror:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
-            "linger.ms": 20,
+            # A record holds a connection's flush (up to 256 KiB, tap.flush_max_bytes), gathered for
+            # up to tap.flush_max_age_ms already: a short linger still fills batches across connections.
+            "linger.ms": 10,
+            # Only failures need Python: a successful delivery reports nothing.
+            "delivery.report.only.error": True,
             "compression.type": "lz4",
             "queue.buffering.max.messages": max(1, max_frames),
             "queue.buffering.max.kbytes": max(1, max_bytes // 1024),
@@ -128,7 +132,7 @@ class KafkaMirror:
         self.topic = topic
         self.max_frames = max(1, int(conf["queue.buffering.max.messages"]))
         self._on_error = on_error
-        self._lost: Callable[[bytes | None], None] | None = None
+        self._lost: Callable[[bytes | None, bytes | None], None] | None = None
         self._producer = Producer(conf)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kpmon-tap-mirror", daemon=True)
@@ -144,9 +148,9 @@ class KafkaMirror:
         if self._on_error is not None:
             self._on_error(str(err.name() if hasattr(err, "name") else err))
         if self._lost is not None:
-            self._lost(msg.key())
+            self._lost(msg.key(), msg.value())
 
-    def watch_failures(self, lost: Callable[[bytes | None], None]) -> None:
+    def watch_failures(self, lost: Callable[[bytes | None, bytes | None], None]) -> None:
         self._lost = lost
 
     def offer(self, record: MirrorRecord) -> bool:

@@ -29,6 +29,7 @@ from codec import taprecord
 from codec.protocol import ApiKey
 from codec.taprecord import Header
 from tap.capture import FrameInfo, Policy, capture, header_end, request_is_sensitive_envelope
+from tap.flush import FlushBuffer, FlushLimits
 from tap.framing import (
     DEFAULT_MAX_FRAME,
     Correlations,
@@ -106,6 +107,8 @@ class TapSettings:
     hold_limits: HoldLimits = field(default_factory=HoldLimits)
     #: Bytes of held requests across every connection of the tap.
     max_held_bytes: int = 256 * 1024 * 1024
+    #: When a connection's gathered entries are written as one tap record (schema 3).
+    flush: FlushLimits = field(default_factory=FlushLimits)
 
 
 def _tls_info(transport: asyncio.BaseTransport) -> dict[str, object] | None:
@@ -175,9 +178,12 @@ class TapConnection:
         self.correlations = Correlations(settings.hold_limits, tap.held)
         self.sasl = SaslState()
         self.seq = 0
-        #: This connection's records the tap lost so far (its sink refused them, or their delivery
-        #: failed), stamped on every record it writes after them.
+        #: This connection's entries the tap lost so far (its sink refused their record, or its
+        #: delivery failed), stamped on every record it writes after them.
         self.records_lost = 0
+        #: Entries gathered for the connection's next record, and the timer of its age bound.
+        self.flush = FlushBuffer(settings.flush)
+        self._flush_timer: asyncio.TimerHandle | None = None
         self.client_t: asyncio.Transport | None = None
         self.broker_t: asyncio.Transport | None = None
         self.pending: list[bytes] = []
@@ -333,6 +339,7 @@ class TapConnection:
         elif self.req_split.mid_frame or self.resp_split.mid_frame:
             info["mid_frame"] = True
         self._mirror_lifecycle(taprecord.CLOSE, info)
+        self._flush_now()
         self.tap.log_event("close", conn=self.conn_id, **info)
 
     def _abort(self, reason: str, label: str) -> None:
@@ -624,9 +631,42 @@ class TapConnection:
         if not self.tap.settings.mirror:
             return
         kept = tuple(p for p in parts if p is not None)
-        value = taprecord.pack_record(kind, self.seq, self._static, kept, self.records_lost)
-        if not self.tap.offer(MirrorRecord(self.key, value)):
-            self.records_lost += 1
+        now = time.monotonic_ns()
+        self._offer(self.flush.add(kind, self.seq, kept, now))
+        if self._flush_timer is None and not self.closed:
+            due = self.flush.due_ns
+            if due is not None:
+                self._arm_flush(due - now)
+
+    def _offer(self, batches: list[list[taprecord.Entry]]) -> None:
+        for entries in batches:
+            value = taprecord.pack_flush(self._static, entries, self.records_lost)
+            if not self.tap.offer(MirrorRecord(self.key, value)):
+                self.records_lost += len(entries)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        due = self.flush.due_ns
+        if due is None:
+            return
+        wait = due - time.monotonic_ns()
+        if wait > 0:
+            # Records went out since the timer was armed: wait for the oldest entry gathered after them.
+            self._arm_flush(wait)
+            return
+        self._offer([self.flush.take()])
+
+    def _arm_flush(self, wait_ns: int) -> None:
+        self._flush_timer = asyncio.get_running_loop().call_later(max(wait_ns, 0) / 1e9, self._flush_due)
+
+    def _flush_now(self) -> None:
+        """Write what is gathered at once (the connection closed, or the tap stops)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        entries = self.flush.take()
+        if entries:
+            self._offer([entries])
 
     def _mirror_lifecycle(self, direction: str, info: dict[str, object]) -> None:
         if not self.tap.settings.mirror:
@@ -691,23 +731,24 @@ class Tap:
         self.metrics.drops.inc()
         return False
 
-    def _delivery_failed(self, key: bytes | None) -> None:
-        """A record the sink accepted was not delivered. Called on the sink's own thread, so the count
-        is taken on the event loop's, where the connection writes its records."""
+    def _delivery_failed(self, key: bytes | None, value: bytes | None) -> None:
+        """A record the sink accepted was not delivered: every entry it held is lost. Called on the
+        sink's own thread, so the count is taken on the event loop's, where the connection writes."""
         loop = self._loop
         if loop is None or key is None:
             return
+        entries = taprecord.entries_in(value)
         try:
-            loop.call_soon_threadsafe(self._count_lost, key)
+            loop.call_soon_threadsafe(self._count_lost, key, entries)
         except RuntimeError:
             # The loop has closed: the tap has stopped, and no record is left to carry the count.
             pass
 
-    def _count_lost(self, key: bytes) -> None:
+    def _count_lost(self, key: bytes, entries: int) -> None:
         conn = self.connections.get(key)
         # A connection closed since has written its last record: nothing would carry the count.
         if conn is not None:
-            conn.records_lost += 1
+            conn.records_lost += entries
 
     def log_event(self, event: str, **fields: object) -> None:
         if log.isEnabledFor(logging.INFO):

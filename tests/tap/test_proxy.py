@@ -11,9 +11,13 @@ import pytest
 
 import codec
 from codec.taprecord import EXCHANGE
+from tap.flush import FlushLimits
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
 from tests.tap.helpers import FakeBroker, api_versions_request, frame, metric_sum, parsed, parts
+
+#: Each entry a record of its own: what a test of per-record accounting needs.
+ONE_PER_RECORD = FlushLimits(max_entries=1)
 
 
 async def _start(sink: MemoryMirror, broker_port: int, **settings: object) -> tuple[Tap, int]:
@@ -144,7 +148,7 @@ def test_broker_death_disconnects_the_client() -> None:
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()  # the broker's FIN is passed on as a half-close; the client then closes
         await asyncio.sleep(0.05)
-        (close,) = parsed(sink.records[-1:])
+        close = parsed(sink.records)[-1]
         assert close.kind == "close"
         assert b"broker" in (close.parts[0].value or b"")
         await tap.stop()
@@ -190,7 +194,8 @@ def test_full_mirror_queue_drops_and_counts_without_affecting_traffic(max_frames
     async def run() -> None:
         broker = FakeBroker()
         sink = MemoryMirror(max_frames=max_frames)
-        tap, port = await _start(sink, await broker.start())
+        # A record per entry, so the queue's bound counts entries here.
+        tap, port = await _start(sink, await broker.start(), flush=ONE_PER_RECORD)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for corr in range(20):
             writer.write(frame(api_versions_request(corr)))
@@ -215,7 +220,7 @@ def test_records_after_a_refused_one_carry_how_many_were_lost() -> None:
     async def run() -> None:
         broker = FakeBroker()
         sink = MemoryMirror(max_frames=2)
-        tap, port = await _start(sink, await broker.start())
+        tap, port = await _start(sink, await broker.start(), flush=ONE_PER_RECORD)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
         async def exchange(corr: int) -> None:
@@ -330,5 +335,85 @@ def test_backpressure_bounds_tap_buffers_when_the_client_is_slow() -> None:
         await asyncio.sleep(0.05)
         await tap.stop()
         server.close()
+
+    asyncio.run(run())
+
+
+def test_a_connections_entries_go_out_as_few_records_and_the_close_at_once() -> None:
+    """Schema 3: the open entry and 20 pipelined exchanges gather into one or a few records (64 entries
+    or 50 ms bound them); each entry keeps its own ``seq``; the close entry goes out with the last
+    record as soon as the connection closes, not after the age bound."""
+
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start(), flush=FlushLimits(max_age_ns=60_000_000_000))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for corr in range(20):
+            writer.write(frame(api_versions_request(corr)))
+        await writer.drain()
+        for corr in range(20):
+            await _read_frame(reader)
+        await asyncio.sleep(0.05)
+        assert sink.records == []  # gathered: none of the bounds is reached yet
+        writer.close()
+        for _ in range(100):
+            if sink.records:
+                break
+            await asyncio.sleep(0.01)
+        entries = parsed(sink.records)
+        assert len(sink.records) == 1
+        assert [(e.kind, e.seq, e.index) for e in entries] == [
+            ("open", 1, 0),
+            *((EXCHANGE, seq, seq - 1) for seq in range(2, 22)),
+            ("close", 22, 21),
+        ]
+        await tap.stop()
+        await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_an_idle_connections_entries_go_out_after_the_age_bound() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror()
+        tap, port = await _start(sink, await broker.start(), flush=FlushLimits(max_age_ns=100_000_000))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(api_versions_request(7)))
+        await writer.drain()
+        await _read_frame(reader)
+        for _ in range(300):
+            if sink.records:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.kind for e in parsed(sink.records)] == ["open", EXCHANGE]
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        assert [e.kind for e in parsed(sink.records)] == ["open", EXCHANGE, "close"]
+
+    asyncio.run(run())
+
+
+def test_a_refused_record_loses_every_entry_it_held() -> None:
+    async def run() -> None:
+        broker = FakeBroker()
+        sink = MemoryMirror(max_frames=0)
+        tap, port = await _start(sink, await broker.start(), flush=FlushLimits(max_entries=3))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for corr in range(2):  # open + 2 exchanges: one record of 3 entries, refused
+            writer.write(frame(api_versions_request(corr)))
+            await writer.drain()
+            await _read_frame(reader)
+        (conn,) = tap.connections.values()
+        assert conn.records_lost == 3
+        sink.max_frames = 10
+        writer.close()
+        await asyncio.sleep(0.05)
+        await tap.stop()
+        await broker.stop()
+        assert [(e.kind, e.seq, e.lost) for e in parsed(sink.records)] == [("close", 4, 3)]
 
     asyncio.run(run())

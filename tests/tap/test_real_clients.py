@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import codec
 from codec.taprecord import EXCHANGE, parse_records
+from tap.flush import FlushLimits
 from tests.tap.conftest import TappedCluster
 from tests.tap.harness import TapRecord, TapThread, by_connection, read_topic
 from tests.tap.helpers import parsed, parts
@@ -34,7 +35,7 @@ def _create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
 
 
 def check_tap_topic(records: list[TapRecord], capture: str = "full") -> dict[str, int]:
-    """Contract checks: schema 2, keyed by connection, contiguous seq per connection from open to close,
+    """Contract checks: schema 3, keyed by connection, contiguous seq per connection from open to close,
     a response only in its request's exchange or after it, every frame decodes. Counts frames."""
     assert records, "nothing mirrored"
     counts = {"req": 0, "resp": 0, "conns": 0, "records": 0, "exchanges": 0}
@@ -42,13 +43,13 @@ def check_tap_topic(records: list[TapRecord], capture: str = "full") -> dict[str
         counts["conns"] += 1
         counts["records"] += len(recs)
         assert len({r.partition for r in recs}) == 1, "one connection, one partition"
-        assert not any(r.headers for r in recs), "schema 2 writes no Kafka headers"
+        assert not any(r.headers for r in recs), "schema 3 writes no Kafka headers"
         parsed = [entry for r in recs for entry in parse_records(None, r.value)]
         assert [p.seq for p in parsed] == list(range(1, len(parsed) + 1)), f"gap or reorder on {conn!r}"
         assert parsed[0].kind == "open"
         assert parsed[-1].kind == "close", f"{conn!r} not closed"
         for record in parsed:
-            assert record.schema == 2 and record.connection.conn.encode() == conn
+            assert record.schema == 3 and record.connection.conn.encode() == conn
             assert record.connection.capture == capture
             if record.kind == EXCHANGE:
                 counts["exchanges"] += 1
@@ -290,7 +291,8 @@ def _produce_and_consume(bootstrap: str, n: int) -> None:
 
 
 def test_mirror_that_cannot_keep_up_drops_and_leaves_gaps(tapped_cluster: TappedCluster) -> None:
-    t, tap_topic = tapped_cluster.start_tap(capture="full", max_frames=3)
+    # A record per entry: the queue's bound of 3 records then fills as it did before records gathered.
+    t, tap_topic = tapped_cluster.start_tap(capture="full", max_frames=3, flush=FlushLimits(max_entries=1))
     try:
         _produce_and_consume(tapped_cluster.bootstrap, 2000)
         t.wait_idle()
@@ -322,7 +324,7 @@ def test_traffic_continues_with_the_tap_topic_cluster_down(tapped_cluster: Tappe
         tapped_cluster.tap_addr,
         "127.0.0.1:1",  # nothing listens: the mirror producer can never connect
     )
-    t, _ = down.start_tap(capture="full", max_frames=10)
+    t, _ = down.start_tap(capture="full", max_frames=10, flush=FlushLimits(max_entries=1))
     try:
         started = time.monotonic()
         _produce_and_consume(tapped_cluster.bootstrap, 500)
