@@ -352,7 +352,7 @@ def test_a_connections_entries_go_out_as_few_records_and_the_close_at_once() -> 
         for corr in range(20):
             writer.write(frame(api_versions_request(corr)))
         await writer.drain()
-        for corr in range(20):
+        for _ in range(20):
             await _read_frame(reader)
         await asyncio.sleep(0.05)
         assert sink.records == []  # gathered: none of the bounds is reached yet
