@@ -8,10 +8,16 @@ tap/listeners.py); without one, or when it returns None, the broker keeps its ow
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
 import codec
+from codec.api import response_spec
+from codec.errors import DecodeError
 from codec.protocol import ApiKey
+from codec.schema import FieldSpec
+from tap.capture import FrameInfo, header_end
+from tap.strip import top_level_tags
 
 ADDRESS_APIS = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER})
 #: Data-path responses that may carry ``NodeEndpoints`` (KIP-951 leader hints, share groups). They are
@@ -90,6 +96,32 @@ def held_apis(rewrite_addresses: bool, clamp_api_versions: bool) -> frozenset[in
     return frozenset(apis)
 
 
+@cache
+def _endpoints_field(api_key: int, version: int) -> FieldSpec | None:
+    """The response's ``NodeEndpoints`` field at ``version`` (None where the version has none)."""
+    segment = response_spec(api_key).segment(version)
+    if segment is None:
+        return None
+    return next((f for f in segment.fields if f.name == "NodeEndpoints" and f.present(version)), None)
+
+
+def may_carry_endpoints(frame: bytes, api_key: int, version: int) -> bool:
+    """Whether a data-path response (``ENDPOINT_APIS``) can hold broker addresses, known without
+    decoding it: Produce and Fetch send KIP-951's ``NodeEndpoints`` as a top-level tagged field only
+    with a leader change, so the rest pass as they are. A version with the field untagged (the share
+    APIs) is decoded to see; a frame the walk cannot read is left to the codec."""
+    field = _endpoints_field(api_key, version)
+    if field is None:
+        return False
+    if not field.tagged_at(version):
+        return True
+    try:
+        body = header_end(frame, FrameInfo("resp", len(frame), api_key, version))
+        return field.tag in top_level_tags(frame, body, api_key, False, version)
+    except DecodeError:
+        return True
+
+
 def rewrite_response(
     frame: bytes,
     api_key: int,
@@ -102,6 +134,8 @@ def rewrite_response(
 
     A frame that does not decode is forwarded unchanged: the client must see what the broker said.
     """
+    if api_key in ENDPOINT_APIS and not may_carry_endpoints(frame, api_key, api_version):
+        return None
     try:
         message = codec.decode_response(frame, api_key, api_version)
     except codec.DecodeError:

@@ -166,6 +166,29 @@ def _walk(buf: bytes, pos: int, steps: Plan, spans: list[Span]) -> int:
     return pos
 
 
+def top_level_tags(frame: bytes, body: int, api_key: int, request: bool, version: int) -> list[int]:
+    """The tags of a message's top-level tagged fields (none for a version that is not flexible),
+    found by walking past every other field by its wire size: nothing is decoded. Raises
+    ``DecodeError`` when the frame does not walk to its exact end."""
+    steps = plan(api_key, request, version)
+    if not steps or steps[-1][0] != _TAGS:
+        return []
+    tags: list[int] = []
+    try:
+        pos = _walk(frame, body, steps[:-1], [])
+        count, pos = read_uvarint(frame, pos)
+        for _ in range(count):
+            tag, pos = read_uvarint(frame, pos)
+            size, pos = read_uvarint(frame, pos)
+            pos += size
+            tags.append(tag)
+    except (struct.error, IndexError) as exc:
+        raise DecodeError(f"frame too short: {exc}", body, what="tags") from None
+    if pos != len(frame):
+        raise DecodeError(f"walk ended at {pos} of {len(frame)} bytes", pos, what="tags")
+    return tags
+
+
 _STRIPPED_LENGTH = _INT32.pack(STRIPPED_LENGTH)
 
 

@@ -201,3 +201,55 @@ def test_advertised_address_from_config_wins() -> None:
         return tap.addresses
 
     assert asyncio.run(run()) == {4: ("tap.example", 29094)}
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(0, 9), (0, 10), (0, 13), (1, 15), (1, 16), (1, 18)])
+def test_produce_and_fetch_responses_without_endpoints_are_not_decoded(
+    api_key: int, version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a response whose top-level tags hold ``NodeEndpoints`` is decoded: the others, nearly all
+    of them, pass as they are, found by a walk over the frame's wire sizes."""
+    import tap.rewrite
+
+    decoded: list[int] = []
+    real = codec.decode_response
+
+    def counting(*args: object, **kwargs: object) -> object:
+        decoded.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tap.rewrite.codec, "decode_response", counting)
+    body = random_response_body(api_key, version, random.Random(version))
+    body.pop("NodeEndpoints", None)
+    plain = codec.encode_response(api_key, version, 3, body)
+    assert not tap.rewrite.may_carry_endpoints(plain, api_key, version)
+    assert rewrite_response(plain, api_key, version, TAP) is None
+    assert decoded == []
+    if version >= (10 if api_key == 0 else 16):
+        body["NodeEndpoints"] = [{"NodeId": 2, "Host": "broker2", "Port": 9092, "Rack": None}]
+        hinted = codec.encode_response(api_key, version, 3, body)
+        assert tap.rewrite.may_carry_endpoints(hinted, api_key, version)
+        assert rewrite_response(hinted, api_key, version, TAP) is not None
+        assert decoded == [1]
+
+
+@pytest.mark.parametrize("api_key", [0, 1, 78, 79])
+@pytest.mark.parametrize("seed", range(5))
+def test_the_tag_walk_reads_every_version_as_the_codec_does(api_key: int, seed: int) -> None:
+    from tap.capture import FrameInfo, header_end
+    from tap.rewrite import _endpoints_field
+    from tap.strip import top_level_tags
+
+    low, high = codec.supported_versions(api_key)
+    for version in range(low, high + 1):
+        body = random_response_body(api_key, version, random.Random(seed * 100 + version))
+        raw = codec.encode_response(api_key, version, 3, body)
+        tags = top_level_tags(
+            raw, header_end(raw, FrameInfo("resp", len(raw), api_key, version)), api_key, False, version
+        )
+        field = _endpoints_field(api_key, version)
+        if field is not None and field.tagged_at(version):
+            assert (field.tag in tags) == bool(body.get("NodeEndpoints")), (
+                version,
+                body.get("NodeEndpoints"),
+            )
