@@ -18,12 +18,19 @@ import msgpack
 
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
-from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats
+from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats, iso_time
 from codec.api import Request, expand_response
 from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse
 from codec.peek import peek_request_header
-from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
+from codec.taprecord import (
+    TAP_EVENTS,
+    WORKER_LOST,
+    TapFrame,
+    frame_from_packed,
+    frame_to_packed,
+    tap_event_info,
+)
 
 _SWEEP_EVERY_NS = 10 * 1_000_000_000
 
@@ -227,6 +234,10 @@ class Monitor:
             return
         if direction == "open":
             return
+        if direction in TAP_EVENTS:
+            if self.report_frames:
+                self._tap_event(frame)
+            return
         if frame.error is not None:
             if self.report_frames:
                 self._decode_error(frame)
@@ -415,6 +426,35 @@ class Monitor:
             + (f"; the tap reports {frame.lost} lost" if frame.lost else ""),
             frame.ts_ns,
             {**frame.evidence(), "missing": missing, "offsets": [[frame.partition, frame.offset]]},
+        )
+
+    def _tap_event(self, frame: TapFrame) -> None:
+        """The tap says it may have lost records: an ``info`` finding, so the report and the alerts show
+        when and where; the findings this loss can explain say so themselves (``RuleContext.tap_loss``)."""
+        info = tap_event_info(frame)
+        tap = info.get("tap") or "?"
+        when = iso_time(frame.ts_ns)
+        if frame.direction == WORKER_LOST:
+            summary = (
+                f"tap {tap}: worker {info.get('worker', '?')} (pid {info.get('pid', '?')}, exit "
+                f"{info.get('exitcode', '?')}) died at {when}; the connections it served ({frame.conn}.*) "
+                "ended without their close record, and what it had not mirrored yet is lost (how much is "
+                "unknown). Findings that may rest on those records are incomplete and at most info."
+            )
+        else:
+            summary = (
+                f"tap {tap} started at {when} (connections {frame.conn}-*); connections of its earlier "
+                "runs that have no close record ended with that run, and what it had not mirrored is lost "
+                "(how much is unknown). Findings that may rest on those records are incomplete and at "
+                "most info."
+            )
+        self.ctx.emit(
+            f"tap.{frame.direction}",
+            Severity.INFO,
+            f"tap:{tap}",
+            summary,
+            frame.ts_ns,
+            {**frame.evidence(), **info, "offsets": [[frame.partition, frame.offset]]},
         )
 
     def _decode_error(self, frame: TapFrame) -> None:

@@ -20,7 +20,9 @@ format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-r
 from __future__ import annotations
 
 import base64
+import json
 import math
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from codec.errors import DecodeError
 class Header:
     """Tap record header names, exactly as on the wire. A namespace of plain ``str`` constants."""
 
-    #: ``req``, ``resp``, ``open`` or ``close`` (``DIRECTIONS``).
+    #: ``req``, ``resp``, ``open``, ``close`` or a tap event (``DIRECTIONS``).
     DIR: Final = "dir"
     #: Per-connection sequence number, from 1 (the ``open`` record); a gap means dropped records.
     SEQ: Final = "seq"
@@ -77,8 +79,14 @@ REQ: Final = "req"
 RESP: Final = "resp"
 OPEN: Final = "open"
 CLOSE: Final = "close"
-#: Values of the ``dir`` header.
-DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE)
+#: A tap started (or restarted): its earlier connections without a ``close`` ended, their loss unknown.
+TAP_START: Final = "tap_start"
+#: A tap worker died: the connections it served ended without their ``close``, their loss unknown.
+WORKER_LOST: Final = "worker_lost"
+#: Records about the tap itself, not a connection (``pack_tap_event``).
+TAP_EVENTS: Final = (TAP_START, WORKER_LOST)
+#: Values of the ``dir`` header, and of a schema-2 part's direction.
+DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE, *TAP_EVENTS)
 #: The ``redacted`` entry of a raw SASL token (mirrored header-only).
 SASL_TOKEN: Final = "sasl_token"
 
@@ -222,6 +230,8 @@ def decode_frame(
         frame.direction = REQ
         return frame
     if frame.direction not in (REQ, RESP):
+        if frame.direction in TAP_EVENTS:
+            frame.raw = value  # what the tap says about the event (``tap_event_info``)
         return frame
     if frame.capture == "meta" or truncated:
         # Only the frame header was mirrored: keep the frame for gap accounting, skip decoding.
@@ -821,3 +831,60 @@ def frames_from_record(
         decode_frame(frame, part.value, truncated=part.header_only, fields=fields)
         for frame, part in record_frames(record, partition, offset)
     ]
+
+
+# --- connection ids and tap events -------------------------------------------------------------------
+#
+# A connection id is ``<prefix>.<incarnation>-<n>``: ``prefix`` is the tap instance id (with ``-<worker>``
+# in a worker process), ``n`` numbers the process's connections from 1, and ``incarnation`` is the
+# tap-host clock, in milliseconds rounded up and written in base 36, of the newest event after which
+# the process may have lost records: its start, or a loss it learnt of since (a worker of its tap died,
+# its queue refused a record, a delivery failed). So ids are unique across restarts with any instance
+# id, and a reader knows from the id alone, in any layout and with no state, that whatever a client sent
+# before that time may be missing from the tap topic (``incarnation_ns``).
+#
+# Tap events are records about the tap itself (kinds ``TAP_EVENTS``): one part of that direction whose
+# value is a JSON object, ``seq`` 1, no ``lost``, and as ``static`` a ``Connection`` whose ``conn`` names
+# the connections concerned (``<prefix>.<incarnation>`` for a start, the dead worker's ``<prefix>`` for
+# ``worker_lost``) and whose ``tap`` is the instance id. The record's key is that ``conn``.
+
+_BASE36: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+_CONNECTION_ID: Final = re.compile(r"\.([0-9a-z]{1,12})-[0-9]+\Z")
+
+
+def incarnation(ts_ns: int) -> str:
+    """The incarnation of a tap process whose latest start or loss was at ``ts_ns``."""
+    number = -(-ts_ns // 1_000_000)
+    out = ""
+    while True:
+        number, rest = divmod(number, 36)
+        out = _BASE36[rest] + out
+        if not number:
+            return out
+
+
+def connection_id(prefix: str, incarnation: str, number: int) -> str:
+    return f"{prefix}.{incarnation}-{number}"
+
+
+def incarnation_ns(conn: str) -> int:
+    """When the tap that opened ``conn`` last started or lost records before opening it (ns, rounded
+    up to the millisecond); 0 for an id of another form (an older tap's, a capture's)."""
+    found = _CONNECTION_ID.search(conn)
+    return int(found.group(1), 36) * 1_000_000 if found else 0
+
+
+def pack_tap_event(kind: str, conn: str, instance: str, ts_ns: int, info: Mapping[str, Any]) -> bytes:
+    """A tap event's record value (``kind`` one of ``TAP_EVENTS``); its key is ``conn``."""
+    static = pack_static(Connection(conn, tap=instance))
+    body = json.dumps({"tap": instance, "connections": conn, **info}, default=str).encode()
+    return pack_record(kind, 1, static, (Part(kind, ts_ns, None, None, None, body),))
+
+
+def tap_event_info(frame: TapFrame) -> dict[str, Any]:
+    """The JSON object of a tap event's frame (``raw``), {} when it has none or it is not an object."""
+    try:
+        info = json.loads(frame.raw or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}

@@ -86,7 +86,7 @@ def _headers(direction: str, **extra: str) -> dict[str, str]:
 
 def test_the_wire_names_do_not_change() -> None:
     assert HEADERS == WIRE_NAMES
-    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close")
+    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close", "tap_start", "worker_lost")
 
 
 def test_headers_to_frame_to_dict_to_frame() -> None:
@@ -450,3 +450,37 @@ def test_a_lost_count_that_is_not_a_count_breaks_the_record(lost: object) -> Non
 def test_a_schema_1_record_lost_nothing() -> None:
     assert taprecord.parse_record(_headers("req"), _request_bytes()).lost == 0
     assert frames_from_record(_headers("req"), _request_bytes())[0].lost == 0
+
+
+def test_a_connection_id_names_its_incarnation_to_the_millisecond_rounded_up() -> None:
+    ts = 1_780_000_000_123_456_789
+    conn = taprecord.connection_id("tap-host-1", taprecord.incarnation(ts), 7)
+    assert conn.startswith("tap-host-1.") and conn.endswith("-7")
+    assert taprecord.incarnation_ns(conn) == 1_780_000_000_124_000_000
+    # Ids of another form (an older tap's, a capture's) carry no incarnation.
+    for other in ("tap-host-1-7", "pcap-3", "tap.1a-2", "", "tap-x.k3xz9abc"):
+        assert taprecord.incarnation_ns(other) < 1_000_000_000_000
+
+
+def test_a_tap_event_reads_back_as_a_frame_with_what_the_tap_said() -> None:
+    value = taprecord.pack_tap_event(
+        taprecord.WORKER_LOST, "tap-h-0", "tap-h", 5_000, {"worker": 0, "pid": 9}
+    )
+    record = taprecord.parse_record(None, value)
+    assert (record.kind, record.seq, record.connection.conn, record.connection.tap) == (
+        "worker_lost",
+        1,
+        "tap-h-0",
+        "tap-h",
+    )
+    [frame] = frames_from_record(None, value, 3, 4)
+    assert (frame.direction, frame.conn, frame.ts_ns, frame.error) == ("worker_lost", "tap-h-0", 5_000, None)
+    assert taprecord.tap_event_info(frame) == {
+        "tap": "tap-h",
+        "connections": "tap-h-0",
+        "worker": 0,
+        "pid": 9,
+    }
+    # Through the binary state layout too (the job's routes and the stage's state).
+    again = taprecord.frame_from_packed(taprecord.frame_to_packed(frame))
+    assert taprecord.tap_event_info(again)["worker"] == 0
