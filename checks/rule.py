@@ -20,7 +20,7 @@ from mypy_extensions import mypyc_attr
 
 from checks.model import Exchange, Finding, Severity
 from checks.settings import ChecksSettings
-from codec.taprecord import incarnation_ns
+from codec.taprecord import TapFrame, tap_loss_ns
 
 State = dict[str, Any]
 #: A (rule name, state key) pair: the key of the engine's state, last-seen and timer tables. Typed as a
@@ -104,9 +104,9 @@ class Context:
         if tap_loss is not None:
             conn, at_ns = tap_loss
             summary += (
-                f" (incomplete: the tap may have lost records at {iso_time(at_ns)}, and connection {conn} "
-                "was opened after that loss, so the frames between may be missing from the tap topic: "
-                "not evidence against the client or the broker)"
+                f" (incomplete: the tap may have lost records at {iso_time(at_ns)}, before it saw this on "
+                f"connection {conn}, so frames sent between may be missing from the tap topic: not "
+                "evidence against the client or the broker)"
             )
             severity = Severity.INFO
             incomplete = True
@@ -174,13 +174,13 @@ class RuleContext:
         self.engine.emit(rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope, tap_loss)
 
     @staticmethod
-    def tap_loss(conn: str, since_ns: int) -> tuple[str, int] | None:
-        """(``conn``, when) if the tap may have lost records after ``since_ns`` and before it opened
-        ``conn`` (its id's incarnation, ``codec.taprecord.incarnation_ns``): a finding that rests on
-        frames since then which ``conn`` does not carry itself (an earlier connection of the same
-        client did) is then incomplete (``emit``'s ``tap_loss``). None when no such loss is known."""
-        at = incarnation_ns(conn)
-        return (conn, at) if at > since_ns else None
+    def tap_loss(frame: TapFrame, since_ns: int) -> tuple[str, int] | None:
+        """(``frame``'s connection, when) if its tap may have lost records after ``since_ns`` and before
+        it wrote ``frame`` (``codec.taprecord.tap_loss_ns``): a finding that rests on frames sent since
+        then on another connection is then incomplete (``emit``'s ``tap_loss``). None when no such
+        loss is known."""
+        at = tap_loss_ns(frame)
+        return (frame.conn, at) if at > since_ns else None
 
     def resolve(self, rule: str, subject: str, ts_ns: int) -> None:
         """The condition behind (rule, subject) has cleared: alert hooks send a resolve."""

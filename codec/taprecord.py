@@ -121,13 +121,16 @@ class TapFrame:
     #: A response the tap wrote as a record of its own (schema 2, kind ``resp``): its request was written
     #: alone before it (a bound was hit) or never seen, so it pairs with nothing (``checks.engine``).
     lone: bool = False
+    #: When its tap last may have lost records (``tap_loss_ns``) before it wrote this frame, if later
+    #: than its connection's incarnation (which the connection id carries); 0 otherwise.
+    loss_ns: int = 0
 
     def with_message(self, message: Request | Response | None) -> TapFrame:
         """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
         return TapFrame(
             self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
             self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
-            self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone,
+            self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone, self.loss_ns,
         )  # fmt: skip
 
     @property
@@ -281,6 +284,8 @@ _INT_FIELDS = frozenset(
 LOST: Final = "lost"
 #: ``TapFrame.lone`` in the same layouts as ``LOST`` (written only when set; packed after ``lost``).
 LONE: Final = "lone"
+#: ``TapFrame.loss_ns`` in the same layouts as ``LOST`` (written only when set; packed after ``lone``).
+LOSS_NS: Final = "loss_ns"
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
@@ -315,6 +320,8 @@ def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dic
         out[LOST] = frame.lost
     if frame.lone:
         out[LONE] = True
+    if frame.loss_ns:
+        out[LOSS_NS] = frame.loss_ns
     return out
 
 
@@ -357,6 +364,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
     frame = TapFrame(**values)
     frame.lost = _count(data.get(LOST))
     frame.lone = data.get(LONE) is True
+    frame.loss_ns = _count(data.get(LOSS_NS))
     raw = data.get("raw")
     if not decode or not isinstance(raw, str):
         return frame
@@ -386,6 +394,7 @@ ROW_COLUMNS: Final = (
     LONE,
     "value",
     Header.TRUNCATED,
+    LOSS_NS,
 )
 
 
@@ -423,6 +432,7 @@ def _frame_of(
     lone: Any,
     value: Any,
     truncated: Any,
+    loss_ns: Any = None,
 ) -> TapFrame:
     """One row's values (``ROW_COLUMNS``' order) to a frame, decoded, with ``frame_from_dict``'s
     defaults and conversions but none of its saved-state layouts: this runs for every frame of the
@@ -449,6 +459,7 @@ def _frame_of(
         None,
         0 if lost is None or lost != lost else int(lost),
         lone is True,
+        0 if loss_ns is None or loss_ns != loss_ns else int(loss_ns),
     )
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(truncated))
 
@@ -471,9 +482,17 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [*_metadata(frame), raw, facts.pack_message(message), None, frame.lost, frame.lone]
+        return [
+            *_metadata(frame),
+            raw,
+            facts.pack_message(message),
+            None,
+            frame.lost,
+            frame.lone,
+            frame.loss_ns,
+        ]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.loss_ns]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -506,9 +525,12 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw, packed, error, lost, lone = [*values[count:], None, None, None, None, None][:5]
+    raw, packed, error, lost, lone, loss_ns = [*values[count:], None, None, None, None, None, None][:6]
     frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
     frame.lone = lone is True
+    frame.loss_ns = (
+        loss_ns if isinstance(loss_ns, int) and not isinstance(loss_ns, bool) and loss_ns > 0 else 0
+    )
     if packed is not None:
         frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
@@ -540,6 +562,9 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
 # which is what makes the connection's findings incomplete. It is left out while 0, so records of
 # connections that lost nothing are as they were before it (``[kind, seq, static, parts]``), and a
 # reader ignores elements after it, as it ignores a part's after ``length``: the list grows at its end.
+# After ``lost`` (then written even when 0) may come ``loss_ns`` (``TapFrame.loss_ns``): when the tap last
+# may have lost records before it wrote this one, left out unless later than the connection's
+# incarnation (its id carries that: ``incarnation_ns``), so only connections open across a loss carry it.
 #
 # MAGIC starts with 0xFF: a Kafka request starts with its int16 api key (< 256: a 0x00 byte), a
 # lifecycle value with ``{``; only a schema-1 response whose correlation id is negative could begin
@@ -614,6 +639,8 @@ class TapRecord:
     parts: tuple[Part, ...]
     #: The connection's records the tap had lost before this one (``TapFrame.lost``); 0 in schema 1.
     lost: int = 0
+    #: ``TapFrame.loss_ns``; 0 in schema 1.
+    loss_ns: int = 0
 
 
 def pack_static(connection: Connection) -> bytes:
@@ -621,8 +648,11 @@ def pack_static(connection: Connection) -> bytes:
     return msgpack.packb([getattr(connection, name) for name in STATIC_FIELDS], use_bin_type=True)
 
 
-def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0) -> bytes:
-    """A schema-2 record value; ``lost``: the connection's records the tap lost before this one."""
+def pack_record(
+    kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0, loss_ns: int = 0
+) -> bytes:
+    """A schema-2 record value; ``lost``: the connection's records the tap lost before this one;
+    ``loss_ns``: ``TapFrame.loss_ns``."""
     meta: list[Any] = [
         kind,
         seq,
@@ -635,8 +665,10 @@ def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost:
             for p in parts
         ],
     ]  # fmt: skip
-    if lost:
+    if lost or loss_ns:
         meta.append(lost)
+    if loss_ns:
+        meta.append(loss_ns)
     packed = msgpack.packb(meta, use_bin_type=True)
     return b"".join((_PREFIX.pack(MAGIC, len(packed)), packed, *(p.value or b"" for p in parts)))
 
@@ -683,10 +715,10 @@ def _opt(value: Any) -> int | None:
 RawPart = tuple[str, Any, Any, Any, Any, Any, Any, int, int]
 
 
-def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int]:
+def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int, int]:
     """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
     ``Part`` objects: the kind, ``seq``, the connection, each part's raw metadata with where its
-    bytes are, and ``lost`` (0 when the record has none). ``RecordError`` when it does not follow the
+    bytes are, ``lost`` and ``loss_ns`` (0 when the record has none). ``RecordError`` when it does not follow the
     schema. The one reader of the layout: ``parse_record_2`` builds on it, and the job's columnar
     read (``streaming.frames``) reads it so."""
     if len(value) < _PREFIX.size:
@@ -710,6 +742,9 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], in
     # A count, and one that an int64 column (the job's rows) holds.
     if not isinstance(lost, int) or isinstance(lost, bool) or not 0 <= lost < _MAX_LOST:
         raise RecordError(f"bad count of lost records {lost!r}")
+    loss_ns = meta[5] if len(meta) > 5 else 0
+    if not isinstance(loss_ns, int) or isinstance(loss_ns, bool) or not 0 <= loss_ns < _MAX_LOST:
+        raise RecordError(f"bad time of a tap loss {loss_ns!r}")
     parts: list[RawPart] = []
     pos = end
     total = len(value)
@@ -723,7 +758,7 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], in
         pos += size
     if pos != total:
         raise RecordError(f"{total - pos} bytes after the last frame")
-    return kind, seq, connection, parts, lost
+    return kind, seq, connection, parts, lost, loss_ns
 
 
 def part_of(value: bytes, raw: RawPart) -> Part:
@@ -743,8 +778,8 @@ def part_of(value: bytes, raw: RawPart) -> Part:
 
 def parse_record_2(value: bytes) -> TapRecord:
     """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
-    kind, seq, connection, parts, lost = read_record_2(value)
-    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost)
+    kind, seq, connection, parts, lost, loss_ns = read_record_2(value)
+    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost, loss_ns)
 
 
 def parse_record(headers: Mapping[str, str] | None, value: bytes | None, partition: int = -1) -> TapRecord:
@@ -792,7 +827,7 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
             TapFrame(
                 conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
                 c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
-                None, record.lost, lone,
+                None, record.lost, lone, record.loss_ns,
             ),
             p,
         )
@@ -865,6 +900,13 @@ def incarnation(ts_ns: int) -> str:
 
 def connection_id(prefix: str, incarnation: str, number: int) -> str:
     return f"{prefix}.{incarnation}-{number}"
+
+
+def tap_loss_ns(frame: TapFrame) -> int:
+    """When the tap last may have lost records before it wrote ``frame`` (0: not known): whatever its
+    clients sent before that may be missing from the tap topic, unless it came on this very connection
+    (whose own losses ``TapFrame.lost`` counts)."""
+    return max(frame.loss_ns, incarnation_ns(frame.conn))
 
 
 def incarnation_ns(conn: str) -> int:

@@ -35,6 +35,7 @@ from codec.taprecord import (
     HEADER_ONLY_READS,
     HEADERS,
     LONE,
+    LOSS_NS,
     LOST,
     MAGIC,
     RESP,
@@ -77,6 +78,8 @@ FRAME_ROW_SCHEMA = pa.schema(
         (LOST, pa.int64()),
         #: A response the tap wrote as a record of its own (``TapFrame.lone``; false in schema 1).
         (LONE, pa.bool_()),
+        #: When the tap last may have lost records before it wrote this one (``TapFrame.loss_ns``).
+        (LOSS_NS, pa.int64()),
     ]
 )
 
@@ -109,6 +112,7 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         "value": value,
         LOST: 0,
         LONE: False,
+        LOSS_NS: 0,
     }
     return row
 
@@ -272,6 +276,7 @@ def record_rows(
                 "value": part.value,
                 LOST: record.lost,
                 LONE: record.kind == RESP,
+                LOSS_NS: record.loss_ns,
             }
         )
     return rows
@@ -325,7 +330,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     )
     listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
     only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
-    lost_col, lone_col = columns[LOST], columns[LONE]
+    lost_col, lone_col, loss_col = columns[LOST], columns[LONE], columns[LOSS_NS]
     partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
@@ -341,7 +346,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         strict=True,
     ):
         try:
-            kind, seq, c, parts, lost = read_record_2(value)
+            kind, seq, c, parts, lost, loss_ns = read_record_2(value)
         except RecordError:
             parts = []
         if not parts:
@@ -387,6 +392,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
             value_col.append(value[pos : pos + size])
             lost_col.append(lost)
             lone_col.append(lone)
+            loss_col.append(loss_ns)
             origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
@@ -407,6 +413,7 @@ def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array)
     # Schema-1 taps never report losses: their gaps are all a reader learns.
     columns[LOST] = pa.array(np.zeros(len(value), np.int64))
     columns[LONE] = pa.array(np.zeros(len(value), np.bool_))
+    columns[LOSS_NS] = pa.array(np.zeros(len(value), np.int64))
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
     )

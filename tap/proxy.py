@@ -177,6 +177,9 @@ class TapConnection:
         #: This connection's records the tap lost so far (its sink refused them, or their delivery
         #: failed), stamped on every record it writes after them.
         self.records_lost = 0
+        #: The tap's incarnation when it opened this connection (its id carries it): a later one is
+        #: stamped on the records it writes (``TapFrame.loss_ns``).
+        self.incarnation_ns = tap.incarnation_ns
         self.client_t: asyncio.Transport | None = None
         self.broker_t: asyncio.Transport | None = None
         self.pending: list[bytes] = []
@@ -579,7 +582,10 @@ class TapConnection:
         if not self.tap.settings.mirror:
             return
         kept = tuple(p for p in parts if p is not None)
-        value = taprecord.pack_record(kind, self.seq, self._static, kept, self.records_lost)
+        since = self.tap.incarnation_ns
+        value = taprecord.pack_record(
+            kind, self.seq, self._static, kept, self.records_lost, since if since > self.incarnation_ns else 0
+        )
         if not self.tap.offer(MirrorRecord(self.key, value)):
             self.records_lost += 1
 

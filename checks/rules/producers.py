@@ -31,9 +31,9 @@ sequence numbers the producer sent and the broker acknowledged. It reports:
     not what was acknowledged, so that several in-flight batches, or a batch answered
     OUT_OF_ORDER_SEQUENCE (45) because an earlier in-flight one failed, are not gaps. The broker's
     answer goes into the evidence: 45 confirms the gap, no error means the broker accepted it. When the
-    batch came on a connection the tap opened after it may have lost records, and the stream's previous
-    batch was sent before that loss (``RuleContext.tap_loss``), the skipped batches most likely went
-    through a connection whose records the tap lost (a worker or the tap died): the gap is then
+    stream's previous batch came on another connection, and the tap may have lost records after it was
+    sent and before it wrote this one (``RuleContext.tap_loss``: a worker or the tap died, its queue
+    overflowed), the skipped batches most likely went through records the tap lost: the gap is then
     incomplete, ``info``, and says so.
 
 ``producer.sequence_duplicate``
@@ -53,7 +53,8 @@ for a zombie write, not two).
 State (JSON-compatible, per producer id): ``epoch``/``epoch_src``/``epoch_ts``/``epoch_client``
 (newest known epoch, and the answer and client it came from), ``txn`` (its transactional id),
 ``streams`` ("epoch|topic|partition" -> ``next`` sequence after everything sent, ``acked`` recent
-acknowledged batches as [base, count, base offset], ``at`` when its latest batch was sent), and ``pending`` (only while decisions taken when a
+acknowledged batches as [base, count, base offset], ``at`` and ``via`` when and on which connection
+its latest batch was sent), and ``pending`` (only while decisions taken when a
 request was sent wait for its answer, keyed "conn|correlation id|topic|partition|batch index" for Produce and
 "conn|correlation id|txn|claim index" for the other RPCs, applied when its answer comes).
 """
@@ -329,12 +330,13 @@ class ProducerRule(Rule):
             if 0 <= epoch < known:
                 decision["stale"] = _known(state)
             else:
-                sent = self._sent(streams, epoch, topic, partition, base, count, ex.ts_ns, ctx)
+                sent = self._sent(streams, epoch, topic, partition, base, count, ex, ctx)
                 if sent is not None:
-                    expected, since = sent
+                    expected, since, via = sent
                     decision["gap"] = expected
-                    # The batches between may have gone through a connection whose records the tap lost.
-                    loss = None if since is None else ctx.tap_loss(ex.conn, since)
+                    # The batches between may have gone through another connection whose records the
+                    # tap lost (this one's own losses make its findings incomplete already).
+                    loss = None if since is None or via == ex.conn else ctx.tap_loss(ex.request, since)
                     if loss is not None:
                         decision["tap_loss"] = list(loss)
             if decision:
@@ -417,27 +419,33 @@ class ProducerRule(Rule):
         partition: int,
         base: int,
         count: int,
-        ts_ns: int,
+        ex: Exchange,
         ctx: RuleContext,
-    ) -> tuple[int, int | None] | None:
-        """Record a batch sent at ``ts_ns``; when it skips ahead of the expected base sequence, return
-        that and when the stream's previous batch was sent (None in state kept before that was)."""
+    ) -> tuple[int, int | None, str | None] | None:
+        """Record a batch ``ex`` sent; when it skips ahead of the expected base sequence, return that,
+        and when and on which connection the stream's previous batch was sent (None in state kept
+        before those were)."""
         count = max(count, 1)
         if base < 0:
             return None
         skey = f"{epoch}|{topic}|{partition}"
         stream = streams.get(skey)
         if stream is None:
-            streams[_STREAM_KEYS.share(skey)] = {"next": seq_add(base, count), "acked": [], "at": ts_ns}
+            streams[_STREAM_KEYS.share(skey)] = {
+                "next": seq_add(base, count),
+                "acked": [],
+                "at": ex.ts_ns,
+                "via": ex.conn,
+            }
             ctx.trim(streams)
             return None
         expected = int(stream["next"])
-        since = stream.get("at")
-        stream["at"] = ts_ns
+        since, via = stream.get("at"), stream.get("via")
+        stream["at"], stream["via"] = ex.ts_ns, ex.conn
         end = seq_add(base, count)
         if seq_ahead(end, expected) > 0:
             stream["next"] = end
-        return (expected, since) if seq_ahead(base, expected) > 0 else None
+        return (expected, since, via) if seq_ahead(base, expected) > 0 else None
 
     def _produce_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)

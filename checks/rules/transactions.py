@@ -20,6 +20,8 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   batch with an epoch older than the transactional id's current one is a zombie write, which
   ``producer.stale_epoch_*`` already reports. Produce v13 names topics by id, which cannot be matched
   with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
+  Incomplete and ``info`` when the tap may have lost records since the transaction began
+  (``RuleContext.tap_loss``): the add may be among them. ``boundary`` in the state is when it began.
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
@@ -134,7 +136,7 @@ class TxnRule(Rule):
                     int(body.get("ProducerEpoch", -1)),
                 )
                 state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
-                state["boundary"] = True
+                state["boundary"] = _answered_ns(ex)
         elif api == END_TXN:
             if self._zombie(state, ex):
                 return  # an older instance's EndTxn says nothing about the current transaction
@@ -142,7 +144,7 @@ class TxnRule(Rule):
             error = body.get("ErrorCode")
             if error == 0:
                 self._close(state, key, ex, ctx)
-                state["boundary"] = True
+                state["boundary"] = _answered_ns(ex)
                 if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
                     state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
             elif error in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
@@ -309,7 +311,14 @@ class TxnRule(Rule):
                     "added_partitions": list(added)[:20],
                 },
                 conns=(ex.conn, *state.get("conns", [])),
+                # The add may be among records the tap lost since the transaction began.
+                tap_loss=ctx.tap_loss(ex.request, int(state.get("boundary") or 0)),
             )
+
+
+def _answered_ns(ex: Exchange) -> int:
+    """When an exchange was answered (its request's time when no answer was seen)."""
+    return ex.response.ts_ns if ex.response is not None else ex.ts_ns
 
 
 # ---------------------------------------------------------------------------------------------------

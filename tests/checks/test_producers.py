@@ -756,3 +756,15 @@ def test_a_gap_no_tap_loss_explains_stays_a_warning() -> None:
     frames = [*write(conv, SECOND, 0, 0, count=2), *write(conv, 3 * SECOND, 0, 6, offset=6)]
     findings = run(frames)
     assert rules(findings) == [("producer.sequence_gap", "warning")] and not findings[0].incomplete
+
+
+def test_a_gap_after_a_loss_on_a_connection_open_across_it_is_incomplete_info() -> None:
+    """A client's stream moves to a connection the tap opened before it lost records (librdkafka's
+    coordinator requests do): the records written after the loss carry it (``TapFrame.loss_ns``)."""
+    before, after = Conversation(conn="tap-h-0.a-1"), Conversation(conn="tap-h-1.a-2")
+    shared_offsets(before, after)
+    later = write(after, 3 * SECOND, 0, 6, offset=6)
+    for frame in later:
+        frame.loss_ns = 2 * SECOND
+    findings = run([*write(before, SECOND, 0, 0, count=2), *later])
+    assert rules(findings) == [("producer.sequence_gap", "info")] and findings[0].incomplete

@@ -152,8 +152,9 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    raw, facts, error, lost, lone = packed[len(FIELDS) :]
+    raw, facts, error, lost, lone, loss_ns = packed[len(FIELDS) :]
     assert raw is None and error is None and isinstance(facts, bytes) and lost == 0 and lone is False
+    assert loss_ns == 0
     again = frame_from_packed(packed, decode=False)
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
 
@@ -166,13 +167,13 @@ def test_packed_frames_keep_lost_and_lone_after_their_tail(decoded: bool) -> Non
 
     value = _request_bytes() if decoded else _request_bytes()[:7]
     frame = frames_from_record(_headers("req"), value, 0, 5)[0]
-    frame.lost, frame.lone = 4, True
+    frame.lost, frame.lone, frame.loss_ns = 4, True, 7
     packed = frame_to_packed(frame)
-    assert len(packed) == len(FIELDS) + 5 and packed[-2:] == [4, True]
+    assert len(packed) == len(FIELDS) + 6 and packed[-3:] == [4, True, 7]
     again = frame_from_packed(packed, decode=False)
-    assert (again.lost, again.lone) == (4, True)
-    older = frame_from_packed(packed[:-2], decode=False)
-    assert (older.lost, older.lone) == (0, False)
+    assert (again.lost, again.lone, again.loss_ns) == (4, True, 7)
+    older = frame_from_packed(packed[:-3], decode=False)
+    assert (older.lost, older.lone, older.loss_ns) == (0, False, 0)
 
 
 def test_packed_frames_keep_every_field_where_it_was() -> None:
@@ -184,17 +185,18 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
 
     assert [f.name for f in fields(TapFrame)] == [
         *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST, taprecord.LONE,
+        taprecord.LOSS_NS,
     ]  # fmt: skip
     frame = TapFrame(
         "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9,
-        lone=True,
+        lone=True, loss_ns=10,
     )  # fmt: skip
     assert frame_from_packed(frame_to_packed(frame)) == frame
     assert frame.with_message(None) == frame
     row = {
         "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
         "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
-        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True,
+        "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True, "loss_ns": 10,
     }  # fmt: skip
     assert frame_from_row(row) == frame
 
@@ -433,8 +435,8 @@ def test_a_record_that_lost_nothing_is_written_as_before_lost_was() -> None:
 
 def test_elements_after_lost_are_ignored() -> None:
     static = taprecord.pack_static(_CONNECTION)
-    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, "later"], b"{}")
-    assert taprecord.parse_record(None, value).lost == 2
+    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, 3, "later"], b"{}")
+    assert (taprecord.parse_record(None, value).lost, taprecord.parse_record(None, value).loss_ns) == (2, 3)
 
 
 @pytest.mark.parametrize("lost", [-1, 2**63, "3", 1.5, True, None, [1]])
@@ -484,3 +486,18 @@ def test_a_tap_event_reads_back_as_a_frame_with_what_the_tap_said() -> None:
     # Through the binary state layout too (the job's routes and the stage's state).
     again = taprecord.frame_from_packed(taprecord.frame_to_packed(frame))
     assert taprecord.tap_event_info(again)["worker"] == 0
+
+
+def test_a_record_carries_a_tap_loss_later_than_its_connection_and_reads_it_as_a_frame_field() -> None:
+    static = taprecord.pack_static(_CONNECTION)
+    part = taprecord.Part("open", 5, None, None, None, b"{}")
+    value = taprecord.pack_record("open", 1, static, [part], 0, 9_000_000)
+    record = taprecord.parse_record(None, value)
+    assert (record.lost, record.loss_ns) == (0, 9_000_000)
+    [frame] = frames_from_record(None, value)
+    assert frame.loss_ns == 9_000_000 and taprecord.tap_loss_ns(frame) == 9_000_000
+    assert frame_from_dict(frame_to_dict(frame)).loss_ns == 9_000_000
+    # Without one, the record is as before it, and the connection id's incarnation is the loss known.
+    assert taprecord.pack_record("open", 1, static, [part]) == taprecord.pack_record(
+        "open", 1, static, [part], 0, 0
+    )

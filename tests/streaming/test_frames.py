@@ -347,6 +347,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         "value": b"frame",
         LOST: 0,
         LONE: False,
+        "loss_ns": 0,
     }
     assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 
