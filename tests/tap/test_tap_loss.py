@@ -31,7 +31,7 @@ from checks.model import Severity
 from checks.settings import ChecksSettings
 from codec.protocol import ApiKey
 from codec.records import build_record_batch
-from codec.taprecord import headers_dict
+from codec.taprecord import TAP_EVENTS, headers_dict, parse_record
 from kpmon.traffic.raw_client import RawKafkaClient
 from streaming.frames import record_rows
 from streaming.stages import LocalStages
@@ -50,9 +50,18 @@ LINGER = {"linger.ms": "1000"}
 class Load:
     """Idempotent and transactional librdkafka producers writing through the tap until ``finish``."""
 
-    def __init__(self, bootstrap: str, topic: str, idempotent: int = 3, transactional: int = 1) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        idempotent: int = 3,
+        transactional: int = 1,
+        client: dict[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap, self.topic, self.client = bootstrap, topic, client or {}
         self.halt = threading.Event()
+        #: Set: the producers send nothing (their connections go idle).
+        self.paused = threading.Event()
         self.lock = threading.Lock()
         #: Values the broker acknowledged (idempotent) or that were committed (transactional).
         self.delivered: list[bytes] = []
@@ -85,7 +94,7 @@ class Load:
             assert not thread.is_alive(), "a producer did not finish"
 
     def _config(self, name: str) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, "client.id": name, "linger.ms": 5}
+        return {"bootstrap.servers": self.bootstrap, "client.id": name, "linger.ms": 5, **self.client}
 
     def _idempotent(self, n: int) -> None:
         producer = Producer({**self._config(f"idem-{n}"), "enable.idempotence": True})
@@ -99,6 +108,9 @@ class Load:
 
         i = 0
         while not self.halt.is_set():
+            if self.paused.is_set():
+                producer.poll(0.05)
+                continue
             try:
                 producer.produce(self.topic, f"i{n}-{i}".encode(), on_delivery=delivered)
                 i += 1
@@ -117,6 +129,9 @@ class Load:
         producer.init_transactions(120)
         i = 0
         while not self.halt.is_set():
+            if self.paused.is_set():
+                producer.poll(0.05)
+                continue
             values = [f"t{n}-{i}-{k}".encode() for k in range(20)]
             for _ in range(20):
                 if self._transaction(producer, values):
@@ -222,8 +237,6 @@ def report(cluster: TappedCluster, topic: str, tmp: Path) -> list[dict[str, Any]
             "-",
             "--out",
             str(tmp / "report.html"),
-            "--save-capture",
-            "/tmp/tapcrash-capture.jsonl",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -234,7 +247,6 @@ def report(cluster: TappedCluster, topic: str, tmp: Path) -> list[dict[str, Any]
     assert done.returncode == 0, done.stderr
     assert "tap worker deaths" in done.stderr  # the summary's header counts the tap's own losses
     findings: list[dict[str, Any]] = json.loads(done.stdout)["findings"]
-    print("DEBUGP", json.loads(done.stdout)["summary"]["producers"])
     return findings
 
 
@@ -278,7 +290,6 @@ def check_the_aftermath(
     the report's findings."""
     records = read_topic(cluster.mirror_bootstrap, tap_topic)
     for findings in (report(cluster, tap_topic, tmp), job_findings(records)):
-        print("DEBUG", sorted({(f["rule"], f["severity"], f["incomplete"]) for f in findings}))
         rules = {f["rule"] for f in findings}
         assert f"tap.{event}" in rules, f"the loss left no trace: {sorted(rules)}"
         real = [f for f in blaming(findings) if f["subject"] == f"producer:{pid}"]
@@ -316,15 +327,15 @@ def taps() -> Iterator[list[TapProcess]]:
             tap.proc.wait(10)
 
 
-def run_load(cluster: TappedCluster, topic: str, during: Any) -> Load:
-    """Producers through the tap; ``during()`` once they are under way, then as much load again."""
-    load = Load(cluster.bootstrap, topic)
+def run_load(cluster: TappedCluster, topic: str, during: Any, client: dict[str, Any] | None = None) -> Load:
+    """Producers through the tap; ``during(load)`` once they are under way, then as much load again."""
+    load = Load(cluster.bootstrap, topic, client=client)
     try:
         load.wait_for(1500)
         # Past the mirror's linger: the streams' first batches are in the tap topic, so what the loss
         # then costs is the middle of each stream.
         time.sleep(2.5)
-        during()
+        during(load)
         load.wait_for(load.count() + 1500)
     finally:
         load.finish()
@@ -342,7 +353,7 @@ def test_a_worker_killed_under_idempotent_and_transactional_load_blames_nobody(
     tap.wait_for("ready")
     pids = {e["worker"]: e["pid"] for e in tap.wait_for("worker_start", 2)}
 
-    def kill_a_worker() -> None:
+    def kill_a_worker(load: Load) -> None:
         os.kill(pids[0], signal.SIGKILL)
         tap.wait_for("worker_exit", worker=0)
 
@@ -353,3 +364,72 @@ def test_a_worker_killed_under_idempotent_and_transactional_load_blames_nobody(
     findings = check_the_aftermath(tapped_cluster, tap.topic, pid, tmp_path, "worker_lost")
     # The kill cost records the producers' streams went on from: their gaps read as the tap's.
     assert excused_gaps(findings), "the kill left no producer gap: the run did not test the excuse"
+
+
+def test_the_whole_tap_killed_and_restarted_under_a_fixed_id_blames_nobody(
+    tapped_cluster: TappedCluster, data_topic: str, taps: list[TapProcess], tmp_path: Path
+) -> None:
+    """One process, ``instance_id`` fixed (as the systemd unit's ``tap-%H``): SIGKILL, then a new tap
+    under the same id. Its connection ids are new ones (issue 39), and what the dead one held is lost."""
+    settings = {"instance_id": "rloss"}
+    first = TapProcess(tapped_cluster, tmp_path, workers=1, tap=settings, mirror=LINGER)
+    taps.append(first)
+    first.wait_for("ready")
+
+    def kill_and_restart(load: Load) -> None:
+        first.proc.kill()
+        first.proc.wait(10)
+        second = TapProcess(
+            tapped_cluster, tmp_path, workers=1, topic=first.topic, tap=settings, mirror=LINGER
+        )
+        taps.append(second)
+        second.wait_for("ready")
+
+    run_load(tapped_cluster, data_topic, kill_and_restart)
+    time.sleep(1.5)
+    pid = gap_client(tapped_cluster.bootstrap, data_topic)
+    assert taps[-1].stop() == 0
+    findings = check_the_aftermath(tapped_cluster, first.topic, pid, tmp_path, "tap_start")
+    starts = [f["evidence"]["connections"] for f in findings if f["rule"] == "tap.tap_start"]
+    assert len(set(starts)) == 2, f"each start names its connections anew: {starts}"
+    assert excused_gaps(findings), "the kill left no producer gap: the run did not test the excuse"
+
+    # Every connection id names one connection: one open record, then its records numbered from 1.
+    by_key: dict[bytes, list[int]] = {}
+    for record in read_topic(tapped_cluster.mirror_bootstrap, first.topic):
+        parsed = parse_record(None, record.value)
+        if parsed.kind not in TAP_EVENTS:
+            by_key.setdefault(record.key, []).append(parsed.seq)
+    assert {key.decode().rsplit("-", 1)[0] for key in by_key} == {s.removesuffix("-*") for s in starts}
+    for key, seqs in by_key.items():
+        assert seqs == list(range(1, len(seqs) + 1)), f"{key!r}: two connections under one id"
+
+
+def test_a_mirror_queue_overflow_on_connections_that_then_close_blames_nobody(
+    tapped_cluster: TappedCluster, data_topic: str, taps: list[TapProcess], tmp_path: Path
+) -> None:
+    """A queue of 20 records that drains once a second: most records are dropped. The producers then
+    pause until their connections close as idle, and go on through new ones."""
+    tap = TapProcess(
+        tapped_cluster,
+        tmp_path,
+        workers=1,
+        tap={"instance_id": "oloss", "queue_max_frames": 20},
+        mirror=LINGER,
+    )
+    taps.append(tap)
+    tap.wait_for("ready")
+
+    def idle_until_closed(load: Load) -> None:
+        closed = len([e for e in list(tap.events) if e.get("event") == "close"])
+        load.paused.set()
+        tap.wait_for("close", closed + 4)  # each producer's connection, closed as idle
+        load.paused.clear()
+
+    run_load(tapped_cluster, data_topic, idle_until_closed, client={"connections.max.idle.ms": 1000})
+    assert tap.metric("kpmon_tap_mirror_drops_total") > 0, "the queue never overflowed"
+    time.sleep(1.5)  # the queue drains: the raw client's records all fit
+    pid = gap_client(tapped_cluster.bootstrap, data_topic)
+    assert tap.stop() == 0
+    findings = check_the_aftermath(tapped_cluster, tap.topic, pid, tmp_path, "tap_start")
+    assert excused_gaps(findings), "the overflow left no producer gap: the run did not test the excuse"
