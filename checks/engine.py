@@ -429,32 +429,37 @@ class Monitor:
         )
 
     def _tap_event(self, frame: TapFrame) -> None:
-        """The tap says it may have lost records: an ``info`` finding, so the report and the alerts show
-        when and where; the findings this loss can explain say so themselves (``RuleContext.tap_loss``)."""
+        """The tap says it may have lost records: a finding about the tap, so the report and the alerts
+        show when and where; the findings this loss can explain say so themselves (``RuleContext.tap_loss``).
+        A worker's death is a warning (records were lost); a start is ``info`` (whether the run before
+        it ended cleanly is unknown)."""
         info = tap_event_info(frame)
         tap = info.get("tap") or "?"
         when = iso_time(frame.ts_ns)
+        evidence = {**frame.evidence(), **info, "offsets": [[frame.partition, frame.offset]]}
+        after = "Findings that may rest on those records are incomplete and at most info."
         if frame.direction == WORKER_LOST:
-            summary = (
+            self.ctx.emit(
+                "tap.worker_lost",
+                Severity.WARNING,
+                f"tap:{tap}",
                 f"tap {tap}: worker {info.get('worker', '?')} (pid {info.get('pid', '?')}, exit "
                 f"{info.get('exitcode', '?')}) died at {when}; the connections it served ({frame.conn}.*) "
                 "ended without their close record, and what it had not mirrored yet is lost (how much is "
-                "unknown). Findings that may rest on those records are incomplete and at most info."
+                f"unknown). {after}",
+                frame.ts_ns,
+                evidence,
             )
-        else:
-            summary = (
-                f"tap {tap} started at {when} (connections {frame.conn}-*); connections of its earlier "
-                "runs that have no close record ended with that run, and what it had not mirrored is lost "
-                "(how much is unknown). Findings that may rest on those records are incomplete and at "
-                "most info."
-            )
+            return
         self.ctx.emit(
-            f"tap.{frame.direction}",
+            "tap.tap_start",
             Severity.INFO,
             f"tap:{tap}",
-            summary,
+            f"tap {tap} started at {when} (connections {frame.conn}-*); connections of its earlier runs "
+            "that have no close record ended with that run, and what it had not mirrored is lost (how "
+            f"much is unknown). {after}",
             frame.ts_ns,
-            {**frame.evidence(), **info, "offsets": [[frame.partition, frame.offset]]},
+            evidence,
         )
 
     def _decode_error(self, frame: TapFrame) -> None:

@@ -71,6 +71,8 @@ CATALOGUE_RULES = frozenset(
         "envelope.untrusted_source",
         "frame.decode_error",
         "tap.gap",
+        "tap.worker_lost",
+        "tap.tap_start",
     }
 )
 #: Rules applied to an Envelope's inner request are reported as ``envelope.inner_<rule>`` (KIP-590).

@@ -156,6 +156,25 @@ def _families(registry: CollectorRegistry) -> list[Family]:
     ]
 
 
+class SupervisorMetrics:
+    """The supervisor's own series, served with the workers' sums (``SummedMetrics``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dynamic_listeners = Counter(
+            "kpmon_tap_dynamic_listeners",
+            "Listeners opened on the fly for new broker ids (result: opened, retargeted, failed)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.worker_deaths = Counter(
+            "kpmon_tap_worker_deaths",
+            "Worker processes that died: their connections ended without a close record, and the records "
+            "they had not mirrored yet were lost",
+            registry=self.registry,
+        )
+
+
 # --- the worker side ---------------------------------------------------------------------------------
 class RemoteListeners(DynamicListeners):
     """A worker's view of the supervisor's listeners opened on the fly: ``resolve`` asks it."""
@@ -335,13 +354,10 @@ class Supervisor:
         #: Counters and histograms of workers that exited, so totals survive their restarts.
         self.retired: list[Family] = []
         self._retired_sums: _Sums = {}
-        self.registry = CollectorRegistry()
-        self.dynamic_listeners = Counter(
-            "kpmon_tap_dynamic_listeners",
-            "Listeners opened on the fly for new broker ids (result: opened, retargeted, failed)",
-            ["result"],
-            registry=self.registry,
-        )
+        metrics = SupervisorMetrics()
+        self.registry = metrics.registry
+        self.dynamic_listeners = metrics.dynamic_listeners
+        self.worker_deaths = metrics.worker_deaths
         self._turn = 0
         self._accepting = False
         #: Every worker has been up once (or the start wait ran out): accept with any worker up.
@@ -588,6 +604,7 @@ class Supervisor:
         """A worker died: what it had not mirrored yet is lost, and its connections end with no
         ``close`` record. Say so in the tap topic, and tell the live workers, whose connections opened
         from now on then carry the loss in their ids (a client of the dead worker comes back on one)."""
+        self.worker_deaths.inc()
         info = {
             "worker": worker.index,
             "pid": worker.process.pid,

@@ -351,8 +351,8 @@ def test_a_lone_response_pairs_with_nothing() -> None:
 
 
 def test_a_tap_event_is_an_info_finding_that_names_the_tap() -> None:
-    """A worker's death and a tap's start are reported (where and when the tap may have lost records),
-    at ``info``: they blame no client or broker."""
+    """A worker's death (a warning: records were lost) and a tap's start (info) are reported, where and
+    when the tap may have lost records, about the tap: they blame no client or broker."""
     died = pack_tap_event(
         WORKER_LOST, "tap-h-0", "tap-h", 5 * SECOND, {"worker": 0, "pid": 77, "exitcode": -9}
     )
@@ -361,7 +361,7 @@ def test_a_tap_event_is_an_info_finding_that_names_the_tap() -> None:
     frames = [*frames_from_record(None, died, 0, 1), *frames_from_record(None, started, 1, 1)]
     findings = monitor.feed_all(frames) + monitor.flush()
     assert [(f.rule, f.severity.value, f.subject) for f in findings] == [
-        ("tap.worker_lost", "info", "tap:tap-h"),
+        ("tap.worker_lost", "warning", "tap:tap-h"),
         ("tap.tap_start", "info", "tap:tap-h"),
     ]
     assert "worker 0 (pid 77, exit -9) died" in findings[0].summary

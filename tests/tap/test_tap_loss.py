@@ -358,6 +358,7 @@ def test_a_worker_killed_under_idempotent_and_transactional_load_blames_nobody(
         tap.wait_for("worker_exit", worker=0)
 
     run_load(tapped_cluster, data_topic, kill_a_worker)
+    assert tap.metric("kpmon_tap_worker_deaths_total") == 1
     time.sleep(1.5)  # the tap's mirror lingers: what the clients did is in the tap topic
     pid = gap_client(tapped_cluster.bootstrap, data_topic)
     assert tap.stop() == 0
