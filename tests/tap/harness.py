@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from codec.taprecord import MAGIC, TAP_EVENTS, parse_record
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink
 from tap.proxy import ListenerSpec, Tap, TapSettings
@@ -266,7 +267,11 @@ def secret_count(records: list[TapRecord], secret: bytes) -> int:
 
 
 def by_connection(records: list[TapRecord]) -> Iterator[tuple[bytes, list[TapRecord]]]:
+    """Each connection's records, in order; the tap's own events (its start, a worker's death) are
+    about no connection and are left out."""
     conns: dict[bytes, list[TapRecord]] = {}
     for r in records:
+        if r.value[:4] == MAGIC and not r.headers and parse_record(None, r.value).kind in TAP_EVENTS:
+            continue
         conns.setdefault(r.key, []).append(r)
     yield from conns.items()

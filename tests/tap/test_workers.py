@@ -160,8 +160,9 @@ def tap_process(
 
 
 def _worker_of(conn: bytes) -> str:
-    """Connection ids are ``<instance>-<worker>.<start>-<n>``: the worker and its start."""
-    return conn.decode().split("-")[1]
+    """Connection ids are ``<instance>-<worker>.<incarnation>-<n>``: the worker and its incarnation
+    ("" for the tap's start record, keyed ``<instance>.<incarnation>``)."""
+    return [*conn.decode().split("-"), ""][1]
 
 
 def _spawn_tap(
