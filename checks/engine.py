@@ -638,6 +638,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
         offset=outer.offset,
         message=data.request,
         capture=outer.capture,
+        loss_ns=outer.loss_ns,
     )
     inner_response = None
     resp = exchange.resp
@@ -661,6 +662,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
                 offset=r.offset,
                 message=wrapped.response,
                 capture=r.capture,
+                loss_ns=r.loss_ns,
             )
     # ``envelope`` marks the exchange as unwrapped, so rules can tell it from the connection's own traffic.
     return Exchange(inner_request, inner_response, envelope=exchange.request)

@@ -36,7 +36,8 @@ transactional id, or by a second client (client host + client id; not the port, 
 reconnect). Ownership is (re)bound by a successful InitProducerId answer -- a restarted instance of a
 transactional producer legitimately gets the same producer id from another host -- and a request from
 another client with an *older* epoch than the owner's is a zombie, not a hijack. Only client-sent APIs
-count: AddPartitionsToTxn v4+ and WriteTxnMarkers come from brokers.
+count: AddPartitionsToTxn v4+ and WriteTxnMarkers come from brokers. Incomplete and ``info`` when the tap
+may have lost records since the owner was bound (``since``): the rebinding answer may be among them.
 
 ``txn_read`` (key: connection) reports ``txn.read_committed_inconsistent`` on READ_COMMITTED Fetch
 answers (IsolationLevel 1): LastStableOffset above HighWatermark (warning), or AbortedTransactions
@@ -366,7 +367,7 @@ class PidOwnershipRule(Rule):
         epoch, txn = claim
         if "client" not in state:
             # First sight without an InitProducerId (the monitor started later): the first user owns it.
-            state.update(client=client, txn=txn, epoch=epoch)
+            state.update(client=client, txn=txn, epoch=epoch, since=ex.ts_ns)
             return
         owner_epoch = int(state.get("epoch", -1))
         if txn is not None and state.get("txn") is None:
@@ -397,7 +398,12 @@ class PidOwnershipRule(Rule):
             # The coordinator handed one producer id to two transactional ids.
             self._report(state, pid, f"txn={txn}", ex, ctx, epoch, txn, self._client(ex))
         # The coordinator (re)binds the producer id: a restarted instance may come from another host.
-        state.update(client=self._client(ex), txn=txn if txn is not None else state.get("txn"), epoch=epoch)
+        state.update(
+            client=self._client(ex),
+            txn=txn if txn is not None else state.get("txn"),
+            epoch=epoch,
+            since=_answered_ns(ex),
+        )
 
     @staticmethod
     def _report(
@@ -442,6 +448,8 @@ class PidOwnershipRule(Rule):
                 "owner_epoch": state.get("epoch"),
             },
             conns=(ex.conn,),
+            # The InitProducerId that bound the id to this client may be among records the tap lost.
+            tap_loss=ctx.tap_loss(ex.request, int(state.get("since") or 0)),
         )
 
 
