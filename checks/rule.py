@@ -93,11 +93,13 @@ class Context:
         conns: tuple[str, ...] = (),
         envelope: Exchange | None = None,
         tap_loss: tuple[str, int] | None = None,
+        incomplete: bool = False,
     ) -> None:
         """Report a finding; one about an exchange unwrapped from ``envelope`` is prefixed as such.
         ``tap_loss`` (``RuleContext.tap_loss``): the frames the finding rests on may be missing because
-        the tap lost records (the connection, and when): it is then incomplete and at most ``info``."""
-        incomplete = any(c in self.incomplete_conns for c in conns)
+        the tap lost records (the connection, and when): it is then incomplete and at most ``info``.
+        ``incomplete``: judged so earlier (a finding reported after the frames it rests on)."""
+        incomplete = incomplete or any(c in self.incomplete_conns for c in conns)
         if envelope is not None:
             rule = f"envelope.inner_{rule}"
             evidence = {**evidence, "envelope": envelope.evidence()}
@@ -170,8 +172,15 @@ class RuleContext:
         evidence: dict[str, Any],
         conns: tuple[str, ...] = (),
         tap_loss: tuple[str, int] | None = None,
+        incomplete: bool = False,
     ) -> None:
-        self.engine.emit(rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope, tap_loss)
+        self.engine.emit(
+            rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope, tap_loss, incomplete
+        )
+
+    def incomplete(self, conns: tuple[str, ...]) -> bool:
+        """Whether a finding about ``conns`` would be incomplete now (the tap counted losses on one)."""
+        return any(c in self.engine.incomplete_conns for c in conns)
 
     @staticmethod
     def tap_loss(frame: TapFrame, since_ns: int) -> tuple[str, int] | None:

@@ -36,7 +36,7 @@ from kpmon.traffic.raw_client import RawKafkaClient
 from streaming.frames import record_rows
 from streaming.stages import LocalStages
 from tests.tap.conftest import TappedCluster
-from tests.tap.harness import TapRecord, read_topic
+from tests.tap.harness import TapRecord, read_topic_range
 from tests.tap.test_real_clients import _create_topic
 from tests.tap.test_workers import TapProcess
 
@@ -288,7 +288,7 @@ def check_the_aftermath(
 ) -> list[dict[str, Any]]:
     """What ``kpmon report`` and the job's stages make of the tap topic: the same verdicts. Returns
     the report's findings."""
-    records = read_topic(cluster.mirror_bootstrap, tap_topic)
+    records = read_topic_range(cluster.mirror_bootstrap, tap_topic)
     for findings in (report(cluster, tap_topic, tmp), job_findings(records)):
         rules = {f["rule"] for f in findings}
         assert f"tap.{event}" in rules, f"the loss left no trace: {sorted(rules)}"
@@ -397,7 +397,7 @@ def test_the_whole_tap_killed_and_restarted_under_a_fixed_id_blames_nobody(
 
     # Every connection id names one connection: one open record, then its records numbered from 1.
     by_key: dict[bytes, list[int]] = {}
-    for record in read_topic(tapped_cluster.mirror_bootstrap, first.topic):
+    for record in read_topic_range(tapped_cluster.mirror_bootstrap, first.topic):
         parsed = parse_record(None, record.value)
         if parsed.kind not in TAP_EVENTS:
             by_key.setdefault(record.key, []).append(parsed.seq)
