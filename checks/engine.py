@@ -19,12 +19,19 @@ import msgpack
 
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
-from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats
+from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats, iso_time
 from codec.api import Request, expand_response
 from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse
 from codec.peek import peek_request_header
-from codec.taprecord import TapFrame, frame_from_packed, frame_to_packed
+from codec.taprecord import (
+    TAP_EVENTS,
+    WORKER_LOST,
+    TapFrame,
+    frame_from_packed,
+    frame_to_packed,
+    tap_event_info,
+)
 
 _SWEEP_EVERY_NS = 10 * 1_000_000_000
 
@@ -231,6 +238,10 @@ class Monitor:
         if direction == "blind":
             if self.report_frames:
                 self._blind(frame)
+            return
+        if direction in TAP_EVENTS:
+            if self.report_frames:
+                self._tap_event(frame)
             return
         if frame.error is not None:
             if self.report_frames:
@@ -450,6 +461,40 @@ class Monitor:
             },
         )
 
+    def _tap_event(self, frame: TapFrame) -> None:
+        """The tap says it may have lost records: a finding about the tap, so the report and the alerts
+        show when and where; the findings this loss can explain say so themselves (``RuleContext.tap_loss``).
+        A worker's death is a warning (records were lost); a start is ``info`` (whether the run before
+        it ended cleanly is unknown)."""
+        info = tap_event_info(frame)
+        tap = info.get("tap") or "?"
+        when = iso_time(frame.ts_ns)
+        evidence = {**frame.evidence(), **info, "offsets": [[frame.partition, frame.offset]]}
+        after = "Findings that may rest on those records are incomplete and at most info."
+        if frame.direction == WORKER_LOST:
+            self.ctx.emit(
+                "tap.worker_lost",
+                Severity.WARNING,
+                f"tap:{tap}",
+                f"tap {tap}: worker {info.get('worker', '?')} (pid {info.get('pid', '?')}, exit "
+                f"{info.get('exitcode', '?')}) died at {when}; the connections it served ({frame.conn}.*) "
+                "ended without their close record, and what it had not mirrored yet is lost (how much is "
+                f"unknown). {after}",
+                frame.ts_ns,
+                evidence,
+            )
+            return
+        self.ctx.emit(
+            "tap.tap_start",
+            Severity.INFO,
+            f"tap:{tap}",
+            f"tap {tap} started at {when} (connections {frame.conn}-*); connections of its earlier runs "
+            "that have no close record ended with that run, and what it had not mirrored is lost (how "
+            f"much is unknown). {after}",
+            frame.ts_ns,
+            evidence,
+        )
+
     def _decode_error(self, frame: TapFrame) -> None:
         self.stats.decode_errors += 1
         error = frame.error
@@ -627,6 +672,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
         message=data.request,
         capture=outer.capture,
         index=outer.index,
+        loss_ns=outer.loss_ns,
     )
     inner_response = None
     resp = exchange.resp
@@ -651,6 +697,7 @@ def unwrap_envelope(exchange: Exchange) -> Exchange | None:
                 message=wrapped.response,
                 capture=r.capture,
                 index=r.index,
+                loss_ns=r.loss_ns,
             )
     # ``envelope`` marks the exchange as unwrapped, so rules can tell it from the connection's own traffic.
     return Exchange(inner_request, inner_response, envelope=exchange.request)

@@ -334,10 +334,14 @@ def summary_text(report: ReportData, timeline: list[TimelineEntry] | None = None
     apart from the findings: the two come from different monitors (this report's own checks over the
     records it read, and the job's batches), so one must never be shown under the other's count."""
     s = report.stats
+    # Where the tap itself may have lost records (its findings say which others are incomplete).
+    by_rule = s.get("findings") or {}
     lines = [
         f"kpmon report: {report.source}" if report.source else "kpmon report",
         f"frames {s.get('frames', 0)}, exchanges {s.get('exchanges', 0)}, decode errors "
-        f"{s.get('decode_errors', 0)}, gaps {s.get('gaps', 0)}, late {s.get('late_frames', 0)}",
+        f"{s.get('decode_errors', 0)}, gaps {s.get('gaps', 0)}, tap worker deaths "
+        f"{by_rule.get('tap.worker_lost', 0)}, tap starts {by_rule.get('tap.tap_start', 0)}, late "
+        f"{s.get('late_frames', 0)}",
         f"brokers {len(report.brokers)}, groups {len(report.groups)}, producers {len(report.producers)}, "
         f"client software {len({r.software for r in report.fleet})}",
         f"findings: {len(report.findings)}"

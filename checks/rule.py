@@ -12,6 +12,7 @@ can keep it; rules never hold references to frames between calls.
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ from mypy_extensions import mypyc_attr
 
 from checks.model import Exchange, Finding, Severity
 from checks.settings import ChecksSettings
+from codec.taprecord import TapFrame, tap_loss_ns
 
 State = dict[str, Any]
 #: A (rule name, state key) pair: the key of the engine's state, last-seen and timer tables. Typed as a
@@ -57,6 +59,12 @@ class Stats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def iso_time(ts_ns: int) -> str:
+    """A tap clock (ns) as UTC ISO 8601 to the millisecond."""
+    seconds, ns = divmod(ts_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ns // 1_000_000:03d}Z"
+
+
 class Context:
     """What a rule may do besides changing its own state: report, set timers, note evictions."""
 
@@ -84,13 +92,28 @@ class Context:
         evidence: dict[str, Any],
         conns: tuple[str, ...] = (),
         envelope: Exchange | None = None,
+        tap_loss: tuple[str, int] | None = None,
+        incomplete: bool = False,
     ) -> None:
-        """Report a finding; one about an exchange unwrapped from ``envelope`` is prefixed as such."""
-        incomplete = any(c in self.incomplete_conns for c in conns)
+        """Report a finding; one about an exchange unwrapped from ``envelope`` is prefixed as such.
+        ``tap_loss`` (``RuleContext.tap_loss``): the frames the finding rests on may be missing because
+        the tap lost records (the connection, and when): it is then incomplete and at most ``info``.
+        ``incomplete``: judged so earlier (a finding reported after the frames it rests on)."""
+        incomplete = incomplete or any(c in self.incomplete_conns for c in conns)
         if envelope is not None:
             rule = f"envelope.inner_{rule}"
             evidence = {**evidence, "envelope": envelope.evidence()}
-        if incomplete and severity != Severity.INFO:
+        if tap_loss is not None:
+            conn, at_ns = tap_loss
+            summary += (
+                f" (incomplete: the tap may have lost records at {iso_time(at_ns)}, before it saw this on "
+                f"connection {conn}, so frames sent between may be missing from the tap topic: not "
+                "evidence against the client or the broker)"
+            )
+            severity = Severity.INFO
+            incomplete = True
+            evidence = {**evidence, "tap_loss_ns": at_ns}
+        elif incomplete and severity != Severity.INFO:
             summary += " (incomplete: the tap lost records of this connection)"
         finding = Finding(rule, severity, subject, summary, ts_ns, evidence, incomplete)
         self.findings.append(finding)
@@ -148,8 +171,25 @@ class RuleContext:
         ts_ns: int,
         evidence: dict[str, Any],
         conns: tuple[str, ...] = (),
+        tap_loss: tuple[str, int] | None = None,
+        incomplete: bool = False,
     ) -> None:
-        self.engine.emit(rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope)
+        self.engine.emit(
+            rule, severity, subject, summary, ts_ns, evidence, conns, self.envelope, tap_loss, incomplete
+        )
+
+    def incomplete(self, conns: tuple[str, ...]) -> bool:
+        """Whether a finding about ``conns`` would be incomplete now (the tap counted losses on one)."""
+        return any(c in self.engine.incomplete_conns for c in conns)
+
+    @staticmethod
+    def tap_loss(frame: TapFrame, since_ns: int) -> tuple[str, int] | None:
+        """(``frame``'s connection, when) if its tap may have lost records after ``since_ns`` and before
+        it wrote ``frame`` (``codec.taprecord.tap_loss_ns``): a finding that rests on frames sent since
+        then on another connection is then incomplete (``emit``'s ``tap_loss``). None when no such
+        loss is known."""
+        at = tap_loss_ns(frame)
+        return (frame.conn, at) if at > since_ns else None
 
     def resolve(self, rule: str, subject: str, ts_ns: int) -> None:
         """The condition behind (rule, subject) has cleared: alert hooks send a resolve."""

@@ -21,7 +21,9 @@ format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-r
 from __future__ import annotations
 
 import base64
+import json
 import math
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from codec.errors import DecodeError
 class Header:
     """Tap record header names, exactly as on the wire. A namespace of plain ``str`` constants."""
 
-    #: ``req``, ``resp``, ``open``, ``close`` or ``blind`` (``DIRECTIONS``).
+    #: ``req``, ``resp``, ``open``, ``close``, ``blind`` or a tap event (``DIRECTIONS``).
     DIR: Final = "dir"
     #: Per-connection sequence number, from 1 (the ``open`` record); a gap means dropped records.
     SEQ: Final = "seq"
@@ -81,8 +83,14 @@ CLOSE: Final = "close"
 #: The tap cannot read this connection's frames from here on (it carries TLS the tap does not
 #: terminate); its value is JSON with the ``side`` that sent it (``client`` or ``broker``).
 BLIND: Final = "blind"
-#: Values of the ``dir`` header.
-DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE, BLIND)
+#: A tap started (or restarted): its earlier connections without a ``close`` ended, their loss unknown.
+TAP_START: Final = "tap_start"
+#: A tap worker died: the connections it served ended without their ``close``, their loss unknown.
+WORKER_LOST: Final = "worker_lost"
+#: Records about the tap itself, not a connection (``pack_tap_event``).
+TAP_EVENTS: Final = (TAP_START, WORKER_LOST)
+#: Values of the ``dir`` header, and of a schema-2 or 3 part's direction.
+DIRECTIONS: Final = (REQ, RESP, OPEN, CLOSE, BLIND, *TAP_EVENTS)
 #: The ``redacted`` entry of a raw SASL token (mirrored header-only).
 SASL_TOKEN: Final = "sasl_token"
 
@@ -120,6 +128,9 @@ class TapFrame:
     #: Which of its record's entries the frame came from: a schema-3 record holds a connection's
     #: exchanges of one flush, so the record's offset alone no longer names one (0 in schemas 1 and 2).
     index: int = 0
+    #: When its tap last may have lost records (``tap_loss_ns``) before it wrote this frame, if later
+    #: than its connection's incarnation (which the connection id carries); 0 otherwise.
+    loss_ns: int = 0
 
     def with_message(self, message: Request | Response | None) -> TapFrame:
         """A copy of this frame holding ``message`` instead (positional: this runs per routed frame)."""
@@ -127,6 +138,7 @@ class TapFrame:
             self.conn, self.seq, self.ts_ns, self.direction, self.api_key, self.api_version,
             self.correlation_id, self.client, self.broker, self.broker_id, self.listener, self.partition,
             self.offset, message, self.error, self.capture, self.raw, self.lost, self.lone, self.index,
+            self.loss_ns,
         )  # fmt: skip
 
     def at(self) -> list[int]:
@@ -245,8 +257,9 @@ def decode_frame(
         frame.direction = REQ
         return frame
     if frame.direction not in (REQ, RESP):
-        if frame.direction == BLIND:
-            # Its JSON says which side sent what the tap cannot read (``checks.engine``).
+        if frame.direction == BLIND or frame.direction in TAP_EVENTS:
+            # Its JSON says which side sent what the tap cannot read (``checks.engine``), or what the
+            # tap says about the event (``tap_event_info``).
             frame.raw = value
         return frame
     if frame.capture == "meta" or truncated:
@@ -299,6 +312,8 @@ LOST: Final = "lost"
 LONE: Final = "lone"
 #: ``TapFrame.index`` in the same layouts (written only when not 0; packed after ``lone``).
 INDEX: Final = "index"
+#: ``TapFrame.loss_ns`` in the same layouts as ``LOST`` (written only when set; packed after ``index``).
+LOSS_NS: Final = "loss_ns"
 #: Saved checker state of format 1 (JSON, before ``checks.engine`` state format 2) and the tap-record
 #: rows spell these fields after their headers.
 STATE_KEYS: Final[Mapping[str, str]] = {"direction": Header.DIR, "correlation_id": Header.CORR_ID}
@@ -340,6 +355,8 @@ def frame_to_dict(frame: TapFrame, keys: Mapping[str, str] | None = None) -> dic
         out[LONE] = True
     if frame.index:
         out[INDEX] = frame.index
+    if frame.loss_ns:
+        out[LOSS_NS] = frame.loss_ns
     return out
 
 
@@ -383,6 +400,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
     frame.lost = _count(data.get(LOST))
     frame.lone = data.get(LONE) is True
     frame.index = _count(data.get(INDEX))
+    frame.loss_ns = _count(data.get(LOSS_NS))
     raw = data.get("raw")
     if not decode or not isinstance(raw, str):
         return frame
@@ -413,6 +431,7 @@ ROW_COLUMNS: Final = (
     "value",
     Header.TRUNCATED,
     ROW_KEYS["index"],
+    LOSS_NS,
 )
 
 
@@ -451,6 +470,7 @@ def _frame_of(
     value: Any,
     truncated: Any,
     index: Any,
+    loss_ns: Any,
 ) -> TapFrame:
     """One row's values (``ROW_COLUMNS``' order) to a frame, decoded, with ``frame_from_dict``'s
     defaults and conversions but none of its saved-state layouts: this runs for every frame of the
@@ -478,6 +498,7 @@ def _frame_of(
         0 if lost is None or lost != lost else int(lost),
         lone is True,
         0 if index is None or index != index else int(index),
+        0 if loss_ns is None or loss_ns != loss_ns else int(loss_ns),
     )
     return decode_frame(frame, None if value is None else bytes(value), truncated=bool(truncated))
 
@@ -508,9 +529,10 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
             frame.lost,
             frame.lone,
             frame.index,
+            frame.loss_ns,
         ]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.index]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -543,10 +565,13 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    raw, packed, error, lost, lone, index = [*values[count:], None, None, None, None, None, None][:6]
+    raw, packed, error, lost, lone, index, loss_ns = [*values[count:], *(None,) * 7][:7]
     frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
     frame.lone = lone is True
     frame.index = index if isinstance(index, int) and not isinstance(index, bool) and index > 0 else 0
+    frame.loss_ns = (
+        loss_ns if isinstance(loss_ns, int) and not isinstance(loss_ns, bool) and loss_ns > 0 else 0
+    )
     if packed is not None:
         frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
@@ -578,6 +603,9 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
 # which is what makes the connection's findings incomplete. It is left out while 0, so records of
 # connections that lost nothing are as they were before it (``[kind, seq, static, parts]``), and a
 # reader ignores elements after it, as it ignores a part's after ``length``: the list grows at its end.
+# After ``lost`` (then written even when 0) may come ``loss_ns`` (``TapFrame.loss_ns``): when the tap last
+# may have lost records before it wrote this one, left out unless later than the connection's
+# incarnation (its id carries that: ``incarnation_ns``), so only connections open across a loss carry it.
 #
 # MAGIC starts with 0xFF: a Kafka request starts with its int16 api key (< 256: a 0x00 byte), a
 # lifecycle value with ``{``; only a schema-1 response whose correlation id is negative could begin
@@ -655,6 +683,8 @@ class TapRecord:
     lost: int = 0
     #: The entry's place in its schema-3 record (``TapFrame.index``); 0 in schemas 1 and 2.
     index: int = 0
+    #: ``TapFrame.loss_ns``; 0 in schema 1.
+    loss_ns: int = 0
 
 
 def pack_static(connection: Connection) -> bytes:
@@ -669,11 +699,16 @@ def _part_meta(p: Part) -> list[Any]:
     ]  # fmt: skip
 
 
-def pack_record(kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0) -> bytes:
-    """A schema-2 record value; ``lost``: the connection's records the tap lost before this one."""
+def pack_record(
+    kind: str, seq: int, static: bytes, parts: Sequence[Part], lost: int = 0, loss_ns: int = 0
+) -> bytes:
+    """A schema-2 record value; ``lost``: the connection's records the tap lost before this one;
+    ``loss_ns``: ``TapFrame.loss_ns``."""
     meta: list[Any] = [kind, seq, static, [_part_meta(p) for p in parts]]
-    if lost:
+    if lost or loss_ns:
         meta.append(lost)
+    if loss_ns:
+        meta.append(loss_ns)
     packed = msgpack.packb(meta, use_bin_type=True)
     return b"".join((_PREFIX.pack(MAGIC, len(packed)), packed, *(p.value or b"" for p in parts)))
 
@@ -754,6 +789,12 @@ def _lost(lost: Any) -> int:
     return lost
 
 
+def _loss_ns(loss_ns: Any) -> int:
+    if not isinstance(loss_ns, int) or isinstance(loss_ns, bool) or not 0 <= loss_ns < _MAX_LOST:
+        raise RecordError(f"bad time of a tap loss {loss_ns!r}")
+    return loss_ns
+
+
 def _raw_parts(raw_parts: list[Any], pos: int, total: int) -> tuple[list[RawPart], int]:
     """Parts' metadata checked, each with where its bytes start from ``pos``; and where they end."""
     parts: list[RawPart] = []
@@ -768,12 +809,12 @@ def _raw_parts(raw_parts: list[Any], pos: int, total: int) -> tuple[list[RawPart
     return parts, pos
 
 
-def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int]:
+def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], int, int]:
     """A schema-2 value's metadata (``is_schema_2``), checked against the layout but not turned into
     ``Part`` objects: the kind, ``seq``, the connection, each part's raw metadata with where its
-    bytes are, and ``lost`` (0 when the record has none). ``RecordError`` when it does not follow the
-    schema. The one reader of the layout: ``parse_record_2`` builds on it, and the job's columnar
-    read (``streaming.frames``) reads it so."""
+    bytes are, ``lost`` and ``loss_ns`` (0 when the record has none). ``RecordError`` when it does
+    not follow the schema. The one reader of the layout: ``parse_record_2`` builds on it, and the
+    job's columnar read (``streaming.frames``) reads it so."""
     meta, end = _meta(value)
     if len(meta) < 4:
         raise RecordError("metadata is not a list of at least kind, seq, static and parts")
@@ -785,10 +826,11 @@ def read_record_2(value: bytes) -> tuple[str, int, Connection, list[RawPart], in
     if kind not in KINDS or not isinstance(seq, int) or not isinstance(raw_parts, list):
         raise RecordError(f"unknown record kind {kind!r} or bad sequence number")
     lost = _lost(meta[4] if len(meta) > 4 else 0)
+    loss_ns = _loss_ns(meta[5] if len(meta) > 5 else 0)
     parts, pos = _raw_parts(raw_parts, end, len(value))
     if pos != len(value):
         raise RecordError(f"{len(value) - pos} bytes after the last frame")
-    return kind, seq, connection, parts, lost
+    return kind, seq, connection, parts, lost, loss_ns
 
 
 def part_of(value: bytes, raw: RawPart) -> Part:
@@ -808,8 +850,9 @@ def part_of(value: bytes, raw: RawPart) -> Part:
 
 def parse_record_2(value: bytes) -> TapRecord:
     """A schema-2 value (``is_schema_2``) parsed; ``RecordError`` when it does not follow the schema."""
-    kind, seq, connection, parts, lost = read_record_2(value)
-    return TapRecord(2, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost)
+    kind, seq, connection, parts, lost, loss_ns = read_record_2(value)
+    parts_ = tuple(part_of(value, raw) for raw in parts)
+    return TapRecord(2, kind, seq, connection, parts_, lost=lost, loss_ns=loss_ns)
 
 
 # --- schema 3: one record per connection flush -----------------------------------------------------------
@@ -819,12 +862,14 @@ def parse_record_2(value: bytes) -> TapRecord:
 #
 #     MAGIC_3 (4 bytes) | meta length (uint32, big-endian) | meta (msgpack) | payload | payload ...
 #
-# ``meta`` is ``[static, entries, lost]``: ``static`` as in schema 2, once per record instead of once
-# per exchange; ``entries`` one ``[kind, seq, parts]`` per exchange, lone frame or lifecycle event,
-# each with the schema-2 meaning (``seq`` still numbers them one by one, so a lost record leaves a gap
-# of all its entries); ``parts`` as in schema 2, their bytes following in order across all entries.
-# ``lost`` counts the connection's entries the tap lost before this record, left out while 0. A reader
-# ignores elements after ``lost``, and after an entry's ``parts``: both lists grow at their end.
+# ``meta`` is ``[static, entries, lost, loss_ns]``: ``static`` as in schema 2, once per record instead
+# of once per exchange; ``entries`` one ``[kind, seq, parts]`` per exchange, lone frame, lifecycle or
+# tap event, each with the schema-2 meaning (``seq`` still numbers them one by one, so a lost record
+# leaves a gap of all its entries); ``parts`` as in schema 2, their bytes following in order across all
+# entries. ``lost`` counts the connection's entries the tap lost before this record and ``loss_ns`` is
+# ``TapFrame.loss_ns`` of all its entries; both are left out while 0 (``lost`` is written when
+# ``loss_ns`` is). A reader ignores elements after ``loss_ns``, and after an entry's ``parts``: both
+# lists grow at their end.
 
 #: The first bytes of every schema-3 value.
 MAGIC_3: Final = b"\xffKT\x03"
@@ -832,21 +877,23 @@ MAGIC_3: Final = b"\xffKT\x03"
 Entry = tuple[str, int, Sequence[Part]]
 
 
-def pack_flush(static: bytes, entries: Sequence[Entry], lost: int = 0) -> bytes:
+def pack_flush(static: bytes, entries: Sequence[Entry], lost: int = 0, loss_ns: int = 0) -> bytes:
     """A schema-3 record value: a connection's ``entries`` of one flush; ``lost``: the connection's
-    entries the tap lost before them."""
+    entries the tap lost before them; ``loss_ns``: ``TapFrame.loss_ns``."""
     meta: list[Any] = [static, [[kind, seq, [_part_meta(p) for p in parts]] for kind, seq, parts in entries]]
-    if lost:
+    if lost or loss_ns:
         meta.append(lost)
+    if loss_ns:
+        meta.append(loss_ns)
     packed = msgpack.packb(meta, use_bin_type=True)
     payloads = (p.value or b"" for _, _, parts in entries for p in parts)
     return b"".join((_PREFIX.pack(MAGIC_3, len(packed)), packed, *payloads))
 
 
-def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[RawPart]]], int]:
+def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[RawPart]]], int, int]:
     """A schema-3 value's metadata, checked against the layout: the connection, each entry's kind,
-    ``seq`` and parts (as ``read_record_2`` gives them, with where their bytes are), and ``lost``.
-    ``RecordError`` when it does not follow the schema."""
+    ``seq`` and parts (as ``read_record_2`` gives them, with where their bytes are), ``lost`` and
+    ``loss_ns``. ``RecordError`` when it does not follow the schema."""
     meta, end = _meta(value)
     if len(meta) < 2 or not isinstance(meta[1], list):
         raise RecordError("metadata is not a list of at least static and entries")
@@ -855,6 +902,7 @@ def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[R
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise RecordError(f"unreadable connection metadata: {exc}") from exc
     lost = _lost(meta[2] if len(meta) > 2 else 0)
+    loss_ns = _loss_ns(meta[3] if len(meta) > 3 else 0)
     entries: list[tuple[str, int, list[RawPart]]] = []
     pos = end
     for entry in meta[1]:
@@ -872,7 +920,7 @@ def read_record_3(value: bytes) -> tuple[Connection, list[tuple[str, int, list[R
         entries.append((kind, seq, parts))
     if pos != len(value):
         raise RecordError(f"{len(value) - pos} bytes after the last frame")
-    return connection, entries, lost
+    return connection, entries, lost, loss_ns
 
 
 def entries_in(value: bytes | None) -> int:
@@ -886,10 +934,10 @@ def entries_in(value: bytes | None) -> int:
 
 
 def parse_record_3(value: bytes) -> list[TapRecord]:
-    """A schema-3 value as one ``TapRecord`` per entry, each holding the record's ``lost``."""
-    connection, entries, lost = read_record_3(value)
+    """A schema-3 value as one ``TapRecord`` per entry, each holding the record's ``lost`` and ``loss_ns``."""
+    connection, entries, lost, loss_ns = read_record_3(value)
     return [
-        TapRecord(3, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost, index)
+        TapRecord(3, kind, seq, connection, tuple(part_of(value, raw) for raw in parts), lost, index, loss_ns)
         for index, (kind, seq, parts) in enumerate(entries)
     ]
 
@@ -949,7 +997,7 @@ def record_frames(record: TapRecord, partition: int = -1, offset: int = -1) -> l
             TapFrame(
                 conn, record.seq, p.ts_ns, p.direction, p.api_key, p.api_version, p.correlation_id,
                 c.client, c.broker, c.broker_id, c.listener, partition, offset, None, None, c.capture,
-                None, record.lost, lone, record.index,
+                None, record.lost, lone, record.index, record.loss_ns,
             ),
             p,
         )
@@ -989,3 +1037,67 @@ def frames_from_record(
         for record in records
         for frame, part in record_frames(record, partition, offset)
     ]
+
+
+# --- connection ids and tap events -------------------------------------------------------------------
+#
+# A connection id is ``<prefix>.<incarnation>-<n>``: ``prefix`` is the tap instance id (with ``-<worker>``
+# in a worker process), ``n`` numbers the process's connections from 1, and ``incarnation`` is the
+# tap-host clock, in milliseconds rounded up and written in base 36, of the newest event after which
+# the process may have lost records: its start, or a loss it learnt of since (a worker of its tap died,
+# its queue refused a record, a delivery failed). So ids are unique across restarts with any instance
+# id, and a reader knows from the id alone, in any layout and with no state, that whatever a client sent
+# before that time may be missing from the tap topic (``incarnation_ns``).
+#
+# Tap events are records about the tap itself (kinds ``TAP_EVENTS``): one part of that direction whose
+# value is a JSON object, ``seq`` 1, no ``lost``, and as ``static`` a ``Connection`` whose ``conn`` names
+# the connections concerned (``<prefix>.<incarnation>`` for a start, the dead worker's ``<prefix>`` for
+# ``worker_lost``) and whose ``tap`` is the instance id. The record's key is that ``conn``.
+
+_BASE36: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+_CONNECTION_ID: Final = re.compile(r"\.([0-9a-z]{1,12})-[0-9]+\Z")
+
+
+def incarnation(ts_ns: int) -> str:
+    """The incarnation of a tap process whose latest start or loss was at ``ts_ns``."""
+    number = -(-ts_ns // 1_000_000)
+    out = ""
+    while True:
+        number, rest = divmod(number, 36)
+        out = _BASE36[rest] + out
+        if not number:
+            return out
+
+
+def connection_id(prefix: str, incarnation: str, number: int) -> str:
+    return f"{prefix}.{incarnation}-{number}"
+
+
+def tap_loss_ns(frame: TapFrame) -> int:
+    """When the tap last may have lost records before it wrote ``frame`` (0: not known): whatever its
+    clients sent before that may be missing from the tap topic, unless it came on this very connection
+    (whose own losses ``TapFrame.lost`` counts)."""
+    return max(frame.loss_ns, incarnation_ns(frame.conn))
+
+
+def incarnation_ns(conn: str) -> int:
+    """When the tap that opened ``conn`` last started or lost records before opening it (ns, rounded
+    up to the millisecond); 0 for an id of another form (an older tap's, a capture's)."""
+    found = _CONNECTION_ID.search(conn)
+    return int(found.group(1), 36) * 1_000_000 if found else 0
+
+
+def pack_tap_event(kind: str, conn: str, instance: str, ts_ns: int, info: Mapping[str, Any]) -> bytes:
+    """A tap event's record value (``kind`` one of ``TAP_EVENTS``); its key is ``conn``."""
+    static = pack_static(Connection(conn, tap=instance))
+    body = json.dumps({"tap": instance, "connections": conn, **info}, default=str).encode()
+    return pack_flush(static, [(kind, 1, (Part(kind, ts_ns, None, None, None, body),))])
+
+
+def tap_event_info(frame: TapFrame) -> dict[str, Any]:
+    """The JSON object of a tap event's frame (``raw``), {} when it has none or it is not an object."""
+    try:
+        info = json.loads(frame.raw or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}

@@ -35,6 +35,7 @@ from codec.taprecord import (
     HEADER_ONLY_READS,
     HEADERS,
     LONE,
+    LOSS_NS,
     LOST,
     MAGIC_3,
     PACKED_PREFIX,
@@ -83,6 +84,8 @@ FRAME_ROW_SCHEMA = pa.schema(
         (LONE, pa.bool_()),
         #: The entry of a schema-3 record the frame came from (``TapFrame.index``; 0 in schemas 1, 2).
         (ROW_KEYS["index"], pa.int32()),
+        #: When the tap last may have lost records before it wrote this one (``TapFrame.loss_ns``).
+        (LOSS_NS, pa.int64()),
     ]
 )
 
@@ -116,6 +119,7 @@ def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offs
         ROW_KEYS["index"]: 0,
         LOST: 0,
         LONE: False,
+        LOSS_NS: 0,
     }
     return row
 
@@ -288,6 +292,7 @@ def _entry_rows(record: TapRecord, partition: int, offset: int) -> list[dict[str
                 LOST: record.lost,
                 LONE: record.kind == RESP,
                 ROW_KEYS["index"]: record.index,
+                LOSS_NS: record.loss_ns,
             }
         )
     return rows
@@ -341,7 +346,8 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     )
     listener_col, tap_col, capture_col = (columns[n] for n in (Header.LISTENER, Header.TAP, Header.CAPTURE))
     only_col, size_col, value_col = columns[Header.TRUNCATED], columns["size"], columns["value"]
-    lost_col, lone_col, index_col = columns[LOST], columns[LONE], columns[ROW_KEYS["index"]]
+    lost_col, lone_col = columns[LOST], columns[LONE]
+    index_col, loss_col = columns[ROW_KEYS["index"]], columns[LOSS_NS]
     partition_col, offset_col = columns[ROW_KEYS["partition"]], columns[ROW_KEYS["offset"]]
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
@@ -359,9 +365,9 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         entries: list[tuple[str, int, list[RawPart]]]
         try:
             if value[:4] == MAGIC_3:
-                c, entries, lost = read_record_3(value)
+                c, entries, lost, loss_ns = read_record_3(value)
             else:
-                kind, seq, c, parts, lost = read_record_2(value)
+                kind, seq, c, parts, lost, loss_ns = read_record_2(value)
                 entries = [(kind, seq, parts)]
         except RecordError:
             entries = []
@@ -410,6 +416,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
                 lost_col.append(lost)
                 lone_col.append(lone)
                 index_col.append(index)
+                loss_col.append(loss_ns)
                 origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
@@ -431,6 +438,7 @@ def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array)
     columns[LOST] = pa.array(np.zeros(len(value), np.int64))
     columns[LONE] = pa.array(np.zeros(len(value), np.bool_))
     columns[ROW_KEYS["index"]] = pa.array(np.zeros(len(value), np.int32))
+    columns[LOSS_NS] = pa.array(np.zeros(len(value), np.int64))
     return pa.RecordBatch.from_arrays(
         [columns[name] for name in FRAME_ROW_SCHEMA.names], schema=FRAME_ROW_SCHEMA
     )

@@ -72,6 +72,8 @@ CATALOGUE_RULES = frozenset(
         "frame.decode_error",
         "tap.gap",
         "tap.blind",
+        "tap.worker_lost",
+        "tap.tap_start",
     }
 )
 #: Rules applied to an Envelope's inner request are reported as ``envelope.inner_<rule>`` (KIP-590).

@@ -10,6 +10,7 @@ import ssl
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 from kpmon.config import KpmonConfig, TapConfig
 from tap.flush import FlushLimits
@@ -90,21 +91,27 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
     return specs
 
 
+def mirror_sink(config: KpmonConfig, on_error: Callable[[str], None]) -> MirrorSink:
+    """The mirror producer to the tap topic, as the config sets it."""
+    tap_cfg = config.tap
+    cluster = config.tap_cluster
+    return KafkaMirror(
+        cluster.bootstrap_servers,
+        tap_cfg.topic,
+        tap_cfg.queue_max_frames,
+        tap_cfg.queue_max_bytes,
+        dict(cluster.properties),
+        on_error=on_error,
+    )
+
+
 def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str | None = None) -> Tap:
     tap_cfg = config.tap
     metrics = TapMetrics()
     instance = tap_cfg.instance_id or f"tap-{uuid.uuid4().hex[:8]}"
     sink: MirrorSink = NullMirror()
     if mirror:
-        cluster = config.tap_cluster
-        sink = KafkaMirror(
-            cluster.bootstrap_servers,
-            tap_cfg.topic,
-            tap_cfg.queue_max_frames,
-            tap_cfg.queue_max_bytes,
-            dict(cluster.properties),
-            on_error=lambda err: metrics.delivery_errors.inc(),
-        )
+        sink = mirror_sink(config, lambda err: metrics.delivery_errors.inc())
     settings = TapSettings(
         capture=tap_cfg.capture,
         mirror=mirror,
@@ -138,6 +145,7 @@ async def serve(tap: Tap, metrics_port: int | None, metrics_host: str = "127.0.0
         except (NotImplementedError, RuntimeError):
             pass
     bound = await tap.start()
+    tap.announce()
     if metrics_port is not None:
         tap.metrics.serve(metrics_port, metrics_host)
     tap.log_event("ready", listeners=[f"{h}:{p}" for h, p in bound], metrics_port=metrics_port)

@@ -89,8 +89,8 @@ class TapSettings:
     max_mirrored_frame_bytes: int = 900_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME
     instance_id: str = field(default_factory=lambda: f"tap-{uuid.uuid4().hex[:8]}")
-    #: Connection ids are ``<connection_prefix>-<n>``; default: the instance id. Each worker process
-    #: gets its own (tap/workers.py), so ids stay unique across workers and their restarts.
+    #: Connection ids are ``<connection_prefix>.<incarnation>-<n>`` (``codec.taprecord.connection_id``);
+    #: default prefix: the instance id. Each worker process gets its own (tap/workers.py).
     connection_prefix: str | None = None
     write_buffer_high: int = 4 * 1024 * 1024
     connect_timeout: float = 10.0
@@ -184,6 +184,9 @@ class TapConnection:
         #: Entries gathered for the connection's next record, and the timer of its age bound.
         self.flush = FlushBuffer(settings.flush)
         self._flush_timer: asyncio.TimerHandle | None = None
+        #: The tap's incarnation when it opened this connection (its id carries it): a later one is
+        #: stamped on the records it writes (``TapFrame.loss_ns``).
+        self.incarnation_ns = tap.incarnation_ns
         self.client_t: asyncio.Transport | None = None
         self.broker_t: asyncio.Transport | None = None
         self.pending: list[bytes] = []
@@ -639,8 +642,10 @@ class TapConnection:
                 self._arm_flush(due - now)
 
     def _offer(self, batches: list[list[taprecord.Entry]]) -> None:
+        since = self.tap.incarnation_ns
+        loss_ns = since if since > self.incarnation_ns else 0
         for entries in batches:
-            value = taprecord.pack_flush(self._static, entries, self.records_lost)
+            value = taprecord.pack_flush(self._static, entries, self.records_lost, loss_ns)
             if not self.tap.offer(MirrorRecord(self.key, value)):
                 self.records_lost += len(entries)
 
@@ -715,6 +720,10 @@ class Tap:
         self.servers: list[asyncio.Server] = []
         self.bound: list[tuple[str, int]] = []
         self._ids = itertools.count(1)
+        #: The incarnation new connections' ids carry: this process's start, or the newest loss since.
+        self.incarnation_ns = 0
+        self.incarnation = ""
+        self.note_loss(time.time_ns())
         self._tasks: set[asyncio.Task[None]] = set()
         self._unserved: set[socket.socket] = set()
         self._stopping = False
@@ -729,7 +738,32 @@ class Tap:
         if self.sink.offer(record):
             return True
         self.metrics.drops.inc()
+        self.note_loss(time.time_ns())
         return False
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.connection_prefix or self.settings.instance_id
+
+    def note_loss(self, ts_ns: int) -> None:
+        """Records may be missing from ``ts_ns`` on (this process started, lost a record, or learnt that
+        a worker of its tap died): connections opened from now on carry a new incarnation in their ids,
+        which tells readers that what their clients sent before it may be missing."""
+        at = -(-ts_ns // 1_000_000) * 1_000_000  # the incarnation's precision: ms, rounded up
+        if at > self.incarnation_ns:
+            self.incarnation_ns, self.incarnation = at, taprecord.incarnation(at)
+
+    def announce(self) -> None:
+        """Write this tap's start record: readers then know its earlier runs' connections without a
+        ``close`` ended with it, their loss unknown (a single-process tap; tap/workers.py writes its own)."""
+        if not self.settings.mirror:
+            return
+        conn = f"{self.prefix}.{self.incarnation}"
+        value = taprecord.pack_tap_event(
+            taprecord.TAP_START, conn, self.settings.instance_id, time.time_ns(), {"pid": os.getpid()}
+        )
+        self.offer(MirrorRecord(conn.encode(), value))
+        self.log_event("tap_start", connections=conn)
 
     def _delivery_failed(self, key: bytes | None, value: bytes | None) -> None:
         """A record the sink accepted was not delivered: every entry it held is lost. Called on the
@@ -745,6 +779,7 @@ class Tap:
             pass
 
     def _count_lost(self, key: bytes, entries: int) -> None:
+        self.note_loss(time.time_ns())
         conn = self.connections.get(key)
         # A connection closed since has written its last record: nothing would carry the count.
         if conn is not None:
@@ -755,8 +790,8 @@ class Tap:
             log.info(json.dumps({"event": event, "tap": self.settings.instance_id, **fields}, default=str))
 
     def _accept(self, spec: ListenerSpec) -> asyncio.Protocol:
-        prefix = self.settings.connection_prefix or self.settings.instance_id
-        conn = TapConnection(self, spec, f"{prefix}-{next(self._ids)}")
+        conn_id = taprecord.connection_id(self.prefix, self.incarnation, next(self._ids))
+        conn = TapConnection(self, spec, conn_id)
         return _Side(conn, client=True)
 
     async def _sweep_held(self) -> None:

@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import shutil
@@ -31,13 +32,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import Metric
 
+from codec import taprecord
 from kpmon.config import KpmonConfig
 from tap.listeners import Address, DynamicListeners, ListenerSpec, client_address, listen_socket
+from tap.mirror import MirrorRecord, MirrorSink, NullMirror
 
 if TYPE_CHECKING:
     from tap.proxy import Tap
@@ -153,6 +156,25 @@ def _families(registry: CollectorRegistry) -> list[Family]:
     ]
 
 
+class SupervisorMetrics:
+    """The supervisor's own series, served with the workers' sums (``SummedMetrics``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dynamic_listeners = Counter(
+            "kpmon_tap_dynamic_listeners",
+            "Listeners opened on the fly for new broker ids (result: opened, retargeted, failed)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.worker_deaths = Counter(
+            "kpmon_tap_worker_deaths",
+            "Worker processes that died: their connections ended without a close record, and the records "
+            "they had not mirrored yet were lost",
+            registry=self.registry,
+        )
+
+
 # --- the worker side ---------------------------------------------------------------------------------
 class RemoteListeners(DynamicListeners):
     """A worker's view of the supervisor's listeners opened on the fly: ``resolve`` asks it."""
@@ -212,8 +234,10 @@ def worker_main(
     bound: list[Address],
     snapshot: str,
     log_level: int,
+    incarnation_ns: int,
 ) -> None:
-    """A worker process: a tap serving the connections the supervisor hands over, until SIGTERM."""
+    """A worker process: a tap serving the connections the supervisor hands over, until SIGTERM.
+    ``incarnation_ns``: when the supervisor started it (its connection ids' first incarnation)."""
     from tap.app import build_tap, setup_logging
     from tap.proxy import install_uvloop
 
@@ -222,6 +246,8 @@ def worker_main(
     setup_logging(logging.getLevelName(log_level))
     install_uvloop()
     tap = build_tap(config, mirror, prefix)
+    tap.incarnation_ns = 0
+    tap.note_loss(incarnation_ns)
     tap.dynamic = RemoteListeners(rpc, tap.listeners)
     try:
         asyncio.run(_serve_worker(tap, index, handover, rpc, bound, snapshot))
@@ -254,6 +280,9 @@ async def _serve_worker(
                 stop.set()
                 return
             if not fds:
+                message = pickle.loads(data)
+                if message[0] == "loss":  # another worker died: its records may be lost
+                    tap.note_loss(message[1])
                 continue
             sock = socket.socket(fileno=fds[0])
             sock.setblocking(False)
@@ -285,17 +314,10 @@ class _Worker:
     rpc: socket.socket
     snapshot: str
     started: float
+    #: The prefix of its connection ids (each id adds an incarnation and a number).
+    prefix: str
     ready: bool = False
-
-
-def _base36(number: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        number, rest = divmod(number, 36)
-        out = digits[rest] + out
-        if not number:
-            return out
+    exited: bool = False
 
 
 class Supervisor:
@@ -311,6 +333,8 @@ class Supervisor:
             update={"tap": tap_cfg.model_copy(update={"instance_id": self.instance})}
         )
         self.mirror = mirror
+        #: Where the supervisor writes the tap's own events (its start, a worker's death).
+        self.sink: MirrorSink = NullMirror()
         self.count = tap_cfg.worker_count
         self.specs = listener_specs(tap_cfg)
         self.dynamic = DynamicListeners(
@@ -330,13 +354,10 @@ class Supervisor:
         #: Counters and histograms of workers that exited, so totals survive their restarts.
         self.retired: list[Family] = []
         self._retired_sums: _Sums = {}
-        self.registry = CollectorRegistry()
-        self.dynamic_listeners = Counter(
-            "kpmon_tap_dynamic_listeners",
-            "Listeners opened on the fly for new broker ids (result: opened, retargeted, failed)",
-            ["result"],
-            registry=self.registry,
-        )
+        metrics = SupervisorMetrics()
+        self.registry = metrics.registry
+        self.dynamic_listeners = metrics.dynamic_listeners
+        self.worker_deaths = metrics.worker_deaths
         self._turn = 0
         self._accepting = False
         #: Every worker has been up once (or the start wait ran out): accept with any worker up.
@@ -404,6 +425,9 @@ class Supervisor:
         self._accepting = want
 
     def _accept(self, listener: socket.socket, key: ListenerKey) -> None:
+        # A worker that died is noted before anything is handed on: the live workers must know of the
+        # loss before they open a connection that its clients may have come back on.
+        self._reap()
         for _ in range(_ACCEPT_BATCH):
             try:
                 conn, _ = listener.accept()
@@ -453,9 +477,10 @@ class Supervisor:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rpc_ours, rpc_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Unique across workers and their restarts (and restarts of the tap with a fixed instance id):
-        # the worker and the millisecond it started.
-        prefix = f"{self.instance}-{index}.{_base36(time.time_ns() // 1_000_000)}"
+        # Unique across workers; the worker adds its incarnation (from when it started) and a number, so
+        # ids stay unique across its restarts and those of the tap, with any instance id.
+        prefix = f"{self.instance}-{index}"
+        started_ns = time.time_ns()
         snapshot = os.path.join(self.dir, f"worker-{index}.metrics")
         process = self._context.Process(
             target=worker_main,
@@ -469,6 +494,7 @@ class Supervisor:
                 self.bound,
                 snapshot,
                 logging.getLogger("kpmon").getEffectiveLevel(),
+                started_ns,
             ),
             name=f"kpmon-tap-worker-{index}",
         )
@@ -477,13 +503,18 @@ class Supervisor:
         rpc_theirs.close()
         ours.setblocking(False)
         rpc_ours.setblocking(False)
-        worker = _Worker(index, process, ours, rpc_ours, snapshot, time.monotonic())
+        worker = _Worker(index, process, ours, rpc_ours, snapshot, time.monotonic(), prefix)
         self.workers[index] = worker
         loop = asyncio.get_running_loop()
         loop.add_reader(rpc_ours.fileno(), self._control, worker)
         assert process.sentinel is not None
         loop.add_reader(process.sentinel, self._exited, worker)
-        self.log_event("worker_start", worker=index, pid=process.pid, connections=prefix)
+        self.log_event(
+            "worker_start",
+            worker=index,
+            pid=process.pid,
+            connections=f"{prefix}.{taprecord.incarnation(started_ns)}",
+        )
 
     def _control(self, worker: _Worker) -> None:
         try:
@@ -518,7 +549,19 @@ class Supervisor:
             except OSError:
                 pass
 
+    def _reap(self) -> None:
+        """Note the workers that died and are not noted yet (their sentinels are ready)."""
+        live = {w.process.sentinel: w for w in self.workers if w is not None and not w.exited}
+        if not live:
+            return
+        for sentinel in multiprocessing.connection.wait(list(live), 0):
+            self._exited(live[cast(int, sentinel)])
+
     def _exited(self, worker: _Worker) -> None:
+        if worker.exited:
+            return
+        worker.exited = True
+        loss_ns = time.time_ns()
         loop = asyncio.get_running_loop()
         loop.remove_reader(worker.rpc.fileno())
         assert worker.process.sentinel is not None
@@ -540,6 +583,7 @@ class Supervisor:
             if all(w is None for w in self.workers):
                 self._all_exited.set()
             return
+        self._worker_lost(worker, loss_ns)
         quick = time.monotonic() - worker.started < _QUICK_EXIT_SECONDS
         self._quick_exits = self._quick_exits + 1 if quick else 0
         self.log_event(
@@ -555,6 +599,28 @@ class Supervisor:
             self._stopped.set()
             return
         loop.call_later(min(0.2 * 2**self._quick_exits, 5.0), self._start_worker, worker.index)
+
+    def _worker_lost(self, worker: _Worker, loss_ns: int) -> None:
+        """A worker died: what it had not mirrored yet is lost, and its connections end with no
+        ``close`` record. Say so in the tap topic, and tell the live workers, whose connections opened
+        from now on then carry the loss in their ids (a client of the dead worker comes back on one)."""
+        self.worker_deaths.inc()
+        info = {
+            "worker": worker.index,
+            "pid": worker.process.pid,
+            "exitcode": worker.process.exitcode,
+            "opened_before": loss_ns,
+        }
+        value = taprecord.pack_tap_event(taprecord.WORKER_LOST, worker.prefix, self.instance, loss_ns, info)
+        if not self.sink.offer(MirrorRecord(worker.prefix.encode(), value)):
+            self.log_event("worker_lost_unrecorded", logging.WARNING, worker=worker.index)
+        notice = pickle.dumps(("loss", loss_ns))
+        for other in self.workers:
+            if other is not None and other is not worker and not other.exited:
+                try:
+                    other.handover.send(notice)
+                except OSError:
+                    pass  # exiting too: its own death is noted when it comes
 
     def _start_wait_over(self) -> None:
         if not self._started:
@@ -575,6 +641,7 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopped.set)
         self.listen()
+        self._announce()
         for index in range(self.count):
             self._start_worker(index)
         loop.call_later(_START_WAIT, self._start_wait_over)
@@ -586,6 +653,22 @@ class Supervisor:
         await self._stopped.wait()
         await self.stop()
         return 1 if self._failed else 0
+
+    def _announce(self) -> None:
+        """The tap's start record: readers then know that its earlier runs' connections without a
+        ``close`` ended with them, their loss unknown."""
+        if not self.mirror:
+            return
+        from tap.app import mirror_sink
+
+        self.sink = mirror_sink(self.config, lambda err: None)
+        now = time.time_ns()
+        conn = f"{self.instance}.{taprecord.incarnation(now)}"
+        value = taprecord.pack_tap_event(
+            taprecord.TAP_START, conn, self.instance, now, {"pid": os.getpid(), "workers": self.count}
+        )
+        self.sink.offer(MirrorRecord(conn.encode(), value))
+        self.log_event("tap_start", connections=conn)
 
     async def stop(self) -> None:
         self.log_event("stopping", workers=self.count)
@@ -620,4 +703,5 @@ def run_workers(config: KpmonConfig, mirror: bool = True) -> int:
     try:
         return asyncio.run(supervisor.serve())
     finally:
+        supervisor.sink.close()
         shutil.rmtree(supervisor.dir, ignore_errors=True)

@@ -442,7 +442,9 @@ class GroupProtocolRule(Rule):
         removed -- the member must rejoin with epoch 0 (or leave with -1/-2). Reported when the same
         member id sends another heartbeat with a positive epoch that the coordinator has not handed it
         since, judged at send time (a heartbeat sent before the fencing answer arrived is not one).
-        Once per member and fenced epoch.
+        Once per member and fenced epoch. Incomplete and ``info`` when the tap may have lost records
+        after the fencing answer and before the heartbeat: the rejoin may be among them
+        (``RuleContext.tap_loss``).
 
     ``group.mixed_protocol_rejected`` (warning)
         One group id, members of two protocols, and the broker said no: a ConsumerGroupHeartbeat,
@@ -509,6 +511,8 @@ class GroupProtocolRule(Rule):
                 "fenced_client": fenced[4],
             },
             conns=(ex.conn,),
+            # Its rejoin may have gone through a connection whose records the tap lost.
+            tap_loss=ctx.tap_loss(ex.request, int(fenced[2])),
         )
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:

@@ -30,7 +30,11 @@ sequence numbers the producer sent and the broker acknowledged. It reports:
     batch sent before it (sequences wrap at 2**31, as in the broker). Judged against what was *sent*,
     not what was acknowledged, so that several in-flight batches, or a batch answered
     OUT_OF_ORDER_SEQUENCE (45) because an earlier in-flight one failed, are not gaps. The broker's
-    answer goes into the evidence: 45 confirms the gap, no error means the broker accepted it.
+    answer goes into the evidence: 45 confirms the gap, no error means the broker accepted it. When the
+    stream's previous batch came on another connection, and the tap may have lost records after it was
+    sent and before it wrote this one (``RuleContext.tap_loss``: a worker or the tap died, its queue
+    overflowed), the skipped batches most likely went through records the tap lost: the gap is then
+    incomplete, ``info``, and says so.
 
 ``producer.sequence_duplicate``
     A batch that re-sends sequence numbers the broker already acknowledged. An exact retry (same base
@@ -49,7 +53,8 @@ for a zombie write, not two).
 State (JSON-compatible, per producer id): ``epoch``/``epoch_src``/``epoch_ts``/``epoch_client``
 (newest known epoch, and the answer and client it came from), ``txn`` (its transactional id),
 ``streams`` ("epoch|topic|partition" -> ``next`` sequence after everything sent, ``acked`` recent
-acknowledged batches as [base, count, base offset]), and ``pending`` (only while decisions taken when a
+acknowledged batches as [base, count, base offset], ``at`` and ``via`` when and on which connection
+its latest batch was sent), and ``pending`` (only while decisions taken when a
 request was sent wait for its answer, keyed "conn|correlation id|topic|partition|batch index" for Produce and
 "conn|correlation id|txn|claim index" for the other RPCs, applied when its answer comes).
 """
@@ -325,9 +330,15 @@ class ProducerRule(Rule):
             if 0 <= epoch < known:
                 decision["stale"] = _known(state)
             else:
-                expected = self._sent(streams, epoch, topic, partition, base, count, ctx)
-                if expected is not None:
+                sent = self._sent(streams, epoch, topic, partition, base, count, ex, ctx)
+                if sent is not None:
+                    expected, since, via = sent
                     decision["gap"] = expected
+                    # The batches between may have gone through another connection whose records the
+                    # tap lost (this one's own losses make its findings incomplete already).
+                    loss = None if since is None or via == ex.conn else ctx.tap_loss(ex.request, since)
+                    if loss is not None:
+                        decision["tap_loss"] = list(loss)
             if decision:
                 _pend(
                     state, f"{ex.conn}|{ex.request.correlation_id}|{topic}|{partition}|{index}", decision, ctx
@@ -408,23 +419,33 @@ class ProducerRule(Rule):
         partition: int,
         base: int,
         count: int,
+        ex: Exchange,
         ctx: RuleContext,
-    ) -> int | None:
-        """Record a batch as sent; return the expected base sequence when it skips ahead of it."""
+    ) -> tuple[int, int | None, str | None] | None:
+        """Record a batch ``ex`` sent; when it skips ahead of the expected base sequence, return that,
+        and when and on which connection the stream's previous batch was sent (None in state kept
+        before those were)."""
         count = max(count, 1)
         if base < 0:
             return None
         skey = f"{epoch}|{topic}|{partition}"
         stream = streams.get(skey)
         if stream is None:
-            streams[_STREAM_KEYS.share(skey)] = {"next": seq_add(base, count), "acked": []}
+            streams[_STREAM_KEYS.share(skey)] = {
+                "next": seq_add(base, count),
+                "acked": [],
+                "at": ex.ts_ns,
+                "via": ex.conn,
+            }
             ctx.trim(streams)
             return None
         expected = int(stream["next"])
+        since, via = stream.get("at"), stream.get("via")
+        stream["at"], stream["via"] = ex.ts_ns, ex.conn
         end = seq_add(base, count)
         if seq_ahead(end, expected) > 0:
             stream["next"] = end
-        return expected if seq_ahead(base, expected) > 0 else None
+        return (expected, since, via) if seq_ahead(base, expected) > 0 else None
 
     def _produce_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         pid = int(key)
@@ -452,7 +473,15 @@ class ProducerRule(Rule):
                 # The broker appended a batch with this epoch: it is current (or newer) from now on.
                 self._learn(state, epoch, "Produce", ex)
             if decision is not None and "gap" in decision:
-                _report_gap(int(decision["gap"]), error, _batch_evidence(*batch_facts), ex, ctx)
+                loss = decision.get("tap_loss")
+                _report_gap(
+                    int(decision["gap"]),
+                    error,
+                    _batch_evidence(*batch_facts),
+                    ex,
+                    ctx,
+                    None if loss is None else (str(loss[0]), int(loss[1])),
+                )
             if base >= 0:
                 stream = streams.get(f"{epoch}|{topic}|{partition}")
                 if stream is not None:
@@ -604,7 +633,12 @@ def _report_stale(
 
 
 def _report_gap(
-    expected: int, error: int | None, evidence: dict[str, Any], ex: Exchange, ctx: RuleContext
+    expected: int,
+    error: int | None,
+    evidence: dict[str, Any],
+    ex: Exchange,
+    ctx: RuleContext,
+    tap_loss: tuple[str, int] | None = None,
 ) -> None:
     base = int(evidence["base_sequence"])
     missing = seq_ahead(base, expected)
@@ -624,6 +658,7 @@ def _report_gap(
         ex.ts_ns,
         {**evidence, "expected_sequence": expected, "missing": missing},
         conns=(ex.conn,),
+        tap_loss=tap_loss,
     )
 
 

@@ -20,6 +20,10 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   batch with an epoch older than the transactional id's current one is a zombie write, which
   ``producer.stale_epoch_*`` already reports. Produce v13 names topics by id, which cannot be matched
   with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
+  Reported when the transaction ends (EndTxn, a new InitProducerId) or hangs, with the Produce's time
+  and evidence: incomplete and ``info`` when a frame of the transaction carried a tap loss later than
+  its start (``RuleContext.tap_loss``), as the add may be among the records lost. ``boundary`` in the
+  state is when it began, ``loss`` the newest tap loss seen since, ``outside`` the writes waiting.
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
@@ -34,7 +38,8 @@ transactional id, or by a second client (client host + client id; not the port, 
 reconnect). Ownership is (re)bound by a successful InitProducerId answer -- a restarted instance of a
 transactional producer legitimately gets the same producer id from another host -- and a request from
 another client with an *older* epoch than the owner's is a zombie, not a hijack. Only client-sent APIs
-count: AddPartitionsToTxn v4+ and WriteTxnMarkers come from brokers.
+count: AddPartitionsToTxn v4+ and WriteTxnMarkers come from brokers. Incomplete and ``info`` when the tap
+may have lost records since the owner was bound (``since``): the rebinding answer may be among them.
 
 ``txn_read`` (key: connection) reports ``txn.read_committed_inconsistent`` on READ_COMMITTED Fetch
 answers (IsolationLevel 1): LastStableOffset above HighWatermark (warning), or AbortedTransactions
@@ -72,6 +77,7 @@ from checks.rules.producers import (
 )
 from codec.control import ABORT, COMMIT
 from codec.protocol import ApiKey
+from codec.taprecord import tap_loss_ns
 
 #: Kafka's default transaction.timeout.ms, used when the InitProducerId was not seen.
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -125,29 +131,37 @@ class TxnRule(Rule):
         if resp is None:
             return
         api, body = ex.api_key, resp.body
+        # The newest tap loss known on this id's frames: writes outside the transaction are judged
+        # with it when the transaction ends, as the adds they lack may be among the records lost.
+        loss = max(tap_loss_ns(ex.request), tap_loss_ns(ex.response) if ex.response is not None else 0)
+        if loss > int(state.get("loss", 0)):
+            state["loss"] = loss
         if api == INIT_PRODUCER_ID:
             if body.get("ErrorCode") == 0:
                 # A new InitProducerId aborts whatever transaction this id had open.
+                self._report_outside(state, key, ex.conn, ctx)
                 self._close(state, key, ex, ctx)
                 state["pid"], state["epoch"] = (
                     int(body.get("ProducerId", -1)),
                     int(body.get("ProducerEpoch", -1)),
                 )
                 state["timeout_ms"] = int(ex.req.body.get("TransactionTimeoutMs", DEFAULT_TXN_TIMEOUT_MS))
-                state["boundary"] = True
+                state["boundary"] = _answered_ns(ex)
         elif api == END_TXN:
             if self._zombie(state, ex):
                 return  # an older instance's EndTxn says nothing about the current transaction
             state["ending"] = False
             error = body.get("ErrorCode")
             if error == 0:
+                self._report_outside(state, key, ex.conn, ctx)
                 self._close(state, key, ex, ctx)
-                state["boundary"] = True
+                state["boundary"] = _answered_ns(ex)
                 if ex.api_version >= 5 and int(body.get("ProducerEpoch", -1)) >= 0:
                     state["pid"], state["epoch"] = int(body["ProducerId"]), int(body["ProducerEpoch"])
             elif error in (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH):
                 # The coordinator already ended this transaction (it aborted it on timeout and bumped the
                 # epoch, or another instance took over): it is not open any more.
+                self._report_outside(state, key, ex.conn, ctx)
                 self._close(state, key, ex, ctx)
             elif state.get("open"):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
@@ -177,6 +191,7 @@ class TxnRule(Rule):
             ctx.set_timer(now_ns + int(state.get("timeout_ms", DEFAULT_TXN_TIMEOUT_MS)) * NS_PER_MS)
             return
         state["hanging"] = True
+        self._report_outside(state, key, (state.get("conns") or [""])[-1], ctx)
         timeout_ms = int(state.get("timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
         evidence = {
             **state.get("open_evidence", {}),
@@ -283,6 +298,7 @@ class TxnRule(Rule):
                     added[tp] = 1
                     state["added"] = added
                     ctx.trim(added)
+        conns = (ex.conn, *state.get("conns", []))
         for topic, partition, batch, error in outside:
             outcome = (
                 "the broker appended it: the partition can hold an open transaction its coordinator "
@@ -290,26 +306,54 @@ class TxnRule(Rule):
                 if error == 0
                 else f"the broker refused it (error {error})"
             )
+            suspects: list[list[Any]] = state.setdefault("outside", [])
+            suspects.append(
+                [
+                    f"transactional producer {key!r} wrote to {topic}-{partition}, which its transaction "
+                    f"never added with AddPartitionsToTxn; {outcome}",
+                    ex.ts_ns,
+                    {
+                        **ex.evidence(),
+                        "transactional_id": key,
+                        "producer_id": int(batch.producer_id),
+                        "producer_epoch": int(batch.producer_epoch),
+                        "topic": topic,
+                        "partition": partition,
+                        "base_sequence": int(batch.base_sequence),
+                        "broker_error": error,
+                        "added_partitions": list(added)[:20],
+                    },
+                    ctx.incomplete(conns),
+                ]
+            )
+            ctx.trim(suspects)
+
+    @staticmethod
+    def _report_outside(state: State, key: str, conn: str, ctx: RuleContext) -> None:
+        """Report the transaction's writes outside it, now that it ended (or hangs): incomplete and
+        ``info`` when a frame of it since it began carried a tap loss (``loss``), as the add may be
+        among the records lost. ``conn``: the connection of the frame that ended it."""
+        suspects = state.pop("outside", None)
+        loss = int(state.pop("loss", 0))
+        if not suspects:
+            return
+        tap_loss = (conn, loss) if loss > int(state.get("boundary") or 0) else None
+        for summary, ts_ns, evidence, incomplete in suspects:
             ctx.emit(
                 "txn.produce_outside_txn",
                 Severity.WARNING,
                 f"txn:{key}",
-                f"transactional producer {key!r} wrote to {topic}-{partition}, which its transaction never "
-                f"added with AddPartitionsToTxn; {outcome}",
-                ex.ts_ns,
-                {
-                    **ex.evidence(),
-                    "transactional_id": key,
-                    "producer_id": int(batch.producer_id),
-                    "producer_epoch": int(batch.producer_epoch),
-                    "topic": topic,
-                    "partition": partition,
-                    "base_sequence": int(batch.base_sequence),
-                    "broker_error": error,
-                    "added_partitions": list(added)[:20],
-                },
-                conns=(ex.conn, *state.get("conns", [])),
+                summary,
+                int(ts_ns),
+                evidence,
+                tap_loss=tap_loss,
+                incomplete=bool(incomplete),
             )
+
+
+def _answered_ns(ex: Exchange) -> int:
+    """When an exchange was answered (its request's time when no answer was seen)."""
+    return ex.response.ts_ns if ex.response is not None else ex.ts_ns
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,7 +401,7 @@ class PidOwnershipRule(Rule):
         epoch, txn = claim
         if "client" not in state:
             # First sight without an InitProducerId (the monitor started later): the first user owns it.
-            state.update(client=client, txn=txn, epoch=epoch)
+            state.update(client=client, txn=txn, epoch=epoch, since=ex.ts_ns)
             return
         owner_epoch = int(state.get("epoch", -1))
         if txn is not None and state.get("txn") is None:
@@ -388,7 +432,12 @@ class PidOwnershipRule(Rule):
             # The coordinator handed one producer id to two transactional ids.
             self._report(state, pid, f"txn={txn}", ex, ctx, epoch, txn, self._client(ex))
         # The coordinator (re)binds the producer id: a restarted instance may come from another host.
-        state.update(client=self._client(ex), txn=txn if txn is not None else state.get("txn"), epoch=epoch)
+        state.update(
+            client=self._client(ex),
+            txn=txn if txn is not None else state.get("txn"),
+            epoch=epoch,
+            since=_answered_ns(ex),
+        )
 
     @staticmethod
     def _report(
@@ -433,6 +482,8 @@ class PidOwnershipRule(Rule):
                 "owner_epoch": state.get("epoch"),
             },
             conns=(ex.conn,),
+            # The InitProducerId that bound the id to this client may be among records the tap lost.
+            tap_loss=ctx.tap_loss(ex.request, int(state.get("since") or 0)),
         )
 
 

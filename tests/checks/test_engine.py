@@ -12,7 +12,7 @@ from checks.engine import Monitor
 from checks.model import Exchange, Finding, Severity
 from checks.rule import Context, Rule, RuleContext, State
 from checks.settings import ChecksSettings
-from codec.taprecord import TapFrame
+from codec.taprecord import TAP_START, WORKER_LOST, TapFrame, frames_from_record, pack_tap_event
 from tests.checks.builders import SECOND, Conversation, shared_offsets
 
 MS = 1_000_000
@@ -348,3 +348,21 @@ def test_a_lone_response_pairs_with_nothing() -> None:
     paired.feed_all([request, response])
     paired.flush()
     assert paired.stats.exchanges == 1 and paired.stats.unpaired_responses == 0
+
+
+def test_a_tap_event_is_an_info_finding_that_names_the_tap() -> None:
+    """A worker's death (a warning: records were lost) and a tap's start (info) are reported, where and
+    when the tap may have lost records, about the tap: they blame no client or broker."""
+    died = pack_tap_event(
+        WORKER_LOST, "tap-h-0", "tap-h", 5 * SECOND, {"worker": 0, "pid": 77, "exitcode": -9}
+    )
+    started = pack_tap_event(TAP_START, "tap-h.lx0", "tap-h", 6 * SECOND, {"pid": 78})
+    monitor = checks.new_monitor(ChecksSettings())
+    frames = [*frames_from_record(None, died, 0, 1), *frames_from_record(None, started, 1, 1)]
+    findings = monitor.feed_all(frames) + monitor.flush()
+    assert [(f.rule, f.severity.value, f.subject) for f in findings] == [
+        ("tap.worker_lost", "warning", "tap:tap-h"),
+        ("tap.tap_start", "info", "tap:tap-h"),
+    ]
+    assert "worker 0 (pid 77, exit -9) died" in findings[0].summary
+    assert monitor.stats.decode_errors == 0 and monitor.stats.header_only == 0

@@ -541,3 +541,21 @@ def test_members_subscribed_alike_share_one_entry_and_state_round_trips() -> Non
         found = m.feed_all(outside) + m.flush()
         assert rules_of(found) == ["group.assignment_outside_subscription"]
         assert found[0].evidence["subscribed"] == ["orders"]
+
+
+def test_a_fenced_member_whose_rejoin_the_tap_may_have_lost_is_incomplete_info() -> None:
+    """The member rejoined through a worker that died before mirroring it; it heartbeats on: the tap's
+    loss after the fencing answer (``TapFrame.loss_ns``) makes the finding incomplete, at ``info``."""
+    a = Conversation(client_id="cg-app")
+    frames = [
+        *heartbeat(a, SECOND, "m-a", 0, answer_epoch=3),
+        *heartbeat(a, 3 * SECOND, "m-a", 3, error=FENCED_EPOCH),
+    ]
+    later = heartbeat(a, 5 * SECOND, "m-a", 4)
+    for frame in later:
+        frame.loss_ns = 4 * SECOND
+    findings, _ = run_all([*frames, *later])
+    assert [(f.rule, f.severity.value, f.incomplete) for f in findings] == [
+        ("group.member_epoch_fenced", "info", True)
+    ]
+    assert "tap may have lost records" in findings[0].summary

@@ -13,6 +13,7 @@ from checks.model import Finding
 from checks.rule import Context
 from checks.rules.producers import ProducerRule
 from checks.settings import ChecksSettings
+from codec import taprecord
 from codec.records import build_record_batch
 from codec.taprecord import TapFrame
 from tests.checks.builders import SECOND, Conversation, shared_offsets
@@ -723,3 +724,47 @@ def test_producers_on_one_partition_share_its_stream_key() -> None:
     monitor.flush()
     (a,), (b,) = (monitor.states[("producer", str(p))]["streams"] for p in (PID, PID + 1))
     assert a == b == f"0|{TOPIC}|0" and a is b
+
+
+# -- tap losses ----------------------------------------------------------------------------------
+
+
+def _after_loss(conn: str, loss_ns: int) -> Conversation:
+    """A connection the tap opened after it may have lost records at ``loss_ns`` (its id says so)."""
+    return Conversation(conn=taprecord.connection_id(conn, taprecord.incarnation(loss_ns), 1))
+
+
+def test_a_gap_across_a_tap_loss_is_incomplete_info_naming_the_tap() -> None:
+    """The batches between went through a connection the tap lost (a worker died): not the client's."""
+    before, after = Conversation(conn="tap-h-0.a-1"), _after_loss("tap-h-1", 2 * SECOND)
+    shared_offsets(before, after)
+    frames = [*write(before, SECOND, 0, 0, count=2), *write(after, 3 * SECOND, 0, 6, offset=6)]
+    findings = run(frames)
+    assert rules(findings) == [("producer.sequence_gap", "info")]
+    assert findings[0].incomplete and "tap may have lost records" in findings[0].summary
+    assert "not evidence against the client or the broker" in findings[0].summary
+
+
+def test_a_gap_no_tap_loss_explains_stays_a_warning() -> None:
+    # The loss came before the stream's previous batch: that batch was seen, and so was everything after.
+    early, late = Conversation(conn="tap-h-0.a-1"), _after_loss("tap-h-1", SECOND // 2)
+    shared_offsets(early, late)
+    frames = [*write(early, SECOND, 0, 0, count=2), *write(late, 3 * SECOND, 0, 6, offset=6)]
+    assert rules(run(frames)) == [("producer.sequence_gap", "warning")]
+    # On the connection the loss came before, the previous batch on it was seen after the loss.
+    conv = _after_loss("tap-h-1", SECOND // 2)
+    frames = [*write(conv, SECOND, 0, 0, count=2), *write(conv, 3 * SECOND, 0, 6, offset=6)]
+    findings = run(frames)
+    assert rules(findings) == [("producer.sequence_gap", "warning")] and not findings[0].incomplete
+
+
+def test_a_gap_after_a_loss_on_a_connection_open_across_it_is_incomplete_info() -> None:
+    """A client's stream moves to a connection the tap opened before it lost records (librdkafka's
+    coordinator requests do): the records written after the loss carry it (``TapFrame.loss_ns``)."""
+    before, after = Conversation(conn="tap-h-0.a-1"), Conversation(conn="tap-h-1.a-2")
+    shared_offsets(before, after)
+    later = write(after, 3 * SECOND, 0, 6, offset=6)
+    for frame in later:
+        frame.loss_ns = 2 * SECOND
+    findings = run([*write(before, SECOND, 0, 0, count=2), *later])
+    assert rules(findings) == [("producer.sequence_gap", "info")] and findings[0].incomplete

@@ -298,8 +298,11 @@ def test_write_to_a_partition_never_added_is_flagged() -> None:
     p = Producer()
     frames = [*p.init(0, epoch=0), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 0)]
     frames += p.produce(SECOND + 20 * MS, 2)
-    findings, _ = run(frames)
+    # Judged when the transaction ends: a tap loss until then could explain the missing add.
+    assert run(frames)[0] == []
+    findings, _ = run([*frames, *p.end(SECOND + 30 * MS)])
     assert summary(findings) == [("txn.produce_outside_txn", "warning")]
+    assert findings[0].ts_ns == SECOND + 20 * MS
     evidence = findings[0].evidence
     assert (evidence["topic"], evidence["partition"], evidence["producer_id"]) == (TOPIC, 2, PID)
     assert evidence["added_partitions"] == [f"{TOPIC}|0"] and findings[0].subject == f"txn:{TX}"
@@ -314,13 +317,14 @@ def test_partitions_are_added_per_transaction() -> None:
         *p.end(SECOND + 20 * MS),
     ]
     frames += p.produce(2 * SECOND, 0)  # the next transaction did not add it again
+    frames += p.end(2 * SECOND + 10 * MS)
     assert summary(run(frames)[0]) == [("txn.produce_outside_txn", "warning")]
 
 
 def test_failed_add_does_not_count() -> None:
     p = Producer()
     frames = [*p.init(0, epoch=0), *p.add(SECOND, [0], error=51), *p.produce(SECOND + 10 * MS, 0, error=48)]
-    findings, _ = run(frames)
+    findings, _ = run([*frames, *p.end(SECOND + 20 * MS)])
     assert summary(findings) == [("txn.produce_outside_txn", "warning")]
     assert "refused" in findings[0].summary
 
@@ -328,6 +332,7 @@ def test_failed_add_does_not_count() -> None:
 def test_transactions_v2_producer_that_also_adds_explicitly_is_checked() -> None:
     p = Producer()
     frames = [*p.init(0, epoch=0), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 1, version=12)]
+    frames += p.init(SECOND + 20 * MS, epoch=1)  # a new InitProducerId ends the transaction too
     assert summary(run(frames)[0]) == [("txn.produce_outside_txn", "warning")]
 
 
@@ -653,3 +658,19 @@ def test_any_arrival_order_within_the_watermark_gives_the_same_findings(data: st
     assert [f.to_dict() for f in got if f.rule != "tap.gap"] == [
         f.to_dict() for f in expected if f.rule != "tap.gap"
     ]
+
+
+def test_a_write_outside_whose_add_the_tap_may_have_lost_is_incomplete_info() -> None:
+    """The add went through a worker that died before mirroring it; the transaction's end comes on a
+    connection whose records carry that loss (``TapFrame.loss_ns``): incomplete, ``info``."""
+    p = Producer()
+    frames = [*p.init(0, epoch=0), *p.add(SECOND, [0]), *p.produce(SECOND + 10 * MS, 0)]
+    frames += p.produce(SECOND + 20 * MS, 2)
+    end = p.end(SECOND + 40 * MS)
+    for frame in end:
+        frame.loss_ns = SECOND + 30 * MS
+    findings, _ = run([*frames, *end])
+    assert [(f.rule, f.severity.value, f.incomplete) for f in findings] == [
+        ("txn.produce_outside_txn", "info", True)
+    ]
+    assert "tap may have lost records" in findings[0].summary

@@ -87,7 +87,7 @@ def _headers(direction: str, **extra: str) -> dict[str, str]:
 
 def test_the_wire_names_do_not_change() -> None:
     assert HEADERS == WIRE_NAMES
-    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close", "blind")
+    assert taprecord.DIRECTIONS == ("req", "resp", "open", "close", "blind", "tap_start", "worker_lost")
 
 
 def test_headers_to_frame_to_dict_to_frame() -> None:
@@ -153,9 +153,9 @@ def test_packed_frames_carry_facts_not_bytes() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    raw, facts, error, lost, lone, index = packed[len(FIELDS) :]
+    raw, facts, error, lost, lone, index, loss_ns = packed[len(FIELDS) :]
     assert raw is None and error is None and isinstance(facts, bytes) and lost == 0 and lone is False
-    assert index == 0
+    assert index == 0 and loss_ns == 0
     again = frame_from_packed(packed, decode=False)
     assert _meta(again) == _meta(frame) and again.message == frame.message and again.raw is None
 
@@ -168,13 +168,13 @@ def test_packed_frames_keep_lost_and_lone_after_their_tail(decoded: bool) -> Non
 
     value = _request_bytes() if decoded else _request_bytes()[:7]
     frame = frames_from_record(_headers("req"), value, 0, 5)[0]
-    frame.lost, frame.lone, frame.index = 4, True, 2
+    frame.lost, frame.lone, frame.index, frame.loss_ns = 4, True, 2, 7
     packed = frame_to_packed(frame)
-    assert len(packed) == len(FIELDS) + 6 and packed[-3:] == [4, True, 2]
+    assert len(packed) == len(FIELDS) + 7 and packed[-4:] == [4, True, 2, 7]
     again = frame_from_packed(packed, decode=False)
-    assert (again.lost, again.lone, again.index) == (4, True, 2)
-    older = frame_from_packed(packed[:-3], decode=False)
-    assert (older.lost, older.lone, older.index) == (0, False, 0)
+    assert (again.lost, again.lone, again.index, again.loss_ns) == (4, True, 2, 7)
+    older = frame_from_packed(packed[:-4], decode=False)
+    assert (older.lost, older.lone, older.index, older.loss_ns) == (0, False, 0, 0)
 
 
 def test_packed_frames_keep_every_field_where_it_was() -> None:
@@ -186,10 +186,11 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
 
     assert [f.name for f in fields(TapFrame)] == [
         *FIELDS[:-1], "message", "error", FIELDS[-1], "raw", taprecord.LOST, taprecord.LONE, taprecord.INDEX,
+        taprecord.LOSS_NS,
     ]  # fmt: skip
     frame = TapFrame(
         "c-9", 1, 2, "close", 3, 4, 5, "client:1", "broker:2", 6, "lst", 7, 8, capture="meta", lost=9,
-        lone=True, index=10,
+        lone=True, index=10, loss_ns=11,
     )  # fmt: skip
     assert frame_from_packed(frame_to_packed(frame)) == frame
     assert frame.with_message(None) == frame
@@ -197,6 +198,7 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
         "conn": "c-9", "seq": 1, "ts_ns": 2, "dir": "close", "api_key": 3, "api_version": 4, "corr_id": 5,
         "client": "client:1", "broker": "broker:2", "broker_id": 6, "listener": "lst",
         "tap_partition": 7, "tap_offset": 8, "capture": "meta", "lost": 9, "lone": True, "tap_index": 10,
+        "loss_ns": 11,
     }  # fmt: skip
     assert frame_from_row(row) == frame
 
@@ -435,8 +437,9 @@ def test_a_record_that_lost_nothing_is_written_as_before_lost_was() -> None:
 
 def test_elements_after_lost_are_ignored() -> None:
     static = taprecord.pack_static(_CONNECTION)
-    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, "later"], b"{}")
-    assert taprecord.parse_records(None, value)[0].lost == 2
+    value = _schema_2(["open", 1, static, [["open", 5, None, None, None, "", None, 2]], 2, 3, "later"], b"{}")
+    (record,) = taprecord.parse_records(None, value)
+    assert (record.lost, record.loss_ns) == (2, 3)
 
 
 @pytest.mark.parametrize("lost", [-1, 2**63, "3", 1.5, True, None, [1]])
@@ -531,3 +534,52 @@ def test_a_flush_lists_its_connection_once() -> None:
     many = taprecord.pack_flush(static, [("req", 5 + i, [request]) for i in range(64)])
     per_exchange = len(taprecord.pack_record("req", 5, static, [request]))
     assert (len(many) - len(one)) / 63 < per_exchange - len(static)
+
+
+def test_a_connection_id_names_its_incarnation_to_the_millisecond_rounded_up() -> None:
+    ts = 1_780_000_000_123_456_789
+    conn = taprecord.connection_id("tap-host-1", taprecord.incarnation(ts), 7)
+    assert conn.startswith("tap-host-1.") and conn.endswith("-7")
+    assert taprecord.incarnation_ns(conn) == 1_780_000_000_124_000_000
+    # Ids of another form (an older tap's, a capture's) carry no incarnation.
+    for other in ("tap-host-1-7", "pcap-3", "tap.1a-2", "", "tap-x.k3xz9abc"):
+        assert taprecord.incarnation_ns(other) < 1_000_000_000_000
+
+
+def test_a_tap_event_reads_back_as_a_frame_with_what_the_tap_said() -> None:
+    value = taprecord.pack_tap_event(
+        taprecord.WORKER_LOST, "tap-h-0", "tap-h", 5_000, {"worker": 0, "pid": 9}
+    )
+    record = taprecord.parse_records(None, value)[0]
+    assert (record.kind, record.seq, record.connection.conn, record.connection.tap) == (
+        "worker_lost",
+        1,
+        "tap-h-0",
+        "tap-h",
+    )
+    [frame] = frames_from_record(None, value, 3, 4)
+    assert (frame.direction, frame.conn, frame.ts_ns, frame.error) == ("worker_lost", "tap-h-0", 5_000, None)
+    assert taprecord.tap_event_info(frame) == {
+        "tap": "tap-h",
+        "connections": "tap-h-0",
+        "worker": 0,
+        "pid": 9,
+    }
+    # Through the binary state layout too (the job's routes and the stage's state).
+    again = taprecord.frame_from_packed(taprecord.frame_to_packed(frame))
+    assert taprecord.tap_event_info(again)["worker"] == 0
+
+
+def test_a_record_carries_a_tap_loss_later_than_its_connection_and_reads_it_as_a_frame_field() -> None:
+    static = taprecord.pack_static(_CONNECTION)
+    part = taprecord.Part("open", 5, None, None, None, b"{}")
+    value = taprecord.pack_record("open", 1, static, [part], 0, 9_000_000)
+    record = taprecord.parse_records(None, value)[0]
+    assert (record.lost, record.loss_ns) == (0, 9_000_000)
+    [frame] = frames_from_record(None, value)
+    assert frame.loss_ns == 9_000_000 and taprecord.tap_loss_ns(frame) == 9_000_000
+    assert frame_from_dict(frame_to_dict(frame)).loss_ns == 9_000_000
+    # Without one, the record is as before it, and the connection id's incarnation is the loss known.
+    assert taprecord.pack_record("open", 1, static, [part]) == taprecord.pack_record(
+        "open", 1, static, [part], 0, 0
+    )

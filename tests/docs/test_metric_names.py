@@ -29,8 +29,14 @@ def exposed_names() -> dict[str, str]:
     from streaming.hooks.metrics import HookMetrics
     from streaming.observe import StreamMetrics
     from tap.metrics import TapMetrics
+    from tap.workers import SupervisorMetrics
 
-    registries = [TapMetrics().registry, CollectorRegistry(), CollectorRegistry()]
+    registries = [
+        TapMetrics().registry,
+        CollectorRegistry(),
+        CollectorRegistry(),
+        SupervisorMetrics().registry,
+    ]
     StreamMetrics(registries[1])
     HookMetrics(registries[2])
     names: dict[str, str] = {}

@@ -367,6 +367,7 @@ def test_a_tap_record_reads_as_its_headers() -> None:
         LOST: 0,
         LONE: False,
         ROW_KEYS["index"]: 0,
+        "loss_ns": 0,
     }
     assert next(frame_row_batches([batch])).equals(frame_columns(batch))
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from codec.taprecord import TAP_EVENTS, is_packed, parse_records
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink
 from tap.proxy import ListenerSpec, Tap, TapSettings
@@ -266,7 +267,11 @@ def secret_count(records: list[TapRecord], secret: bytes) -> int:
 
 
 def by_connection(records: list[TapRecord]) -> Iterator[tuple[bytes, list[TapRecord]]]:
+    """Each connection's records, in order; the tap's own events (its start, a worker's death) are
+    about no connection and are left out."""
     conns: dict[bytes, list[TapRecord]] = {}
     for r in records:
+        if is_packed(r.value) and not r.headers and parse_records(None, r.value)[0].kind in TAP_EVENTS:
+            continue
         conns.setdefault(r.key, []).append(r)
     yield from conns.items()

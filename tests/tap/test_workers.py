@@ -43,8 +43,19 @@ ROOT = Path(__file__).resolve().parents[2]
 class TapProcess:
     """``python -m kpmon.cli tap`` with a config file; its JSON log events collected as they come."""
 
-    def __init__(self, cluster: TappedCluster, tmp: Path, workers: int = 2, capture: str = "full") -> None:
-        self.topic = f"kpmon.tap.{uuid.uuid4().hex[:8]}"
+    def __init__(
+        self,
+        cluster: TappedCluster,
+        tmp: Path,
+        workers: int = 2,
+        capture: str = "full",
+        topic: str | None = None,
+        tap: dict[str, Any] | None = None,
+        mirror: dict[str, str] | None = None,
+    ) -> None:
+        """``topic``: the tap topic (a new one by default); ``tap``: more ``tap`` settings; ``mirror``:
+        more properties of the mirror producer."""
+        self.topic = topic or f"kpmon.tap.{uuid.uuid4().hex[:8]}"
         self.capture = capture
         self.metrics_port = free_port()
         host, port = cluster.tap_addr
@@ -65,8 +76,9 @@ class TapProcess:
                 "metrics_port": self.metrics_port,
                 "cluster": {
                     "bootstrap_servers": cluster.mirror_bootstrap,
-                    "properties": {"linger.ms": "5"},
+                    "properties": {"linger.ms": "5", **(mirror or {})},
                 },
+                **(tap or {}),
             },
         }
         path = tmp / "kpmon.yaml"
@@ -148,8 +160,9 @@ def tap_process(
 
 
 def _worker_of(conn: bytes) -> str:
-    """Connection ids are ``<instance>-<worker>.<start>-<n>``: the worker and its start."""
-    return conn.decode().split("-")[1]
+    """Connection ids are ``<instance>-<worker>.<incarnation>-<n>``: the worker and its incarnation
+    ("" for the tap's start record, keyed ``<instance>.<incarnation>``)."""
+    return [*conn.decode().split("-"), ""][1]
 
 
 def _spawn_tap(
