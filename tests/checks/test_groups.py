@@ -417,7 +417,10 @@ def test_fenced_member_that_rejoins_with_epoch_zero_is_silent() -> None:
     ]
     findings, monitor = run_all(frames)
     assert findings == []
-    assert "m-a" not in monitor.states[("group_protocol", GROUP)]["members"]
+    # Kept only for the report's counts: one member, fenced once, then left.
+    state = monitor.states[("group_protocol", GROUP)]
+    assert state["members"]["m-a"]["gone"] == "left"
+    assert (state["n_seen"], state["n_left"], state["n_fenced"], state["max_epoch"]) == (1, 1, 1, 5)
 
 
 def test_heartbeat_sent_before_the_fencing_answer_is_not_judged() -> None:
