@@ -176,54 +176,45 @@ def build_report(
 
 def group_rows(states: Mapping[StateKey, State]) -> list[GroupRow]:
     """One row per group id, from the classic rule's state (``group``) and the protocol rule's
-    (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it)."""
+    (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it).
+    A group served under both (a KIP-848 online migration) counts the members each saw."""
     classic = {key: state for (rule, key), state in states.items() if rule == "group"}
     modern = {key: state for (rule, key), state in states.items() if rule == "group_protocol"}
     rows: list[GroupRow] = []
     for key in sorted(classic.keys() | modern.keys()):
-        old, new = classic.get(key), modern.get(key) or {}
+        old, new = classic.get(key) or {}, modern.get(key) or {}
         protocols = dict(new.get("protocols") or {})
-        if old is not None and "gen" in old:
+        if "gen" in old:
             protocols.setdefault(CLASSIC, 0)
         label = group_protocol_label(protocols)
-        if old is not None and label == CLASSIC:
-            gen = int(old.get("gen", -1))
-            live = _live(old)
-            synced = int(old.get("synced_gen", -1)) >= gen
-            end = _end_state(old, live, "Stable" if synced else "CompletingRebalance")
-            rows.append(
-                GroupRow(
-                    key,
-                    label,
-                    old.get("ptype"),
-                    old.get("pname"),
-                    gen,
-                    *end,
-                    members_seen=int(old.get("n_seen", 0)),
-                    members_left=int(old.get("n_left", 0)),
-                    members_fenced=int(old.get("n_fenced", 0)),
-                )
-            )
-            continue
-        described = new.get("describe") or {}
-        live = _live(new)
+        parts = (old, new)
+        live = [m for part in parts for m in _live(part)]
+        counts = {
+            name: sum(int(part.get(f"n_{name}", 0)) for part in parts) for name in ("seen", "left", "fenced")
+        }
         top = int(new.get("max_epoch", -1))
-        epochs = {int(m.get("epoch", -1)) for m in live}
-        end = _end_state(new, live, "Stable" if len(epochs) <= 1 else "Reconciling")
-        asked = new.get("assignors") or []
-        assignor = ",".join(asked) or described.get("assignor") or "server default"
+        if label == CLASSIC:
+            gen = int(old.get("gen", -1))
+            busy = "Stable" if int(old.get("synced_gen", -1)) >= gen else "CompletingRebalance"
+            assignor = old.get("pname")
+        else:
+            gen = max(int(new.get("group_epoch", -1)), top)
+            epochs = {int(m.get("epoch", -1)) for m in _live(new)}
+            busy = "Stable" if len(epochs) <= 1 else "Reconciling"
+            described = new.get("describe") or {}
+            assignor = ",".join(new.get("assignors") or []) or described.get("assignor") or "server default"
         rows.append(
             GroupRow(
                 key,
                 label,
-                (old or {}).get("ptype"),
+                old.get("ptype"),
                 assignor,
-                max(int(new.get("group_epoch", -1)), top),
-                *end,
+                gen,
+                *_end_state(parts, live, busy),
                 member_epoch=top,
-                members_seen=int(new.get("n_seen", 0)),
-                members_left=int(new.get("n_left", 0)),
-                members_fenced=int(new.get("n_fenced", 0)),
+                members_seen=counts["seen"],
+                members_left=counts["left"],
+                members_fenced=counts["fenced"],
             )
         )
     return rows
@@ -234,13 +225,17 @@ def _live(state: State) -> list[dict[str, Any]]:
     return [m for m in (state.get("members") or {}).values() if not m.get("gone") and "fenced" not in m]
 
 
-def _end_state(state: State, live: list[dict[str, Any]], busy: str) -> tuple[int, str | None, str]:
+def _end_state(
+    parts: tuple[State, ...], live: list[dict[str, Any]], busy: str
+) -> tuple[int, str | None, str]:
     """(members, state, where the state comes from) at the end: the newest describe answer when it came
     after the last membership answer, else worked out from the members seen (``busy`` when some are left)."""
-    described = state.get("describe") or {}
-    if described and int(described.get("ts", 0)) >= int(state.get("last_ts", -1)):
-        return int(described.get("members", len(live))), described.get("state"), "describe"
-    if not (state.get("members") or {}):
+    described = [p["describe"] for p in parts if p.get("describe")]
+    newest = max(described, key=lambda d: int(d.get("ts", 0)), default=None)
+    last = max(int(p.get("last_ts", -1)) for p in parts)
+    if newest is not None and int(newest.get("ts", 0)) >= last:
+        return int(newest.get("members", len(live))), newest.get("state"), "describe"
+    if not any(p.get("members") for p in parts):
         return 0, None, ""
     return len(live), busy if live else "Empty", "members"
 

@@ -370,11 +370,13 @@ def heartbeat(
     answer_epoch: int | None = None,
     error: int = 0,
     api: int = CG_HEARTBEAT,
+    assignor: str | None = None,
 ) -> list[TapFrame]:
     """A heartbeat of ``api`` sent with ``epoch``, answered ``error`` (and ``answer_epoch`` on success)."""
     req: dict[str, Any] = {"GroupId": GROUP, "MemberId": member, "MemberEpoch": epoch}
     if api == CG_HEARTBEAT:
         req.update(RebalanceTimeoutMs=30000, SubscribedTopicNames=["orders"] if epoch == 0 else None)
+        req.update(ServerAssignor=assignor)
     elif api == SHARE_HEARTBEAT:
         req.update(SubscribedTopicNames=["orders"] if epoch == 0 else None)
     else:
@@ -455,7 +457,10 @@ def test_online_migration_between_classic_and_consumer_members_is_legal() -> Non
     findings, monitor = run_all(frames)
     assert findings == []
     (row,) = group_rows(monitor.states)
-    assert (row.group, row.protocol, row.generation, row.members) == (GROUP, "classic+consumer", 2, 1)
+    # Both members count: the classic one the classic frames showed, the consumer one its heartbeats.
+    assert (row.group, row.protocol, row.generation, row.members) == (GROUP, "classic+consumer", 2, 2)
+    assert (row.members_seen, row.members_left, row.members_fenced, row.member_epoch) == (2, 0, 0, 2)
+    assert (row.state, row.state_from, row.protocol_name) == ("Stable", "members", "server default")
 
 
 def test_mixed_protocol_the_broker_rejects_is_reported() -> None:
@@ -544,3 +549,62 @@ def test_members_subscribed_alike_share_one_entry_and_state_round_trips() -> Non
         found = m.feed_all(outside) + m.flush()
         assert rules_of(found) == ["group.assignment_outside_subscription"]
         assert found[0].evidence["subscribed"] == ["orders"]
+
+
+# -- what the report shows of a group: what the frames saw --------------------------------------------
+
+LEAVE_GROUP = 13
+
+
+def test_classic_rows_count_members_seen_left_and_removed() -> None:
+    a, b = two()
+    frames = healthy_rebalance(a, b, SECOND)  # generation 1: m-a (leader) and m-b
+    # Generation 2 without m-b, which never left: the coordinator removed it (its session timed out).
+    frames += join(a, 5 * SECOND, "m-a", 2, members=[{"MemberId": "m-a", "Metadata": subscription("orders")}])
+    frames += sync(a, 5 * SECOND + 10 * MS, "m-a", 2, ("orders",), {"m-a": ("orders",)})
+    _, monitor = run(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state, row.state_from) == (
+        "classic",
+        "range",
+        2,
+        1,
+        "Stable",
+        "members",
+    )
+    assert (row.members_seen, row.members_left, row.members_fenced) == (2, 0, 1)
+    # m-a leaves (LeaveGroup v3+, KIP-345: answered per member): the group is empty at the end.
+    frames += a.exchange(
+        LEAVE_GROUP,
+        4,
+        {"GroupId": GROUP, "Members": [{"MemberId": "m-a", "GroupInstanceId": None}]},
+        {"ErrorCode": 0, "Members": [{"MemberId": "m-a", "GroupInstanceId": None, "ErrorCode": 0}]},
+        6 * SECOND,
+    )
+    _, monitor = run(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.members, row.state, row.members_seen, row.members_left, row.members_fenced) == (
+        0,
+        "Empty",
+        2,
+        1,
+        1,
+    )
+    # A describe answer after the last membership answer is the state at the end.
+    _, monitor = run([*frames, *describe(a, 7 * SECOND, "consumer", state="Empty")])
+    (row,) = group_rows(monitor.states)
+    assert (row.state, row.state_from, row.members) == ("Empty", "describe", 0)
+
+
+def test_member_epoch_rows_show_epochs_and_the_assignor_asked_for() -> None:
+    a = Conversation()
+    frames = [
+        *heartbeat(a, SECOND, "m-a", 0, answer_epoch=4, assignor="range"),
+        *heartbeat(a, 2 * SECOND, "m-a", 4, answer_epoch=6),
+    ]
+    frames += heartbeat(Conversation(conn="tap1-b"), 3 * SECOND, "m-b", 0, answer_epoch=5)
+    _, monitor = run_all(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.protocol, row.protocol_name, row.generation, row.member_epoch) == ("consumer", "range", 6, 6)
+    # Two members, at epochs 6 and 5: not every member has caught up yet.
+    assert (row.members, row.members_seen, row.state, row.state_from) == (2, 2, "Reconciling", "members")
