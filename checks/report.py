@@ -73,8 +73,8 @@ class GroupRow:
     #: (KIP-932), ``streams`` (KIP-1071), or several joined by ``+`` (an online migration).
     protocol: str
     #: Classic groups: the agreed protocol type and name (KIP-559); the others: the type is None and the
-    #: name is the assignor the members asked for (``ServerAssignor``), else the one a describe answer
-    #: named, else ``server default``.
+    #: name is the assignor the members asked for (``ServerAssignor``), else ``server default`` (after
+    #: the name a describe answer gave it, when one did).
     protocol_type: str | None
     protocol_name: str | None
     #: Classic: the newest generation answered; the others: the highest group epoch seen (a describe's
@@ -202,7 +202,10 @@ def group_rows(states: Mapping[StateKey, State]) -> list[GroupRow]:
             epochs = {int(m.get("epoch", -1)) for m in _live(new)}
             busy = "Stable" if len(epochs) <= 1 else "Reconciling"
             described = new.get("describe") or {}
-            assignor = ",".join(new.get("assignors") or []) or described.get("assignor") or "server default"
+            default = (
+                f"{described['assignor']} (server default)" if described.get("assignor") else "server default"
+            )
+            assignor = ",".join(new.get("assignors") or []) or default
         rows.append(
             GroupRow(
                 key,
