@@ -507,12 +507,14 @@ def test_report_rows_for_each_protocol() -> None:
     frames = [*heartbeat(a, SECOND, "m-1", 0, answer_epoch=7), *describe]
     _, monitor = run_all(frames)
     (row,) = group_rows(monitor.states)
-    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state) == (
+    # The describe answer came last: its state and member count; the member asked for no assignor.
+    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state, row.state_from) == (
         "consumer",
-        "uniform",
+        "uniform (server default)",
         7,
         0,
         "Stable",
+        "describe",
     )
     share = [*heartbeat(b, SECOND, "s-1", 0, answer_epoch=1, api=SHARE_HEARTBEAT)]
     _, monitor = run_all(share)
