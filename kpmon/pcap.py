@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -464,26 +466,35 @@ class _Flow:
             self.next_seq[src] = (seq + len(payload)) % (1 << 32)
 
 
+@cache
+def _known_versions() -> dict[int, tuple[int, int]]:
+    """Every api key the codec knows, with the versions it defines."""
+    import codec
+
+    return {api_key: codec.supported_versions(api_key) for api_key in codec.api_keys()}
+
+
 def _request_at(data: bytes | bytearray, at: int, known: bool) -> tuple[int, int] | None:
     """(size, correlation id) of a request frame starting at ``at``, when its size prefix and header
     are consistent: a size that holds the header, an api key the codec knows at a version it defines
     (``known``; otherwise any version 0-127), a client id that fits the frame."""
-    import codec
-
     if at + 14 > len(data):
         return None
     size, api_key, version, corr, client_len = struct.unpack_from(">ihhih", data, at)
     if not 10 <= size <= MAX_FRAME or corr < 0 or client_len < -1 or 10 + max(client_len, 0) > size:
         return None
-    if api_key not in _API_KEYS:
+    versions = _known_versions().get(api_key)
+    if versions is None:
         return None
-    lo, hi = codec.supported_versions(api_key)
-    if not (lo <= version <= hi if known else 0 <= version < 128):
+    if not (versions[0] <= version <= versions[1] if known else 0 <= version < 128):
         return None
     return size, corr
 
 
-_API_KEYS: frozenset[int] = frozenset()
+#: Where a request frame may start, to look for one in a stream joined mid-stream: a size prefix of at
+#: most ``MAX_FRAME`` (first byte 0-6), then an api key and a version below 256 (high bytes 0). A
+#: regular expression finds these in C; text protocols (no NUL bytes) offer none.
+_FRAME_START = re.compile(rb"(?=[\x00-\x06].{3}\x00.\x00)", re.DOTALL)
 
 
 def _chain(data: bytes | bytearray, at: int) -> list[int] | None:
@@ -533,11 +544,6 @@ def _verdict(flow: _Flow) -> StreamVerdict:
     """Whether ``flow`` is Kafka: its client's first bytes are a request frame (a known api key and
     version, a consistent size), and a response with the same correlation id comes back. When the
     capture missed the stream's start, the first frame boundary is looked for in the bytes it has."""
-    global _API_KEYS
-    if not _API_KEYS:
-        import codec
-
-        _API_KEYS = frozenset(codec.api_keys())
 
     def name(end: tuple[str, int]) -> str:
         return f"{end[0]}:{end[1]}"
@@ -554,7 +560,7 @@ def _verdict(flow: _Flow) -> StreamVerdict:
     for client in sides:
         server = other_of[client]
         sent, back = flow.data.get(client, bytearray()), flow.data.get(server, bytearray())
-        starts = range(1) if flow.syn_from is not None else range(max(min(len(sent) - 13, SNIFF_BYTES), 0))
+        starts = [0] if flow.syn_from is not None else (m.start() for m in _FRAME_START.finditer(sent))
         for at in starts:
             corrs = _chain(sent, at)
             if corrs is None:
