@@ -32,6 +32,13 @@ refuses, and which protocols serve each group id for the report).
 
 State per group: ``gen``/``ptype``/``pname``/``src`` (the newest generation's agreed type and protocol
 and where they were first seen), ``subs`` (member id -> {gen, topics}), ``reported`` (signatures).
+For the report (``checks.report.group_rows``), what the frames showed of the membership: ``members``
+(member id -> newest generation, ``gone``: ``left`` or ``fenced``), ``n_seen``/``n_left``/``n_fenced``,
+``synced_gen`` (the newest generation a SyncGroup was answered for), ``describe`` (the newest
+DescribeGroups answer's state and member count) and ``last_ts`` (the newest membership answer). A
+member leaves by LeaveGroup, and counts as fenced when a JoinGroup or SyncGroup is answered
+UNKNOWN_MEMBER_ID or FENCED_INSTANCE_ID, or when the leader's JoinGroup answer for a newer generation
+leaves it out (the classic Heartbeat is not routed here: its volume).
 """
 
 from __future__ import annotations
@@ -538,8 +545,11 @@ class GroupProtocolRule(Rule):
 
     State per group id: ``protocols`` (protocol -> tap time of its newest successful answer),
     ``members`` (member id -> ``proto``, ``epoch`` the coordinator last assigned, ``fenced``
-    [epoch, error, ts, client id, client] of the last fencing answer), ``describe`` (state, group epoch,
-    assignor and member count from the newest describe answer) and ``reported``.
+    [epoch, error, ts, client id, client] of the last fencing answer, ``gone: left`` once it left),
+    ``describe`` (state, group epoch, assignor, member count and time of the newest describe answer)
+    and ``reported``; for the report: ``n_seen``/``n_left``/``n_fenced``, ``max_epoch`` (the highest
+    member epoch answered), ``group_epoch`` (the highest described), ``assignors`` (the
+    ``ServerAssignor`` names members asked for) and ``last_ts`` (the newest membership answer).
     """
 
     name = "group_protocol"
