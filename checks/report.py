@@ -224,8 +224,8 @@ def group_rows(states: Mapping[StateKey, State]) -> list[GroupRow]:
 
 
 def _live(state: State) -> list[dict[str, Any]]:
-    """The members seen that had not left or been fenced at the end."""
-    return [m for m in (state.get("members") or {}).values() if not m.get("gone") and "fenced" not in m]
+    """The members in the group at the end: those seen that had not left or been fenced."""
+    return [m for m in (state.get("members") or {}).values() if "fenced" not in m]
 
 
 def _end_state(
@@ -238,7 +238,7 @@ def _end_state(
     last = max(int(p.get("last_ts", -1)) for p in parts)
     if newest is not None and int(newest.get("ts", 0)) >= last:
         return int(newest.get("members", len(live))), newest.get("state"), "describe"
-    if not any(p.get("members") for p in parts):
+    if not any(int(p.get("n_seen", 0)) for p in parts):
         return 0, None, ""
     return len(live), busy if live else "Empty", "members"
 

@@ -33,7 +33,7 @@ refuses, and which protocols serve each group id for the report).
 State per group: ``gen``/``ptype``/``pname``/``src`` (the newest generation's agreed type and protocol
 and where they were first seen), ``subs`` (member id -> {gen, topics}), ``reported`` (signatures).
 For the report (``checks.report.group_rows``), what the frames showed of the membership: ``members``
-(member id -> newest generation, ``gone``: ``left`` or ``fenced``), ``n_seen``/``n_left``/``n_fenced``,
+(the members in the group: member id -> newest generation), ``n_seen``/``n_left``/``n_fenced``,
 ``synced_gen`` (the newest generation a SyncGroup was answered for), ``describe`` (the newest
 DescribeGroups answer's state and member count) and ``last_ts`` (the newest membership answer). A
 member leaves by LeaveGroup, and counts as fenced when a JoinGroup or SyncGroup is answered
@@ -104,12 +104,12 @@ def keep_member(state: State, member: str, entry: dict[str, Any], ctx: RuleConte
 
 
 def member_gone(state: State, entry: dict[str, Any], how: str) -> None:
-    """Mark ``entry`` as gone (``left``, or ``fenced``: removed or fenced by the coordinator) and count
-    it, once per way until it rejoins (a fenced member that then leaves counts in both)."""
-    if entry.get("gone") != how and not (how == "fenced" and "fenced" in entry):
-        counter = "n_left" if how == "left" else "n_fenced"
-        state[counter] = int(state.get(counter, 0)) + 1
-    entry["gone"] = how
+    """Count a member that left (``left``) or that the coordinator fenced or removed (``fenced``); a
+    member still fenced is counted once (a fenced member that then leaves counts in both)."""
+    if how == "fenced" and "fenced" in entry:
+        return
+    counter = "n_left" if how == "left" else "n_fenced"
+    state[counter] = int(state.get(counter, 0)) + 1
 
 
 #: Answers by which a classic coordinator says a member is no longer in the group.
@@ -180,15 +180,13 @@ class GroupRule(Rule):
     def _member_at(self, state: State, member: str, gen: int, ex: Exchange, ctx: RuleContext) -> None:
         """``member`` answered as part of generation ``gen``."""
         entry = member_entry(state, member, {"gen": gen})
-        entry.pop("gone", None)
         entry["gen"] = max(int(entry.get("gen", -1)), gen)
         keep_member(state, member, entry, ctx)
         state["last_ts"] = ex.ts_ns
 
     def _removed(self, state: State, member: str, how: str, ex: Exchange, ctx: RuleContext) -> None:
-        entry = member_entry(state, member, {"gen": -1})
-        member_gone(state, entry, how)
-        keep_member(state, member, entry, ctx)
+        """``member`` left or was removed: counted, and forgotten (a classic member rejoins as new)."""
+        member_gone(state, member_entry(state, member, {"gen": -1}), how)
         state["last_ts"] = ex.ts_ns
 
     def _left(self, state: State, ex: Exchange, body: dict[str, Any], ctx: RuleContext) -> None:
@@ -236,7 +234,7 @@ class GroupRule(Rule):
             # The leader's answer lists the whole generation: a member of an older one that is not in it
             # and did not leave was removed by the coordinator (its session or rebalance timed out).
             for member, entry in list((state.get("members") or {}).items()):
-                if member not in listed and entry.get("gone") is None and int(entry.get("gen", -1)) < gen:
+                if member not in listed and int(entry.get("gen", -1)) < gen:
                     self._removed(state, member, "fenced", ex, ctx)
             for member in sorted(listed):
                 self._member_at(state, member, gen, ex, ctx)
@@ -545,7 +543,7 @@ class GroupProtocolRule(Rule):
 
     State per group id: ``protocols`` (protocol -> tap time of its newest successful answer),
     ``members`` (member id -> ``proto``, ``epoch`` the coordinator last assigned, ``fenced``
-    [epoch, error, ts, client id, client] of the last fencing answer, ``gone: left`` once it left),
+    [epoch, error, ts, client id, client] of the last fencing answer; a member that left is dropped),
     ``describe`` (state, group epoch, assignor, member count and time of the newest describe answer)
     and ``reported``; for the report: ``n_seen``/``n_left``/``n_fenced``, ``max_epoch`` (the highest
     member epoch answered), ``group_epoch`` (the highest described), ``assignors`` (the
@@ -660,21 +658,17 @@ class GroupProtocolRule(Rule):
             if not member:
                 return
             entry = member_entry(state, member, {"proto": protocol, "epoch": -1})
-            if sent_epoch < JOIN_EPOCH:
-                # It left the group: what is kept of it is only for the report's counts.
-                member_gone(state, entry, "left")
-                entry = {"proto": entry.get("proto", protocol), "epoch": -1, "gone": "left"}
-            else:
-                entry["epoch"] = int(body.get("MemberEpoch", entry.get("epoch", -1)))
-                entry.pop("fenced", None)
-                entry.pop("gone", None)
-                state["max_epoch"] = max(int(state.get("max_epoch", -1)), entry["epoch"])
-            keep_member(state, member, entry, ctx)
             state["last_ts"] = answered
+            if sent_epoch < JOIN_EPOCH:
+                member_gone(state, entry, "left")  # counted, and forgotten
+                return
+            entry["epoch"] = int(body.get("MemberEpoch", entry.get("epoch", -1)))
+            entry.pop("fenced", None)
+            state["max_epoch"] = max(int(state.get("max_epoch", -1)), entry["epoch"])
+            keep_member(state, member, entry, ctx)
         elif error in FENCING_ERRORS and member and sent_epoch > JOIN_EPOCH:
             entry = member_entry(state, member, {"proto": protocol, "epoch": sent_epoch})
-            member_gone(state, entry, "fenced")
-            entry.pop("gone", None)  # a fenced member is told by the fence itself (it may rejoin)
+            member_gone(state, entry, "fenced")  # kept, marked ``fenced``: it may rejoin with epoch 0
             entry["fenced"] = [sent_epoch, error, answered, ex.req.client_id or "", ex.request.client]
             keep_member(state, member, entry, ctx)
             state["last_ts"] = answered
