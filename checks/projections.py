@@ -155,11 +155,15 @@ READS: Final[Mapping[str, Mapping[int, Reads]]] = {
                 "Groups.Members.MemberAssignment",
             ),
         ),
+        ApiKey.LEAVE_GROUP: (
+            ("GroupId", "MemberId"),
+            ("ErrorCode", "Members.MemberId", "Members.ErrorCode"),
+        ),
     },
     "group_protocol": {
         ApiKey.JOIN_GROUP: (("GroupId",), ("ErrorCode",)),
         ApiKey.SYNC_GROUP: (("GroupId",), ("ErrorCode",)),
-        ApiKey.CONSUMER_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
+        ApiKey.CONSUMER_GROUP_HEARTBEAT: ((*_MEMBER_HEARTBEAT[0], "ServerAssignor"), _MEMBER_HEARTBEAT[1]),
         ApiKey.SHARE_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
         ApiKey.STREAMS_GROUP_HEARTBEAT: _MEMBER_HEARTBEAT,
         ApiKey.CONSUMER_GROUP_DESCRIBE: _GROUP_DESCRIBE,

@@ -66,19 +66,36 @@ def frames_from_json(line: str) -> list[TapFrame]:
 
 @dataclass(frozen=True)
 class GroupRow:
+    """What the frames showed of one group id (not only what was left of it at the end)."""
+
     group: str
     #: The group protocol(s) it was answered under: ``classic``, ``consumer`` (KIP-848), ``share``
     #: (KIP-932), ``streams`` (KIP-1071), or several joined by ``+`` (an online migration).
     protocol: str
-    #: Classic groups: the agreed protocol type and name (KIP-559); the assignor for the others.
+    #: Classic groups: the agreed protocol type and name (KIP-559); the others: the type is None and the
+    #: name is the assignor the members asked for (``ServerAssignor``), else ``server default`` (after
+    #: the name a describe answer gave it, when one did).
     protocol_type: str | None
     protocol_name: str | None
-    #: Classic: the generation; the other protocols: the group epoch (-1 when unknown).
+    #: Classic: the newest generation answered; the others: the highest group epoch seen (a describe's
+    #: GroupEpoch, or the highest member epoch answered, which the group epoch is at least); -1 unknown.
     generation: int
-    #: Classic: members with a known subscription; the others: members with a live member epoch (or
-    #: the newest describe answer's count).
+    #: Members at the end: the newest describe answer's count when it came after the last membership
+    #: answer, else the members seen that had not left or been fenced.
     members: int
+    #: The state at the end: the newest describe answer's when it came last (``state_from`` "describe"),
+    #: else worked out from the members seen (``state_from`` "members"): Empty when none is left;
+    #: classic Stable once the newest generation synced (else CompletingRebalance); the others Stable
+    #: when every member has the highest member epoch (else Reconciling).
     state: str | None = None
+    state_from: str = ""
+    #: The highest member epoch the coordinator answered (KIP-848, share, streams; -1 classic/unknown).
+    member_epoch: int = -1
+    #: Distinct members answered, and how many left (LeaveGroup, or a heartbeat with epoch -1/-2) or were
+    #: fenced (a fencing answer; classic: missing from a newer generation, or UNKNOWN_MEMBER_ID).
+    members_seen: int = 0
+    members_left: int = 0
+    members_fenced: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,45 +176,71 @@ def build_report(
 
 def group_rows(states: Mapping[StateKey, State]) -> list[GroupRow]:
     """One row per group id, from the classic rule's state (``group``) and the protocol rule's
-    (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it)."""
+    (``group_protocol``: KIP-848 consumer, share and streams groups, and which protocols served it).
+    A group served under both (a KIP-848 online migration) counts the members each saw."""
     classic = {key: state for (rule, key), state in states.items() if rule == "group"}
     modern = {key: state for (rule, key), state in states.items() if rule == "group_protocol"}
     rows: list[GroupRow] = []
     for key in sorted(classic.keys() | modern.keys()):
-        old, new = classic.get(key), modern.get(key) or {}
+        old, new = classic.get(key) or {}, modern.get(key) or {}
         protocols = dict(new.get("protocols") or {})
-        if old is not None and "gen" in old:
+        if "gen" in old:
             protocols.setdefault(CLASSIC, 0)
         label = group_protocol_label(protocols)
-        described = new.get("describe") or {}
-        if old is not None and label == CLASSIC:
-            rows.append(
-                GroupRow(
-                    key,
-                    label,
-                    old.get("ptype"),
-                    old.get("pname"),
-                    int(old.get("gen", -1)),
-                    len(old.get("subs") or {}),
-                )
+        parts = (old, new)
+        live = [m for part in parts for m in _live(part)]
+        counts = {
+            name: sum(int(part.get(f"n_{name}", 0)) for part in parts) for name in ("seen", "left", "fenced")
+        }
+        top = int(new.get("max_epoch", -1))
+        if label == CLASSIC:
+            gen = int(old.get("gen", -1))
+            busy = "Stable" if int(old.get("synced_gen", -1)) >= gen else "CompletingRebalance"
+            assignor = old.get("pname")
+        else:
+            gen = max(int(new.get("group_epoch", -1)), top)
+            epochs = {int(m.get("epoch", -1)) for m in _live(new)}
+            busy = "Stable" if len(epochs) <= 1 else "Reconciling"
+            described = new.get("describe") or {}
+            default = (
+                f"{described['assignor']} (server default)" if described.get("assignor") else "server default"
             )
-            continue
-        live = [m for m in (new.get("members") or {}).values() if "fenced" not in m]
-        epoch = described.get("epoch")
-        if epoch is None:
-            epoch = max((int(m.get("epoch", -1)) for m in live), default=-1)
+            assignor = ",".join(new.get("assignors") or []) or default
         rows.append(
             GroupRow(
                 key,
                 label,
-                (old or {}).get("ptype"),
-                described.get("assignor") or (old or {}).get("pname"),
-                int(epoch),
-                int(described.get("members", len(live))),
-                described.get("state"),
+                old.get("ptype"),
+                assignor,
+                gen,
+                *_end_state(parts, live, busy),
+                member_epoch=top,
+                members_seen=counts["seen"],
+                members_left=counts["left"],
+                members_fenced=counts["fenced"],
             )
         )
     return rows
+
+
+def _live(state: State) -> list[dict[str, Any]]:
+    """The members in the group at the end: those seen that had not left or been fenced."""
+    return [m for m in (state.get("members") or {}).values() if "fenced" not in m]
+
+
+def _end_state(
+    parts: tuple[State, ...], live: list[dict[str, Any]], busy: str
+) -> tuple[int, str | None, str]:
+    """(members, state, where the state comes from) at the end: the newest describe answer when it came
+    after the last membership answer, else worked out from the members seen (``busy`` when some are left)."""
+    described = [p["describe"] for p in parts if p.get("describe")]
+    newest = max(described, key=lambda d: int(d.get("ts", 0)), default=None)
+    last = max(int(p.get("last_ts", -1)) for p in parts)
+    if newest is not None and int(newest.get("ts", 0)) >= last:
+        return int(newest.get("members", len(live))), newest.get("state"), "describe"
+    if not any(int(p.get("n_seen", 0)) for p in parts):
+        return 0, None, ""
+    return len(live), busy if live else "Empty", "members"
 
 
 # -- heatmap ----------------------------------------------------------------------------------------------
@@ -647,8 +690,10 @@ def render_html(
     parts.append(
         "<p>Group protocol: classic (JoinGroup/SyncGroup), consumer (KIP-848), share (KIP-932), streams "
         "(KIP-1071); several joined by + when one group id was served under more than one (a KIP-848 "
-        "online migration). Classic groups show the generation and the members with a known "
-        "subscription, the others the group epoch and the live members.</p>"
+        "online migration). What the frames showed: classic groups the newest generation, the others "
+        "the highest group and member epochs answered and the assignor asked for; the members seen, "
+        "how many left or were fenced, and those left at the end; the state at the end, from the newest "
+        "describe answer or (marked <i>members</i>) worked out from the members seen.</p>"
     )
     parts.append(
         _table(
@@ -657,19 +702,27 @@ def render_html(
                 "group protocol",
                 "protocol type",
                 "protocol / assignor",
-                "generation / epoch",
-                "members",
-                "state",
+                "generation / group epoch",
+                "member epoch",
+                "members seen",
+                "left",
+                "fenced",
+                "members at end",
+                "state at end",
             ],
             [
                 [
                     g.group,
                     g.protocol,
-                    str(g.protocol_type),
-                    str(g.protocol_name),
-                    str(g.generation),
+                    str(g.protocol_type or ""),
+                    str(g.protocol_name or ""),
+                    str(g.generation) if g.generation >= 0 else "",
+                    str(g.member_epoch) if g.member_epoch >= 0 else "",
+                    str(g.members_seen),
+                    str(g.members_left),
+                    str(g.members_fenced),
                     str(g.members),
-                    str(g.state or ""),
+                    str(g.state or "") + (" (members)" if g.state_from == "members" else ""),
                 ]
                 for g in report.groups
             ],

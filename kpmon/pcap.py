@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +149,6 @@ def export_pcap(frames: Iterable[TapFrame], path: Path) -> ExportStats:
 
 # ----- pcap in ------------------------------------------------------------------------------------------
 
-#: Kafka's default port: always dissected as Kafka, besides the ports given or found in Metadata.
-DEFAULT_BROKER_PORT = 9092
-
 
 class PcapError(ValueError):
     """A capture that cannot be read (no tshark, not a pcap/pcapng, tshark failed)."""
@@ -164,7 +163,59 @@ class PcapStats:
     skipped_before_boundary: int = 0
     #: Responses whose request is not in the capture.
     unpaired_responses: int = 0
+    #: Every port read as a broker's: the three kinds below together.
     broker_ports: set[int] = field(default_factory=set)
+    #: Ports given (``--broker-port``), found from a stream's own bytes, announced in Metadata.
+    given_ports: set[int] = field(default_factory=set)
+    found_ports: set[int] = field(default_factory=set)
+    announced_ports: set[int] = field(default_factory=set)
+    #: Each TCP stream's verdict from its first bytes (``StreamVerdict``).
+    verdicts: list[StreamVerdict] = field(default_factory=list)
+
+    def skipped(self) -> list[StreamVerdict]:
+        """Streams not read as Kafka: their own bytes did not look like it, and neither end is on a
+        broker port."""
+        return [
+            v
+            for v in self.verdicts
+            if not v.kafka and not {_port(v.client), _port(v.broker)} & self.broker_ports
+        ]
+
+    def summary(self, limit: int = 6) -> str:
+        """One paragraph for the report's source line: where Kafka was found, what was skipped and why."""
+        how = [
+            f"{port} ({', '.join(k for k, ports in self._kinds() if port in ports)})"
+            for port in sorted(self.broker_ports)
+        ]
+        text = f"{self.streams} TCP streams, {self.pdus} Kafka frames on " + (
+            f"ports {', '.join(how)}" if how else "no port: no Kafka found"
+        )
+        skipped = self.skipped()
+        if skipped:
+            groups: dict[tuple[str, str], int] = {}
+            for v in skipped:
+                groups[(v.broker, v.reason)] = groups.get((v.broker, v.reason), 0) + 1
+            listed = [f"{n} to {server}: {reason}" for (server, reason), n in sorted(groups.items())[:limit]]
+            if len(groups) > limit:
+                listed.append(f"{sum(n for _, n in sorted(groups.items())[limit:])} more")
+            text += f"; {len(skipped)} other TCP streams skipped ({'; '.join(listed)})"
+        if not how:
+            text += "; give --broker-port to read a port as Kafka"
+        return (
+            f"{text}; {self.skipped_before_boundary} frames skipped before the first frame boundary "
+            f"(capture started mid-stream), {self.unpaired_responses} responses without their request"
+        )
+
+    def _kinds(self) -> list[tuple[str, set[int]]]:
+        return [
+            ("found", self.found_ports),
+            ("given", self.given_ports),
+            ("announced in Metadata", self.announced_ports),
+        ]
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
 
 
 @dataclass
@@ -234,8 +285,9 @@ def _stream_starts(path: Path) -> tuple[set[int], set[int]]:
     return starts, ends
 
 
-def _in_sequence_order(path: Path, out: Path) -> Path:
-    """``path`` rewritten with each TCP flow's data segments in sequence-number order.
+def _in_sequence_order(path: Path, out: Path) -> tuple[Path, dict[frozenset[tuple[str, int]], _Flow]]:
+    """``path`` rewritten with each TCP flow's data segments in sequence-number order, and each TCP
+    stream's first bytes (``_Flow``), by its two endpoints.
 
     Wireshark's reassembly does not hand on a segment that arrives after a later one of its flow
     (tested: that frame is lost), so the capture is put in order first. Only the order of one flow's
@@ -247,15 +299,28 @@ def _in_sequence_order(path: Path, out: Path) -> Path:
     from scapy.layers.inet6 import IPv6
     from scapy.utils import PcapReader, PcapWriter
 
-    with PcapReader(str(path)) as reader:
-        packets = list(reader)
+    try:
+        with PcapReader(str(path)) as reader:
+            packets = list(reader)
+    except Exception as exc:  # scapy raises its own Scapy_Exception, or struct errors, on a bad file
+        raise PcapError(f"cannot read {path} as a pcap or pcapng: {exc}") from None
     flows: dict[tuple[str, str, int, int], list[int]] = {}
+    streams: dict[frozenset[tuple[str, int]], _Flow] = {}
     for index, packet in enumerate(packets):
-        if TCP in packet and len(packet[TCP].payload) > 0:
-            layer = IP if IP in packet else IPv6 if IPv6 in packet else None
-            if layer is not None:
-                ip = packet[layer]
-                flows.setdefault((ip.src, ip.dst, packet[TCP].sport, packet[TCP].dport), []).append(index)
+        if TCP not in packet:
+            continue
+        layer = IP if IP in packet else IPv6 if IPv6 in packet else None
+        if layer is None:
+            continue
+        ip, tcp = packet[layer], packet[TCP]
+        src, dst = (str(ip.src), int(tcp.sport)), (str(ip.dst), int(tcp.dport))
+        ends = frozenset((src, dst))
+        if ends not in streams:
+            streams[ends] = _Flow(src, dst)
+        if "S" in str(tcp.flags) and "A" not in str(tcp.flags):
+            streams[ends].syn_from = src
+        if len(tcp.payload) > 0:
+            flows.setdefault((ip.src, ip.dst, tcp.sport, tcp.dport), []).append(index)
     reordered = list(packets)
     for slots in flows.values():
         base = packets[slots[0]][TCP].seq
@@ -268,13 +333,21 @@ def _in_sequence_order(path: Path, out: Path) -> Path:
                 moved = packets[index].copy()
                 moved.time = packets[slot].time
                 reordered[slot] = moved
+        for index in sorted(slots, key=relative):
+            packet = packets[index]
+            layer = IP if IP in packet else IPv6
+            src, dst = (
+                (str(packet[layer].src), int(packet[TCP].sport)),
+                (str(packet[layer].dst), int(packet[TCP].dport)),
+            )
+            streams[frozenset((src, dst))].add(src, int(packet[TCP].seq), bytes(packet[TCP].payload))
     writer = PcapWriter(str(out), sync=False)
     try:
         for packet in reordered:
             writer.write(packet)
     finally:
         writer.close()
-    return out
+    return out, streams
 
 
 def _pdus(path: Path, ports: set[int]) -> list[_Pdu]:
@@ -344,6 +417,167 @@ def _pdus(path: Path, ports: set[int]) -> list[_Pdu]:
     return out
 
 
+# ----- finding Kafka in a capture -------------------------------------------------------------------------
+
+#: Bytes of each direction of a stream read to tell whether it is Kafka: enough for the first few
+#: requests and answers (a client's ApiVersions and Metadata), and bounded however large the capture.
+SNIFF_BYTES = 64 * 1024
+#: Frame sizes taken as plausible while looking for Kafka (the broker's socket.request.max.bytes
+#: default is 100 MiB).
+MAX_FRAME = 100 << 20
+
+
+@dataclass(frozen=True)
+class StreamVerdict:
+    """What the first bytes of one TCP stream say: Kafka (``kafka``, with its broker side) or not, why."""
+
+    client: str
+    broker: str
+    kafka: bool
+    reason: str
+
+
+@dataclass
+class _Flow:
+    """One TCP stream's first contiguous bytes in each direction, in sequence order."""
+
+    a: tuple[str, int]
+    b: tuple[str, int]
+    syn_from: tuple[str, int] | None = None
+    data: dict[tuple[str, int], bytearray] = field(default_factory=dict)
+    next_seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    holed: set[tuple[str, int]] = field(default_factory=set)
+
+    def add(self, src: tuple[str, int], seq: int, payload: bytes) -> None:
+        """A data segment from ``src``; segments arrive in sequence order (``_in_sequence_order``).
+        Retransmitted bytes are dropped; a hole ends what is kept of that direction."""
+        if src in self.holed:
+            return
+        buf = self.data.setdefault(src, bytearray())
+        if len(buf) >= SNIFF_BYTES:
+            return
+        expected = self.next_seq.get(src, seq)
+        skip = (expected - seq) % (1 << 32)
+        if skip >= 1 << 31:  # the segment starts after the bytes kept so far: a hole
+            self.holed.add(src)
+            return
+        if skip < len(payload):
+            buf += payload[skip : skip + SNIFF_BYTES - len(buf)]
+            self.next_seq[src] = (seq + len(payload)) % (1 << 32)
+
+
+@cache
+def _known_versions() -> dict[int, tuple[int, int]]:
+    """Every api key the codec knows, with the versions it defines."""
+    import codec
+
+    return {api_key: codec.supported_versions(api_key) for api_key in codec.api_keys()}
+
+
+def _request_at(data: bytes | bytearray, at: int, known: bool) -> tuple[int, int] | None:
+    """(size, correlation id) of a request frame starting at ``at``, when its size prefix and header
+    are consistent: a size that holds the header, an api key the codec knows at a version it defines
+    (``known``; otherwise any version 0-127), a client id that fits the frame."""
+    if at + 14 > len(data):
+        return None
+    size, api_key, version, corr, client_len = struct.unpack_from(">ihhih", data, at)
+    if not 10 <= size <= MAX_FRAME or corr < 0 or client_len < -1 or 10 + max(client_len, 0) > size:
+        return None
+    versions = _known_versions().get(api_key)
+    if versions is None:
+        return None
+    if not (versions[0] <= version <= versions[1] if known else 0 <= version < 128):
+        return None
+    return size, corr
+
+
+#: Where a request frame may start, to look for one in a stream joined mid-stream: a size prefix of at
+#: most ``MAX_FRAME`` (first byte 0-6), then an api key and a version below 256 (high bytes 0). A
+#: regular expression finds these in C; text protocols (no NUL bytes) offer none.
+_FRAME_START = re.compile(rb"(?=[\x00-\x06].{3}\x00.\x00)", re.DOTALL)
+
+
+def _chain(data: bytes | bytearray, at: int) -> list[int] | None:
+    """Correlation ids of the request frames from ``at`` on: the first must carry a known api key and
+    version; the ones after it are followed while their headers are plausible (a legacy SASL token,
+    sent unframed by Kafka's rules, ends the walk)."""
+    first = _request_at(data, at, True)
+    if first is None:
+        return None
+    corrs = [first[1]]
+    at += 4 + first[0]
+    while (found := _request_at(data, at, False)) is not None:
+        corrs.append(found[1])
+        at += 4 + found[0]
+    return corrs
+
+
+def _answered(data: bytes | bytearray, corrs: list[int], from_start: bool) -> bool:
+    """Whether ``data`` (the other direction) holds a response frame with one of ``corrs``: a plausible
+    size prefix, then the correlation id. From its first byte when the stream's start was captured."""
+    if from_start:
+        at = 0
+        while at + 8 <= len(data):
+            size, corr = struct.unpack_from(">ii", data, at)
+            if not 4 <= size <= MAX_FRAME:
+                return False
+            if corr in corrs:
+                return True
+            at += 4 + size
+        return False
+    for corr in set(corrs):
+        needle = struct.pack(">i", corr)
+        at = data.find(needle, 4)
+        while at >= 0:
+            if 4 <= struct.unpack_from(">i", data, at - 4)[0] <= MAX_FRAME:
+                return True
+            at = data.find(needle, at + 1)
+    return False
+
+
+def _preview(data: bytes | bytearray) -> str:
+    text = bytes(data[:24])
+    return repr(text)[1:] if text.isascii() else text.hex(" ")
+
+
+def _verdict(flow: _Flow) -> StreamVerdict:
+    """Whether ``flow`` is Kafka: its client's first bytes are a request frame (a known api key and
+    version, a consistent size), and a response with the same correlation id comes back. When the
+    capture missed the stream's start, the first frame boundary is looked for in the bytes it has."""
+
+    def name(end: tuple[str, int]) -> str:
+        return f"{end[0]}:{end[1]}"
+
+    sides = [flow.syn_from] if flow.syn_from is not None else [flow.a, flow.b]
+    first = flow.syn_from or flow.a
+    other_of = {flow.a: flow.b, flow.b: flow.a}
+    client_data = flow.data.get(first, bytearray())
+    if not any(flow.data.values()):
+        return StreamVerdict(name(first), name(other_of[first]), False, "no TCP payload")
+    if client_data[:2] == b"\x16\x03" and flow.syn_from is not None:
+        return StreamVerdict(name(first), name(other_of[first]), False, "TLS: encrypted, cannot be read")
+    unanswered = False
+    for client in sides:
+        server = other_of[client]
+        sent, back = flow.data.get(client, bytearray()), flow.data.get(server, bytearray())
+        starts = [0] if flow.syn_from is not None else (m.start() for m in _FRAME_START.finditer(sent))
+        for at in starts:
+            corrs = _chain(sent, at)
+            if corrs is None:
+                continue
+            if _answered(back, corrs, flow.syn_from is not None):
+                how = "request header at the stream's start" if at == 0 else f"frame boundary at byte {at}"
+                return StreamVerdict(name(client), name(server), True, how)
+            unanswered = True
+    if unanswered:
+        reason = "requests, but no response with their correlation id"
+    elif flow.syn_from is not None:
+        reason = f"not Kafka: the client's first bytes {_preview(client_data)} are not a request header"
+    else:
+        reason = "not Kafka: no request frame found (the capture starts mid-stream)"
+    return StreamVerdict(name(first), name(other_of[first]), False, reason)
+
+
 def _metadata_ports(frames: Iterable[TapFrame]) -> set[int]:
     """Broker ports the cluster announced in the Metadata responses seen."""
     found: set[int] = set()
@@ -363,38 +597,54 @@ def frames_from_pcap(
 ) -> tuple[list[TapFrame], PcapStats]:
     """A pcap or pcapng of client-broker traffic as tap frames, one connection per TCP stream.
 
+    Kafka is found on any port: a stream whose client's first bytes are a request frame (a known api key
+    and version, a consistent size) answered by a response with the same correlation id makes its
+    broker's port a broker port (``StreamVerdict``; a stream the capture joined mid-stream is searched
+    for its first frame boundary). So are ``broker_ports``, and, with ``learn_ports``, every port the
+    Metadata responses seen announce (the capture is read again when that finds new ones). Every stream
+    with an end on a broker port is read; the others are skipped, each with its reason in the stats.
+
     Requests are what goes to a broker port, responses what comes from one; each response is paired
-    with its stream's request by correlation id (as the tap does). Broker ports are ``broker_ports``
-    plus 9092 plus, with ``learn_ports``, every port the Metadata responses seen announce (the capture
-    is read again when that finds new ones).
+    with its stream's request by correlation id (as the tap does).
     """
-    if not path.is_file():
-        raise PcapError(f"cannot read {path}: no such file")
-    ports = {DEFAULT_BROKER_PORT, *broker_ports}
-    while True:
-        frames, stats = _frames(path, ports)
-        found = _metadata_ports(frames) if learn_ports else set()
-        if found <= ports:
-            stats.broker_ports = ports
-            return frames, stats
-        ports |= found
-
-
-def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
-    """Each TCP stream's frames as the tap would have recorded them: a request and its response make
-    one record (one ``seq``), paired by the tap's own ``tap.framing.Correlations``; a request that
-    gets no response (acks=0, the capture ends) is a record of its own."""
     import tempfile
 
+    if not path.is_file():
+        raise PcapError(f"cannot read {path}: no such file")
+    starts, ends = _stream_starts(path)
+    with tempfile.TemporaryDirectory(prefix="kpmon-pcap-") as work:
+        ordered, flows = _in_sequence_order(path, Path(work) / "ordered.pcap")
+        verdicts = [_verdict(flow) for flow in flows.values()]
+        given = set(broker_ports)
+        found = {_port(v.broker) for v in verdicts if v.kafka}
+        announced: set[int] = set()
+        while True:
+            ports = given | found | announced
+            frames, stats = _frames(ordered, starts, ends, ports)
+            new = (_metadata_ports(frames) if learn_ports else set()) - ports
+            if not new:
+                break
+            announced |= new
+    stats.broker_ports = ports
+    stats.given_ports, stats.found_ports, stats.announced_ports = given, found, announced
+    stats.verdicts = verdicts
+    return frames, stats
+
+
+def _frames(
+    path: Path, starts: set[int], ends: set[int], ports: set[int]
+) -> tuple[list[TapFrame], PcapStats]:
+    """Each TCP stream's frames as the tap would have recorded them: a request and its response make
+    one record (one ``seq``), paired by the tap's own ``tap.framing.Correlations``; a request that
+    gets no response (acks=0, the capture ends) is a record of its own. ``path`` is in sequence order
+    (``_in_sequence_order``); ``starts`` and ``ends`` are ``_stream_starts``'."""
     from codec.errors import DecodeError
     from codec.peek import peek_request_header
     from codec.taprecord import Part, decode_frame
     from tap.framing import Correlations, Pending, Unpaired, expects_response
 
-    starts, ends = _stream_starts(path)
     stats = PcapStats()
-    with tempfile.TemporaryDirectory(prefix="kpmon-pcap-") as work:
-        pdus = _pdus(_in_sequence_order(path, Path(work) / "ordered.pcap"), ports)
+    pdus = _pdus(path, ports) if ports else []
     frames: list[TapFrame] = []
     seqs: dict[int, int] = {}
     pending: dict[int, Correlations] = {}
@@ -417,9 +667,10 @@ def _frames(path: Path, ports: set[int]) -> tuple[list[TapFrame], PcapStats]:
             write(stream, (item.held,))
 
     for pdu in pdus:
+        src_port, dst_port = _port(pdu.src), _port(pdu.dst)
+        if src_port not in ports and dst_port not in ports:
+            continue  # Wireshark reads its own default ports as Kafka too: only the broker ports count
         stats.pdus += 1
-        src_port = int(pdu.src.rpartition(":")[2])
-        dst_port = int(pdu.dst.rpartition(":")[2])
         is_request = dst_port in ports and not (src_port in ports and dst_port not in ports)
         client, broker = (pdu.src, pdu.dst) if is_request else (pdu.dst, pdu.src)
         conn = f"pcap-{pdu.stream}"

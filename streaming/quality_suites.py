@@ -53,6 +53,7 @@ CATALOGUE_RULES = frozenset(
         "apiversions.out_of_range",
         "apiversions.no_handshake",
         "apiversions.removed_in_4_0",
+        "apiversions.removed_version_rejected",
         "apiversions.cluster_skew",
         "group.protocol_type_mismatch",
         "group.assignment_outside_subscription",

@@ -12,6 +12,13 @@ Two rules share this module because they read the same exchanges at two scopes:
     header (``judges_headers``): a request whose body did not decode, or was mirrored header-only, is
     judged too; ``body`` in the evidence says which.
 
+    ``apiversions.removed_version_rejected`` (warning): a request at a version that Kafka 4.0 removed
+    (KIP-896), sent to a broker whose own release removed it, and the connection closed without an
+    answer. The broker is known to be 4.x when its ApiVersions answer on the connection starts some
+    API's range just above versions KIP-896 removed (Fetch from v4). Only versions it still advertises
+    are judged here (Produce v0-v2, kept for librdkafka's version probe, KAFKA-18659): any other is
+    ``apiversions.out_of_range``'s. Once per connection, api and version, when the connection closes.
+
     ``apiversions.no_handshake`` (info): the connection sent some other request before any
     ApiVersions. Only judged when the monitor saw the connection from its start (first request with
     ``seq`` <= 1; the tap's ``open`` record may take seq 0), since a connection picked up mid-stream may
@@ -91,6 +98,12 @@ _RANGES: SharedValues[tuple[tuple[int, int, int], ...], dict[str, list[int]]] = 
 _LABELS: SharedValues[str, str] = SharedValues()
 
 
+def removed_by_release(ranges: dict[str, list[int]]) -> bool:
+    """Whether an ApiVersions answer comes from a broker whose release removed what KIP-896 removed
+    (4.x): some API's advertised range starts just above versions only 3.x releases define."""
+    return any(lo > 0 and removed_in_4_0(int(api), lo - 1) for api, (lo, _hi) in ranges.items())
+
+
 def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
     key = tuple(
         (int(entry["ApiKey"]), int(entry["MinVersion"]), int(entry["MaxVersion"]))
@@ -163,6 +176,18 @@ class ApiVersionsRule(Rule):
         if not state.get("complete") and api != API_VERSIONS:
             return
         if _in_range(ranges, api, version):
+            if state.get("removed_by_release") and removed_in_4_0(api, version):
+                # Judged when the connection closes: the broker closes it instead of answering.
+                held: dict[str, Any] = state.setdefault("removed_pending", {})
+                held[str(ex.request.correlation_id)] = {
+                    "api": api,
+                    "version": version,
+                    "name": ex.req.api_name,
+                    "client_id": ex.req.client_id,
+                    "advertised": ranges.get(str(api)),
+                    "evidence": {**ex.evidence(), "body": body_status(ex)},
+                }
+                ctx.trim(held)
             return
         sig = f"{api}:{version}"
         reported: list[str] = state.setdefault("oor_reported", [])
@@ -189,11 +214,15 @@ class ApiVersionsRule(Rule):
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
+        held: dict[str, Any] | None = state.get("removed_pending")
+        if held and resp is not None:
+            held.pop(str(ex.request.correlation_id), None)  # answered: the connection was not closed on it
         if ex.api_key != API_VERSIONS or resp is None:
             return
         error = resp.body.get("ErrorCode")
         if error == 0:
             state["ranges"] = _answer_ranges(ex)
+            state["removed_by_release"] = removed_by_release(state["ranges"])
             state["complete"] = True
         elif error == UNSUPPORTED_VERSION:
             # The v0 fallback: the broker names the ApiVersions versions it does support (KIP-511),
@@ -205,6 +234,28 @@ class ApiVersionsRule(Rule):
             return
         assert ex.response is not None
         state["advertised_at"] = ex.response.at()
+
+    def on_close(self, state: State, key: str, conn: str, ts_ns: int, ctx: RuleContext) -> bool:
+        reported: list[str] = state.setdefault("oor_reported", [])
+        for held in (state.pop("removed_pending", None) or {}).values():
+            sig = f"removed:{held['api']}:{held['version']}"
+            if sig in reported:
+                continue
+            reported.append(sig)
+            evidence = held["evidence"]
+            ctx.emit(
+                "apiversions.removed_version_rejected",
+                Severity.WARNING,
+                f"conn:{conn}",
+                f"{held['name']} v{held['version']} sent by client id {held['client_id']!r} at "
+                f"{evidence.get('client')} to broker {evidence.get('broker')}, a Kafka 4.x broker: 4.0 removed "
+                f"this version (KIP-896), and the broker closed the connection without answering (it still "
+                f"advertises {_fmt(held['advertised'])} for old clients' version probes, KAFKA-18659)",
+                ts_ns,
+                {**evidence, "advertised": held["advertised"], "closed_ns": ts_ns},
+                conns=(conn,),
+            )
+        return super().on_close(state, key, conn, ts_ns, ctx)
 
 
 @dataclass(frozen=True)

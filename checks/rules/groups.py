@@ -32,6 +32,13 @@ refuses, and which protocols serve each group id for the report).
 
 State per group: ``gen``/``ptype``/``pname``/``src`` (the newest generation's agreed type and protocol
 and where they were first seen), ``subs`` (member id -> {gen, topics}), ``reported`` (signatures).
+For the report (``checks.report.group_rows``), what the frames showed of the membership: ``members``
+(the members in the group: member id -> newest generation), ``n_seen``/``n_left``/``n_fenced``,
+``synced_gen`` (the newest generation a SyncGroup was answered for), ``describe`` (the newest
+DescribeGroups answer's state and member count) and ``last_ts`` (the newest membership answer). A
+member leaves by LeaveGroup, and counts as fenced when a JoinGroup or SyncGroup is answered
+UNKNOWN_MEMBER_ID or FENCED_INSTANCE_ID, or when the leader's JoinGroup answer for a newer generation
+leaves it out (the classic Heartbeat is not routed here: its volume).
 """
 
 from __future__ import annotations
@@ -78,10 +85,41 @@ def assigned_topics(value: Any) -> list[str] | None:
     return None
 
 
+def member_entry(state: State, member: str, fresh: dict[str, Any]) -> dict[str, Any]:
+    """The ``members`` entry of ``member``, taken out of the dict (put it back with ``keep_member``); a
+    member not seen before gets ``fresh`` and counts in ``n_seen``."""
+    members: dict[str, Any] = state.setdefault("members", {})
+    entry: dict[str, Any] | None = members.pop(member, None)
+    if entry is None:
+        state["n_seen"] = int(state.get("n_seen", 0)) + 1
+        entry = fresh
+    return entry
+
+
+def keep_member(state: State, member: str, entry: dict[str, Any], ctx: RuleContext) -> None:
+    """Put ``entry`` back, newest last, so trimming drops the members quiet longest."""
+    members: dict[str, Any] = state.setdefault("members", {})
+    members[member] = entry
+    ctx.trim(members)
+
+
+def member_gone(state: State, entry: dict[str, Any], how: str) -> None:
+    """Count a member that left (``left``) or that the coordinator fenced or removed (``fenced``); a
+    member still fenced is counted once (a fenced member that then leaves counts in both)."""
+    if how == "fenced" and "fenced" in entry:
+        return
+    counter = "n_left" if how == "left" else "n_fenced"
+    state[counter] = int(state.get(counter, 0)) + 1
+
+
+#: Answers by which a classic coordinator says a member is no longer in the group.
+CLASSIC_REMOVED = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID})
+
+
 class GroupRule(Rule):
     name = "group"
     key_kind = "group"
-    api_keys = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS})
+    api_keys = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LEAVE_GROUP})
 
     def keys(self, ex: Exchange) -> list[str]:
         if ex.api_key == ApiKey.DESCRIBE_GROUPS:
@@ -134,6 +172,32 @@ class GroupRule(Rule):
             for group in resp.body.get("Groups") or []:
                 if str(group.get("GroupId")) == key:
                     self._described(state, key, ex, group, ctx)
+        elif ex.api_key == ApiKey.LEAVE_GROUP:
+            self._left(state, ex, resp.body, ctx)
+
+    # -- membership, for the report ---------------------------------------------------------------
+
+    def _member_at(self, state: State, member: str, gen: int, ex: Exchange, ctx: RuleContext) -> None:
+        """``member`` answered as part of generation ``gen``."""
+        entry = member_entry(state, member, {"gen": gen})
+        entry["gen"] = max(int(entry.get("gen", -1)), gen)
+        keep_member(state, member, entry, ctx)
+        state["last_ts"] = ex.ts_ns
+
+    def _removed(self, state: State, member: str, how: str, ex: Exchange, ctx: RuleContext) -> None:
+        """``member`` left or was removed: counted, and forgotten (a classic member rejoins as new)."""
+        member_gone(state, member_entry(state, member, {"gen": -1}), how)
+        state["last_ts"] = ex.ts_ns
+
+    def _left(self, state: State, ex: Exchange, body: dict[str, Any], ctx: RuleContext) -> None:
+        if body.get("ErrorCode") != 0:
+            return
+        req = ex.req.body
+        if req.get("MemberId"):  # v0-v2: one member
+            self._removed(state, str(req["MemberId"]), "left", ex, ctx)
+        for m in body.get("Members") or []:  # v3+ (KIP-345): each member's own answer
+            if m.get("MemberId") and m.get("ErrorCode", 0) == 0:
+                self._removed(state, str(m["MemberId"]), "left", ex, ctx)
 
     # -- JoinGroup ----------------------------------------------------------------------------------
 
@@ -158,9 +222,22 @@ class GroupRule(Rule):
                 f"join23|{ex.conn}|{ex.request.correlation_id}",
             )
             return
+        if error in CLASSIC_REMOVED and req.get("MemberId"):
+            self._removed(state, str(req["MemberId"]), "fenced", ex, ctx)
         if error != 0:
             return
         gen = int(body.get("GenerationId", -1))
+        if body.get("MemberId"):
+            self._member_at(state, str(body["MemberId"]), gen, ex, ctx)
+        listed = {str(m.get("MemberId")) for m in body.get("Members") or [] if m.get("MemberId")}
+        if listed:
+            # The leader's answer lists the whole generation: a member of an older one that is not in it
+            # and did not leave was removed by the coordinator (its session or rebalance timed out).
+            for member, entry in list((state.get("members") or {}).items()):
+                if member not in listed and int(entry.get("gen", -1)) < gen:
+                    self._removed(state, member, "fenced", ex, ctx)
+            for member in sorted(listed):
+                self._member_at(state, member, gen, ex, ctx)
         offered = [str(p.get("Name")) for p in req.get("Protocols") or []]
         rtype, rname = body.get("ProtocolType"), body.get("ProtocolName")
         if rtype is not None and rtype != req.get("ProtocolType"):
@@ -234,8 +311,13 @@ class GroupRule(Rule):
                 f"sync23|{ex.conn}|{ex.request.correlation_id}",
             )
             return
+        if error in CLASSIC_REMOVED and req.get("MemberId"):
+            self._removed(state, str(req["MemberId"]), "fenced", ex, ctx)
         if error != 0:
             return
+        if req.get("MemberId"):
+            self._member_at(state, str(req["MemberId"]), gen, ex, ctx)
+            state["synced_gen"] = max(int(state.get("synced_gen", -1)), gen)
         if ex.api_version >= 5:
             for field in ("ProtocolType", "ProtocolName"):
                 asked, answered = req.get(field), body.get(field)
@@ -270,6 +352,12 @@ class GroupRule(Rule):
     def _described(
         self, state: State, key: str, ex: Exchange, group: dict[str, Any], ctx: RuleContext
     ) -> None:
+        if group.get("ErrorCode") == 0:
+            state["describe"] = {
+                "state": group.get("GroupState"),
+                "members": len(group.get("Members") or []),
+                "ts": ex.ts_ns,
+            }
         if group.get("ErrorCode") != 0 or group.get("GroupState") in ("Empty", "Dead", ""):
             return
         ptype = group.get("ProtocolType")
@@ -457,8 +545,11 @@ class GroupProtocolRule(Rule):
 
     State per group id: ``protocols`` (protocol -> tap time of its newest successful answer),
     ``members`` (member id -> ``proto``, ``epoch`` the coordinator last assigned, ``fenced``
-    [epoch, error, ts, client id, client] of the last fencing answer), ``describe`` (state, group epoch,
-    assignor and member count from the newest describe answer) and ``reported``.
+    [epoch, error, ts, client id, client] of the last fencing answer; a member that left is dropped),
+    ``describe`` (state, group epoch, assignor, member count and time of the newest describe answer)
+    and ``reported``; for the report: ``n_seen``/``n_left``/``n_fenced``, ``max_epoch`` (the highest
+    member epoch answered), ``group_epoch`` (the highest described), ``assignors`` (the
+    ``ServerAssignor`` names members asked for) and ``last_ts`` (the newest membership answer).
     """
 
     name = "group_protocol"
@@ -476,6 +567,12 @@ class GroupProtocolRule(Rule):
         if protocol is None:
             return
         body = ex.req.body
+        assignor = body.get("ServerAssignor")
+        if assignor:
+            asked: list[str] = state.setdefault("assignors", [])
+            if assignor not in asked:
+                asked.append(str(assignor))
+                ctx.trim(asked)
         member, epoch = str(body.get("MemberId") or ""), int(body.get("MemberEpoch", JOIN_EPOCH))
         known = (state.get("members") or {}).get(member)
         if not member or known is None or epoch <= JOIN_EPOCH:
@@ -542,7 +639,10 @@ class GroupProtocolRule(Rule):
                 "epoch": group.get("GroupEpoch"),
                 "assignor": group.get("AssignorName"),
                 "members": len(group.get("Members") or []),
+                "ts": ex.ts_ns,
             }
+            if group.get("GroupEpoch") is not None:
+                state["group_epoch"] = max(int(state.get("group_epoch", -1)), int(group["GroupEpoch"]))
             if group.get("GroupState") not in ("Empty", "Dead", None):
                 protocols: dict[str, int] = state.setdefault("protocols", {})
                 protocols.setdefault(DESCRIBES[ex.api_key], ex.ts_ns)
@@ -556,25 +656,26 @@ class GroupProtocolRule(Rule):
         sent_epoch = int(req.get("MemberEpoch", JOIN_EPOCH))
         # The coordinator names the member id in its answer (it generated it before KIP-1082).
         member = str(body.get("MemberId") or req.get("MemberId") or "")
-        members: dict[str, Any] = state.setdefault("members", {})
+        answered = ex.response.ts_ns if ex.response is not None else ex.ts_ns
         if error == 0:
             self._seen(state, protocol, ex, ctx)
             if not member:
                 return
+            entry = member_entry(state, member, {"proto": protocol, "epoch": -1})
+            state["last_ts"] = answered
             if sent_epoch < JOIN_EPOCH:
-                members.pop(member, None)  # it left the group
+                member_gone(state, entry, "left")  # counted, and forgotten
                 return
-            entry = members.pop(member, None) or {"proto": protocol, "epoch": -1}
             entry["epoch"] = int(body.get("MemberEpoch", entry.get("epoch", -1)))
             entry.pop("fenced", None)
-            members[member] = entry
-            ctx.trim(members)
+            state["max_epoch"] = max(int(state.get("max_epoch", -1)), entry["epoch"])
+            keep_member(state, member, entry, ctx)
         elif error in FENCING_ERRORS and member and sent_epoch > JOIN_EPOCH:
-            entry = members.pop(member, None) or {"proto": protocol, "epoch": sent_epoch}
-            answered = ex.response.ts_ns if ex.response is not None else ex.ts_ns
+            entry = member_entry(state, member, {"proto": protocol, "epoch": sent_epoch})
+            member_gone(state, entry, "fenced")  # kept, marked ``fenced``: it may rejoin with epoch 0
             entry["fenced"] = [sent_epoch, error, answered, ex.req.client_id or "", ex.request.client]
-            members[member] = entry
-            ctx.trim(members)
+            keep_member(state, member, entry, ctx)
+            state["last_ts"] = answered
         elif error in MIXED_ERRORS:
             self._mixed(state, key, protocol, member, error, ex, ctx)
 

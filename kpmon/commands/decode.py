@@ -159,11 +159,7 @@ def frames_from_pcap_file(args: argparse.Namespace) -> Iterator[InputFrame]:
                 frame.api_version,
                 f"{args.pcap}:{frame.conn}#{frame.seq}",
             )
-    print(
-        f"kpmon decode: {stats.streams} TCP streams, {stats.pdus} Kafka frames; {stats.skipped_before_boundary} "
-        f"skipped before the first frame boundary, {stats.unpaired_responses} responses without their request",
-        file=sys.stderr,
-    )
+    print(f"kpmon decode: {stats.summary()}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -163,12 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 from kpmon.pcap import frames_from_pcap
 
                 frames, read = frames_from_pcap(Path(args.pcap), args.broker_port)
-                source = (
-                    f"pcap {args.pcap}: {read.streams} TCP streams, {read.pdus} Kafka frames on ports "
-                    f"{','.join(map(str, sorted(read.broker_ports)))}; {read.skipped_before_boundary} skipped "
-                    f"before the first frame boundary (capture started mid-stream), "
-                    f"{read.unpaired_responses} responses without their request"
-                )
+                source = f"pcap {args.pcap}: {read.summary()}"
                 monitor, findings = run_checks(frames, config.checks.settings())
             else:
                 args.topic = args.topic or config.tap.topic

@@ -57,7 +57,8 @@ def add_pcap_options(source: Any, parser: argparse.ArgumentParser) -> None:
         type=int,
         action="append",
         default=[],
-        help="with --pcap: a port brokers listen on (repeatable; 9092 and the ports Metadata announces are added)",
+        help="with --pcap: read this port as a broker's (repeatable); without it, Kafka is found on any port "
+        "by its streams' first bytes, and the ports Metadata announces are added",
     )
 
 

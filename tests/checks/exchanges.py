@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from codec.taprecord import REQ, RESP, TapFrame
+from codec.taprecord import CLOSE, REQ, RESP, TapFrame
 
 
 def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
@@ -19,7 +19,8 @@ def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
     As ``tap/framing.py``'s ``Correlations`` pairs them: a connection's requests are held in order; a
     response takes the first held request with its correlation id, and the requests held before that
     one are orphans (a broker answers in order), written alone first; a response with no held request
-    is written alone, marked ``lone``; requests still held at the end are written alone."""
+    is written alone, marked ``lone``; requests still held at the connection's close or at the end are
+    written alone (at a close, before it)."""
     records: list[list[TapFrame]] = []
     held: dict[str, list[TapFrame]] = {}
     for frame in frames:
@@ -28,6 +29,10 @@ def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
             queue.append(frame)
             continue
         if frame.direction != RESP:
+            if frame.direction == CLOSE:
+                # The tap writes the requests still held alone, before the close record.
+                records.extend([request] for request in queue)
+                queue.clear()
             records.append([frame])
             continue
         match = next((i for i, r in enumerate(queue) if r.correlation_id == frame.correlation_id), None)

@@ -385,3 +385,47 @@ def test_connections_of_one_client_software_share_its_label() -> None:
     labels = monitor.states[("apiversions.cluster", "cluster")]["conn_software"]
     assert labels == {"tap1-0": "a/2.6.0", "tap1-1": "b/2.6.0", "tap1-2": "a/2.6.0"}
     assert labels["tap1-0"] is labels["tap1-2"]
+
+
+# -- apiversions.removed_version_rejected (KIP-896 in front of a 4.x broker) ------------------------
+
+#: What 4.x brokers advertise for the two APIs: Fetch from v4 (0-3 removed), Produce still from v0
+#: (KAFKA-18659: librdkafka's version probe), though v0-v2 were removed too. A 3.x broker: both from v0.
+BROKER_4X = {**STANDARD, "Fetch": (4, 17), "Produce": (0, 12)}
+BROKER_3X = {**STANDARD, "Fetch": (0, 16), "Produce": (0, 11)}
+PRODUCE_V2 = {"Acks": 1, "TimeoutMs": 1000, "TopicData": []}
+
+
+def old_producer(adv: dict[str, tuple[int, int]], answered: bool, closed: bool) -> list[TapFrame]:
+    conv = Conversation(conn="c-old", client_id="old-app")
+    frames = [conv.open(0), *handshake(conv, SECOND, adv)]
+    if answered:
+        frames += conv.exchange(PRODUCE, 2, PRODUCE_V2, {"Responses": []}, 2 * SECOND)
+    else:
+        frames.append(conv.request(PRODUCE, 2, PRODUCE_V2, 2 * SECOND))
+    if closed:
+        frames.append(conv.close(3 * SECOND))
+    return frames
+
+
+def test_a_removed_version_a_4x_broker_closes_on_is_a_warning() -> None:
+    findings, _ = run(old_producer(BROKER_4X, answered=False, closed=True))
+    (rejected,) = [f for f in findings if f.rule == "apiversions.removed_version_rejected"]
+    assert rejected.severity.value == "warning" and rejected.subject == "conn:c-old"
+    assert "KIP-896" in rejected.summary and "closed the connection" in rejected.summary
+    assert rejected.ts_ns == 3 * SECOND and rejected.evidence["advertised"] == [0, 12]
+    assert (rejected.evidence["api_key"], rejected.evidence["api_version"]) == (PRODUCE, 2)
+    # Not out of range (still advertised); the fleet's readiness finding stays info beside it.
+    assert {f.rule: f.severity.value for f in findings if f.rule != rejected.rule} == {
+        "apiversions.removed_in_4_0": "info"
+    }
+
+
+def test_a_removed_version_stays_info_in_front_of_3x_or_when_answered_or_still_open() -> None:
+    for adv, answered, closed in (
+        (BROKER_3X, False, True),  # a 3.x broker: the client is only not ready for 4.0
+        (BROKER_4X, True, True),  # answered: the broker did not close the connection on it
+        (BROKER_4X, False, False),  # no close seen (yet)
+    ):
+        findings, _ = run(old_producer(adv, answered, closed))
+        assert [f.rule for f in findings] == ["apiversions.removed_in_4_0"], (adv, answered, closed)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from checks.model import Finding, Severity
-from checks.report import ReportData, build_report
+from checks.report import GroupRow, ReportData, build_report
 from codec.protocol import ApiKey, ErrorCode
 from kpmon.cli import main
 from kpmon.commands.report import EXIT_FINDINGS, EXIT_OK
@@ -62,8 +62,8 @@ def test_java_clean_transactions_v2_ctp_kip848_and_classic_groups(scenarios: Sce
     assert checked.requests(ApiKey.TXN_OFFSET_COMMIT) and checked.requests(ApiKey.CONSUMER_GROUP_HEARTBEAT)
     assert checked.requests(ApiKey.JOIN_GROUP)
     groups = {g.group: g for g in _report(checked).groups}
-    assert groups[f"{group}-ctp"].protocol == "consumer"
-    assert groups[f"{group}-classic"].protocol == "classic"
+    _all_left(groups[f"{group}-ctp"], "consumer")
+    _all_left(groups[f"{group}-classic"], "classic")
 
 
 def test_librdkafka_kip848_ctp_and_online_migration(scenarios: ScenarioTap) -> None:
@@ -73,7 +73,7 @@ def test_librdkafka_kip848_ctp_and_online_migration(scenarios: ScenarioTap) -> N
     assert checked.above_info() == [], checked.describe()
     assert checked.result["ctp_moved"] == 10, checked.result
     groups = {g.group: g for g in _report(checked).groups}
-    assert groups[group].protocol == "consumer", groups
+    _all_left(groups[group], "consumer")
     # The broker accepted the consumer-protocol member into the classic group (the online migration):
     # it is shown as both, and nothing was reported.
     accepted = [
@@ -96,7 +96,7 @@ def test_java_kip932_share_group(scenarios: ScenarioTap) -> None:
     assert int(checked.result["share_read"]) > 0, checked.result
     assert checked.requests(ApiKey.SHARE_GROUP_HEARTBEAT) and checked.requests(ApiKey.SHARE_FETCH)
     groups = {g.group: g for g in _report(checked).groups}
-    assert groups[group].protocol == "share", groups
+    _all_left(groups[group], "share")
 
 
 def test_java_kip1071_streams_group(scenarios: ScenarioTap) -> None:
@@ -111,7 +111,19 @@ def test_java_kip1071_streams_group(scenarios: ScenarioTap) -> None:
         checked.describe()
     )
     groups = {g.group: g for g in _report(checked).groups}
-    assert groups[app].protocol == "streams", groups
+    _all_left(groups[app], "streams")
+
+
+def _all_left(row: GroupRow, protocol: str) -> None:
+    """A group whose members all closed cleanly: the row shows what the frames saw of it (its
+    generation or epochs, every member seen and leaving), and that it ended empty."""
+    assert row.protocol == protocol and row.generation >= 1 and row.members_seen >= 1, row
+    assert (row.members, row.state) == (0, "Empty") and row.state_from in ("members", "describe"), row
+    assert (row.members_left, row.members_fenced) == (row.members_seen, 0), row
+    if protocol != "classic":
+        # The clients asked for no assignor: the broker's default (named when a describe answer did).
+        assert 1 <= row.member_epoch <= row.generation, row
+        assert "server default" in str(row.protocol_name), row
 
 
 def _conns_of(checked: Checked, client_id: str) -> set[str]:
@@ -199,6 +211,17 @@ def test_kip848_member_that_keeps_a_fenced_epoch(scenarios: ScenarioTap) -> None
         checked.result["sent"],
     )
     assert ev["fenced_error"] == ErrorCode.FENCED_MEMBER_EPOCH and ev["client_id"] == "kpmon-raw-member"
+    # The report's row: what the frames saw (the member joined, was fenced, left), not what was left.
+    (row,) = [g for g in _report(checked).groups if g.group == group]
+    epoch = checked.result["epoch"]
+    assert (row.generation, row.member_epoch, row.protocol_name) == (epoch, epoch, "server default"), row
+    assert (row.members_seen, row.members_fenced, row.members_left, row.members, row.state) == (
+        1,
+        1,
+        1,
+        0,
+        "Empty",
+    ), row
 
 
 def test_kip848_member_refused_by_a_connect_group(scenarios: ScenarioTap) -> None:

@@ -370,11 +370,13 @@ def heartbeat(
     answer_epoch: int | None = None,
     error: int = 0,
     api: int = CG_HEARTBEAT,
+    assignor: str | None = None,
 ) -> list[TapFrame]:
     """A heartbeat of ``api`` sent with ``epoch``, answered ``error`` (and ``answer_epoch`` on success)."""
     req: dict[str, Any] = {"GroupId": GROUP, "MemberId": member, "MemberEpoch": epoch}
     if api == CG_HEARTBEAT:
         req.update(RebalanceTimeoutMs=30000, SubscribedTopicNames=["orders"] if epoch == 0 else None)
+        req.update(ServerAssignor=assignor)
     elif api == SHARE_HEARTBEAT:
         req.update(SubscribedTopicNames=["orders"] if epoch == 0 else None)
     else:
@@ -417,7 +419,10 @@ def test_fenced_member_that_rejoins_with_epoch_zero_is_silent() -> None:
     ]
     findings, monitor = run_all(frames)
     assert findings == []
-    assert "m-a" not in monitor.states[("group_protocol", GROUP)]["members"]
+    state = monitor.states[("group_protocol", GROUP)]
+    assert "m-a" not in state["members"]
+    # What the report counts: one member, fenced once, then left.
+    assert (state["n_seen"], state["n_left"], state["n_fenced"], state["max_epoch"]) == (1, 1, 1, 5)
 
 
 def test_heartbeat_sent_before_the_fencing_answer_is_not_judged() -> None:
@@ -452,7 +457,10 @@ def test_online_migration_between_classic_and_consumer_members_is_legal() -> Non
     findings, monitor = run_all(frames)
     assert findings == []
     (row,) = group_rows(monitor.states)
-    assert (row.group, row.protocol, row.generation, row.members) == (GROUP, "classic+consumer", 2, 1)
+    # Both members count: the classic one the classic frames showed, the consumer one its heartbeats.
+    assert (row.group, row.protocol, row.generation, row.members) == (GROUP, "classic+consumer", 2, 2)
+    assert (row.members_seen, row.members_left, row.members_fenced, row.member_epoch) == (2, 0, 0, 2)
+    assert (row.state, row.state_from, row.protocol_name) == ("Stable", "members", "server default")
 
 
 def test_mixed_protocol_the_broker_rejects_is_reported() -> None:
@@ -499,12 +507,14 @@ def test_report_rows_for_each_protocol() -> None:
     frames = [*heartbeat(a, SECOND, "m-1", 0, answer_epoch=7), *describe]
     _, monitor = run_all(frames)
     (row,) = group_rows(monitor.states)
-    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state) == (
+    # The describe answer came last: its state and member count; the member asked for no assignor.
+    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state, row.state_from) == (
         "consumer",
-        "uniform",
+        "uniform (server default)",
         7,
         0,
         "Stable",
+        "describe",
     )
     share = [*heartbeat(b, SECOND, "s-1", 0, answer_epoch=1, api=SHARE_HEARTBEAT)]
     _, monitor = run_all(share)
@@ -559,3 +569,62 @@ def test_a_fenced_member_whose_rejoin_the_tap_may_have_lost_is_incomplete_info()
         ("group.member_epoch_fenced", "info", True)
     ]
     assert "tap may have lost records" in findings[0].summary
+
+
+# -- what the report shows of a group: what the frames saw --------------------------------------------
+
+LEAVE_GROUP = 13
+
+
+def test_classic_rows_count_members_seen_left_and_removed() -> None:
+    a, b = two()
+    frames = healthy_rebalance(a, b, SECOND)  # generation 1: m-a (leader) and m-b
+    # Generation 2 without m-b, which never left: the coordinator removed it (its session timed out).
+    frames += join(a, 5 * SECOND, "m-a", 2, members=[{"MemberId": "m-a", "Metadata": subscription("orders")}])
+    frames += sync(a, 5 * SECOND + 10 * MS, "m-a", 2, ("orders",), {"m-a": ("orders",)})
+    _, monitor = run(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.protocol, row.protocol_name, row.generation, row.members, row.state, row.state_from) == (
+        "classic",
+        "range",
+        2,
+        1,
+        "Stable",
+        "members",
+    )
+    assert (row.members_seen, row.members_left, row.members_fenced) == (2, 0, 1)
+    # m-a leaves (LeaveGroup v3+, KIP-345: answered per member): the group is empty at the end.
+    frames += a.exchange(
+        LEAVE_GROUP,
+        4,
+        {"GroupId": GROUP, "Members": [{"MemberId": "m-a", "GroupInstanceId": None}]},
+        {"ErrorCode": 0, "Members": [{"MemberId": "m-a", "GroupInstanceId": None, "ErrorCode": 0}]},
+        6 * SECOND,
+    )
+    _, monitor = run(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.members, row.state, row.members_seen, row.members_left, row.members_fenced) == (
+        0,
+        "Empty",
+        2,
+        1,
+        1,
+    )
+    # A describe answer after the last membership answer is the state at the end.
+    _, monitor = run([*frames, *describe(a, 7 * SECOND, "consumer", state="Empty")])
+    (row,) = group_rows(monitor.states)
+    assert (row.state, row.state_from, row.members) == ("Empty", "describe", 0)
+
+
+def test_member_epoch_rows_show_epochs_and_the_assignor_asked_for() -> None:
+    a = Conversation()
+    frames = [
+        *heartbeat(a, SECOND, "m-a", 0, answer_epoch=4, assignor="range"),
+        *heartbeat(a, 2 * SECOND, "m-a", 4, answer_epoch=6),
+    ]
+    frames += heartbeat(Conversation(conn="tap1-b"), 3 * SECOND, "m-b", 0, answer_epoch=5)
+    _, monitor = run_all(frames)
+    (row,) = group_rows(monitor.states)
+    assert (row.protocol, row.protocol_name, row.generation, row.member_epoch) == ("consumer", "range", 6, 6)
+    # Two members, at epochs 6 and 5: not every member has caught up yet.
+    assert (row.members, row.members_seen, row.state, row.state_from) == (2, 2, "Reconciling", "members")

@@ -100,7 +100,10 @@ def test_group_with_members_of_two_protocol_types(scenarios: ScenarioTap) -> Non
 
 def test_requests_outside_the_advertised_versions(scenarios: ScenarioTap) -> None:
     checked = scenarios.run(violations.out_of_range_versions)
-    assert _rules_above_info(checked) == {"apiversions.out_of_range"}, checked.describe()
+    assert _rules_above_info(checked) == {
+        "apiversions.out_of_range",
+        "apiversions.removed_version_rejected",
+    }, checked.describe()
     out_of_range = {
         (f.evidence["api_key"], f.evidence["api_version"]): f for f in checked.of("apiversions.out_of_range")
     }
@@ -121,6 +124,13 @@ def test_requests_outside_the_advertised_versions(scenarios: ScenarioTap) -> Non
         (f.evidence["api_key"], f.evidence["api_version"]) for f in checked.of("apiversions.removed_in_4_0")
     }
     assert removed == {(FETCH, 3), (PRODUCE, 2)}
+    # In front of this 4.x broker, Produce v2 fails now: the broker closed the connection (KIP-896).
+    assert checked.result["broker"].endswith("/closed"), checked.result
+    (rejected,) = checked.of("apiversions.removed_version_rejected")
+    assert (rejected.evidence["api_key"], rejected.evidence["api_version"]) == (PRODUCE, 2)
+    assert rejected.severity == Severity.WARNING and rejected.evidence["advertised"][0] == 0
+    assert "KIP-896" in rejected.summary and "closed the connection" in rejected.summary, rejected.summary
+    assert _client_id_of(checked, rejected.evidence["conn"]) == "kpmon-old-client"
 
 
 def _advertised(checked: Checked, conn: str) -> dict[int, tuple[int, int]]:

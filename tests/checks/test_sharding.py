@@ -453,3 +453,14 @@ def test_keyed_state_is_dropped_when_nothing_is_left() -> None:
     assert not keyed.monitor.conns  # the exchange completed: no pairing state kept
     assert not keyed.empty  # but the producer's epoch is remembered
     assert KeyedShard(CONFIG, f"producer|{pr.PID}").empty
+
+
+def test_a_removed_version_closed_by_a_4x_broker_matches_in_every_micro_batching() -> None:
+    """``apiversions.removed_version_rejected`` is emitted when the connection closes: the connection's
+    shard keeps the unanswered request across micro-batches until its close record comes."""
+    frames = av.old_producer(av.BROKER_4X, answered=False, closed=True)
+    expected = summary(single_run(frames))
+    assert "apiversions.removed_version_rejected" in {rule for _, rule, *_ in expected}
+    records = exchange_records(frames)
+    for cut in range(len(records) + 1):
+        assert summary(sharded_records(records, [cut])) == expected, cut

@@ -138,6 +138,18 @@ def test_requests_known_by_their_header_through_the_stages() -> None:
         assert findings_of(run_bucketed(frames, batch_size, 4)[0]) == expected
 
 
+def test_a_removed_version_closed_by_a_4x_broker_through_the_stages() -> None:
+    """``apiversions.removed_version_rejected`` comes from the connection's close record: the stage
+    keeps the unanswered request in the connection's entry until the close comes."""
+    from tests.checks.test_apiversions import BROKER_4X, old_producer
+
+    frames = old_producer(BROKER_4X, answered=False, closed=True)
+    expected = expected_of(frames)
+    assert "apiversions.removed_version_rejected" in {f[1] for f in expected}
+    for batch_size in (1, 2, 100):
+        assert findings_of(run_bucketed(frames, batch_size, 4)[0]) == expected
+
+
 def test_real_traffic_through_the_stages() -> None:
     frames = corpus_frames()
     assert findings_of(run_bucketed(frames, 9, 4)[0]) == expected_of(frames)

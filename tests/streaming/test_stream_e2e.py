@@ -38,6 +38,7 @@ REAL_RULES = {
     "producer.stale_epoch_rejected",
     "group.protocol_type_mismatch",
     "apiversions.out_of_range",
+    "apiversions.removed_version_rejected",  # Produce v2: a 4.x broker closes the connection (KIP-896)
     "envelope.untrusted_source",
     "frame.decode_error",
 }
