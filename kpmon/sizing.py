@@ -206,9 +206,9 @@ FIGURES: tuple[FigureSpec, ...] = (
 
 #: Design rules, not measurements; each names where it is set.
 TAP_MEMORY_HEADROOM_BYTES = 256 * MIB  # docs/cluster-mode.md rule M: interpreter and stalled connections
-EXECUTOR_CORES = 2  # deploy/k8s/sparkapplication.yaml executor.cores
-EXECUTOR_MEMORY_GIB = 4.0  # deploy/k8s/sparkapplication.yaml executor.memory
-EXECUTOR_OVERHEAD_GIB = 1.0  # deploy/k8s/sparkapplication.yaml executor.memoryOverhead
+EXECUTOR_CORES = 2  # deploy/k8s/spark/sparkapplication.yaml executor.cores
+EXECUTOR_MEMORY_GIB = 4.0  # deploy/k8s/spark/sparkapplication.yaml executor.memory
+EXECUTOR_OVERHEAD_GIB = 1.0  # deploy/k8s/spark/sparkapplication.yaml executor.memoryOverhead
 PARTITIONS_PER_EXECUTOR_CORE = 3  # docs/cluster-mode.md rule P: 2-3 tasks per core, the upper end
 #: Schema-1 tap records: one record per wire frame; used only when cost_bench.json does not say.
 SCHEMA1_RECORDS_PER_WIRE_FRAME = 1.0
@@ -463,7 +463,7 @@ def estimate(inputs: Inputs, figures: Mapping[str, Figure]) -> Estimate:
         None if executors is None else executors * (EXECUTOR_MEMORY_GIB + EXECUTOR_OVERHEAD_GIB),
         "GiB",
         f"{executors} executors of {EXECUTOR_CORES} cores x ({num(EXECUTOR_MEMORY_GIB)} GiB + "
-        f"{num(EXECUTOR_OVERHEAD_GIB)} GiB overhead), deploy/k8s/sparkapplication.yaml (not measured)",
+        f"{num(EXECUTOR_OVERHEAD_GIB)} GiB overhead), deploy/k8s/spark/sparkapplication.yaml (not measured)",
     )
     b.line(
         "executors",

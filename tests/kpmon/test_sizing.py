@@ -253,7 +253,7 @@ def test_the_docs_block_changes_with_a_figure() -> None:
 
 
 def test_the_executor_shape_is_the_manifests() -> None:
-    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "sparkapplication.yaml").read_text())
+    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "spark" / "sparkapplication.yaml").read_text())
     executor = manifest["spec"]["executor"]
     assert executor["cores"] == sizing.EXECUTOR_CORES
     assert executor["memory"] == f"{sizing.EXECUTOR_MEMORY_GIB:g}g"
