@@ -399,7 +399,9 @@ def test_sidecar_variant_parses_and_agrees(config_file: Path) -> None:
 
 def rule_jobs() -> set[str]:
     """The ``job`` label values the alert rules select (``up{job="kpmon-tap"}``)."""
-    return set(re.findall(r'job="([^"]+)"', (ROOT / "deploy" / "prometheus" / "kpmon-rules.yaml").read_text()))
+    return set(
+        re.findall(r'job="([^"]+)"', (ROOT / "deploy" / "prometheus" / "kpmon-rules.yaml").read_text())
+    )
 
 
 def scraped_pods() -> list[tuple[dict[str, str], set[str]]]:
@@ -590,3 +592,26 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     broken.parent.mkdir()
     broken.write_text(unit.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     assert any("restart" in line.lower() for line in verify(broken))
+
+
+# ----- the image --------------------------------------------------------------------------------------
+
+
+def test_the_containerfile_runs_the_readmes_set_up_where_the_manifests_look() -> None:
+    """Not built here (no Docker): its steps are the Makefile's set-up and its paths the manifests'."""
+    text = (ROOT / "Containerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    flags = "--only-binary=:all: --no-binary=pyspark -e"
+    assert flags in makefile and flags in text
+    assert "python -m deploy.native" in makefile.replace("$(PY)", "python") and "-m deploy.native" in text
+    (spark,) = re.findall(r"^ARG SPARK_IMAGE=apache/spark:(\S+)-scala2\.13-java17-python3", text, re.M)
+    assert spark == spark_version() == one("SparkApplication")["spec"]["sparkVersion"]
+    (python,) = re.findall(r"python3\.(\d+) -m venv /opt/kpmon/venv", text)
+    assert int(python) >= 11
+    for argv in [
+        container_argv(c) for d in tap_deployments() for c in d["spec"]["template"]["spec"]["containers"]
+    ]:
+        assert argv[0] == "/opt/kpmon/venv/bin/kpmon"
+    main = one("SparkApplication")["spec"]["mainApplicationFile"].removeprefix("local://")
+    assert main.startswith("/opt/kpmon/") and (ROOT / main.removeprefix("/opt/kpmon/")).is_file()
+    assert "COPY . /opt/kpmon" in text and "chmod -R a+rX /opt/kpmon" in text
