@@ -79,7 +79,7 @@ FIGURES: tuple[FigureSpec, ...] = (
         "tap_topic_size.json",
         "record_overhead_bytes",
         "B per record",
-        "key and headers of one tap record",
+        "key, record framing and packed metadata of one schema-2 tap record (no Kafka headers)",
         host_independent=True,
     ),
     FigureSpec(
@@ -382,13 +382,25 @@ def estimate(inputs: Inputs, figures: Mapping[str, Figure]) -> Estimate:
             "records in large batches, and small frames cost the tap far more per MB, so the tap cores "
             "may be underestimated for a cluster with many small requests."
         )
-    tap_mem = (inputs.tap_queue_max_bytes + TAP_MEMORY_HEADROOM_BYTES) / MIB
+    # A worker is one process, one core: as many as the tap's cores, each with its own mirror queue.
+    workers = 1 if tap_cores is None else max(1, math.ceil(tap_cores))
+    b.line(
+        "tap",
+        "tap workers per broker",
+        workers,
+        "workers",
+        "⌈tap cores per broker⌉, at least 1",
+        m_prod,
+        m_fetch,
+        tap_frame,
+    )
+    tap_mem = (workers * inputs.tap_queue_max_bytes + TAP_MEMORY_HEADROOM_BYTES) / MIB
     b.line(
         "tap",
         "tap memory per broker",
         tap_mem,
         "MiB",
-        f"tap.queue_max_bytes {num(inputs.tap_queue_max_bytes / MIB)} MiB + "
+        f"{workers} workers x tap.queue_max_bytes {num(inputs.tap_queue_max_bytes / MIB)} MiB + "
         f"{TAP_MEMORY_HEADROOM_BYTES // MIB} MiB (rule M: a design bound, not measured)",
     )
 
@@ -669,8 +681,9 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
         f"- **Tap:** {_value(tap_p)} of produce traffic and {_value(tap_f)} of fetch traffic; per wire "
         f"frame, {_value(tap_frame)}{_cite(tap_p, tap_frame)}. The medium cluster's taps need "
         f"{show(medium.value('tap cores per broker'), 'cores')} per broker, and "
-        f"`tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB of memory (a design bound).",
-        f"- **Tap topic:** each record carries {_value(overhead, unit='B')} of key and headers and a value "
+        f"one worker per core and workers x `tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB "
+        "of memory (a design bound; the Kubernetes taps run 2 workers: a 768 MiB limit).",
+        f"- **Tap topic:** each record (one exchange: a request and its response) carries {_value(overhead, unit='B')} of key, framing and metadata, no Kafka headers, and a value "
         f"of {_value(ratio)} on a data-plane mix; tap records per wire frame: {_value(per_frame, unit='')}"
         f"{_cite(overhead, per_frame)}. The medium cluster writes "
         f"{show(medium.value('tap-topic bytes/day'), 'B')} a day.",
@@ -737,7 +750,8 @@ def render_readme(figures: Mapping[str, Figure]) -> str:
         f"produce and {num(inputs.requests_per_s)} requests/s: "
         f"{show(est.value('tap cores per broker'), 'cores')}"
         + (" (by bytes: its CPU per frame is not measured yet)" if by_frames is None else "")
-        + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap, "
+        + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap "
+        f"({show(est.value('tap workers per broker'), 'worker')}), "
         f"{show(est.value('executor cores'), 'executor cores')} and "
         f"{show(est.value('executor memory'), 'GiB')} for the job, "
         f"{show(est.value('tap-topic retention disk'), 'B')} of tap topic for 48 h at RF 3, "
