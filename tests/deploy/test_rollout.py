@@ -349,14 +349,20 @@ def test_the_rollout_page_step_by_step(site: Site, tmp_path: Path) -> None:
         assert metadata_brokers(site.via_tap()) == {f"127.0.0.1:{site.tap_port}"}
         produce(site.via_tap(), [b"one", b"two", b"three"])
         assert counter(tap.metrics(metrics_port) or "", "kpmon_tap_frames_total") > before
-        records = [value for _, value in read_all(site.internal, TAP_TOPIC) if value]
-        apis = {
-            raw[2]
-            for value in records
-            if taprecord.is_schema_2(value)
-            for raw in taprecord.read_record_2(value)[3]
-        }
-        assert {0, 3, 18} <= apis, apis  # Produce, Metadata, ApiVersions: decoded, so not ciphertext
+
+        def mirrored_apis() -> set[int]:
+            """API keys of the tap topic's frames: decoded from the records, so not ciphertext."""
+            return {
+                raw[2]
+                for _, value in read_all(site.internal, TAP_TOPIC)
+                if value and taprecord.is_schema_2(value)
+                for raw in taprecord.read_record_2(value)[3]
+            }
+
+        # Produce, Metadata, ApiVersions, SASL: the mirror writes asynchronously, so wait for them.
+        wait_for(
+            "the clients' frames, decoded, in the tap topic", lambda: {0, 3, 17, 18} <= mirrored_apis(), 60
+        )
 
         # 5. The job, and `kpmon stream status` until it says healthy.
         with (tmp_path / "stream.log").open("ab") as log:
