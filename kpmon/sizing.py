@@ -724,17 +724,9 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
         "",
         *[f"- {w}" for w in WATCH],
         "",
-        "The figures, each from one run on the host it names:",
-        "",
-        "| figure | value | file | key | host | measured |",
-        "|---|---|---|---|---|---|",
+        "Each figure's benchmark file, key, host and date: `kpmon size --json`, or the table in "
+        "[benchmarks.md](benchmarks.md#current-figures).",
     ]
-    for fig in sorted(figures.values(), key=lambda x: (x.file, x.key)):
-        value = num(fig.value) if fig.value is not None else "missing"
-        out.append(
-            f"| {fig.what} | {value} {fig.unit if fig.value is not None else ''} | `{fig.file}` | "
-            f"`{fig.key}` | {fig.host} | {fig.measured_at or 'not recorded'} |"
-        )
     out += ["", DOCS_END]
     return "\n".join(out)
 
