@@ -238,8 +238,10 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | Non
             if message.error():
                 continue
             out.append((message.key(), message.value()))
-            if message.offset() + 1 >= ends[message.partition()]:
-                pending.discard(message.partition())
+            offset, partition = message.offset(), message.partition()
+            assert offset is not None and partition is not None
+            if offset + 1 >= ends[partition]:
+                pending.discard(partition)
         return out
     finally:
         consumer.close()
