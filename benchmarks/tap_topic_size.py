@@ -6,8 +6,10 @@ mirrored value size against the frame size. A size figure, not a timing: it is d
 
     python -m benchmarks.tap_topic_size          # writes benchmarks/results/tap_topic_size.json
 
-The record key and headers come on top of the value: the tap writes 15 headers per frame record
-(tap/proxy.py ``_mirror``). ``RECORD_OVERHEAD`` estimates their size with typical values.
+On top of the value, each tap record carries its key (the connection id), its Kafka record framing and,
+in schema 2, its packed metadata: a schema-2 record has no Kafka headers, and holds a request and its
+response (``codec.taprecord``). ``RECORD_OVERHEAD`` is that size for a real schema-2 exchange record
+with typical values.
 """
 
 from __future__ import annotations
@@ -21,34 +23,36 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.codec_bench import MIXES, build_frames
+from codec.taprecord import EXCHANGE, Connection, Part, pack_record, pack_static
 from tap.capture import FrameInfo, Policy, capture
 
 POLICIES: tuple[Policy, ...] = ("full", "headers", "meta")
 MAX_MIRRORED = 900_000
-#: Key (connection id) and the 15 headers of a frame record, with typical values, plus the v2 record
-#: framing (lengths, offsets and timestamp deltas). An estimate; the values are measured.
-SAMPLE_HEADERS = {
-    "dir": "req",
-    "seq": "123456",
-    "ts_ns": "1763840894123456789",
-    "api_key": "0",
-    "api_version": "9",
-    "corr_id": "123456",
-    "redacted": "",
-    "conn": "tap-7f3a9c2e-12345",
-    "client": "10.12.34.56:51234",
-    "broker": "kafka-0.kafka-headless.kafka.svc.cluster.local:9092",
-    "broker_id": "0",
-    "listener": "PLAINTEXT",
-    "tap": "tap-7f3a9c2e",
-    "capture": "headers",
-    "schema": "1",
-}
-RECORD_OVERHEAD = (
-    len(SAMPLE_HEADERS["conn"])
-    + sum(len(k) + len(v) + 2 for k, v in SAMPLE_HEADERS.items())
-    + 12  # record length, attributes, timestamp and offset deltas, key/value lengths, header count
+#: A connection's constant metadata, with typical values (packed into each of its records).
+SAMPLE_CONNECTION = Connection(
+    conn="kpmon-tap-0-7d9f8b6c4-x2x9q-1.k3j9a2-12345",
+    client="10.12.34.56:51234",
+    broker="kafka-0.kafka-headless.kafka.svc.cluster.local:9092",
+    broker_id=0,
+    listener="CLIENT",
+    tap="kpmon-tap-0-7d9f8b6c4-x2x9q",
+    capture="headers",
 )
+#: Kafka's v2 record framing around key and value: length, attributes, timestamp and offset deltas,
+#: key and value lengths, header count (varints, typical sizes).
+RECORD_FRAMING = 12
+
+
+def record_overhead(connection: Connection = SAMPLE_CONNECTION) -> int:
+    """Bytes of a schema-2 exchange record beyond its two frames' mirrored bytes: key, framing, metadata."""
+    request = Part("req", 1_763_840_894_123_456_789, 0, 11, 123_456, b"q" * 700)
+    response = Part("resp", 1_763_840_894_125_456_789, 0, 11, 123_456, b"r" * 60)
+    value = pack_record(EXCHANGE, 123_456, pack_static(connection), [request, response])
+    payloads = len(request.value or b"") + len(response.value or b"")
+    return len(connection.conn.encode()) + RECORD_FRAMING + len(value) - payloads
+
+
+RECORD_OVERHEAD = record_overhead()
 
 
 def measure() -> dict[str, Any]:
@@ -67,7 +71,8 @@ def measure() -> dict[str, Any]:
         for policy in POLICIES:
             values = sum(per_frame[n][policy] * w for n, w in weights.items())
             mixes[mix][f"{policy}_value_ratio"] = values / client
-            mixes[mix][f"{policy}_record_ratio"] = (values + RECORD_OVERHEAD * count) / client
+            # Schema 2: one record per exchange, two wire frames.
+            mixes[mix][f"{policy}_record_ratio"] = (values + RECORD_OVERHEAD * count / 2) / client
     return {"per_frame": per_frame, "mixes": mixes, "record_overhead_bytes": RECORD_OVERHEAD}
 
 
@@ -76,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     result = measure()
-    print(f"record key + headers: about {result['record_overhead_bytes']} bytes per frame")
+    print(f"record key, framing and metadata: about {result['record_overhead_bytes']} bytes per record")
     print(f"{'frame':<28}{'bytes':>9}" + "".join(f"{p:>10}" for p in POLICIES))
     for name, sizes in result["per_frame"].items():
         print(f"{name:<28}{sizes['frame']:>9,}" + "".join(f"{sizes[p]:>10,}" for p in POLICIES))
     for mix, figures in result["mixes"].items():
         ratios = ", ".join(
-            f"{p} {figures[f'{p}_value_ratio']:.4f} (with headers {figures[f'{p}_record_ratio']:.4f})"
+            f"{p} {figures[f'{p}_value_ratio']:.4f} (with key and metadata {figures[f'{p}_record_ratio']:.4f})"
             for p in POLICIES
         )
         print(f"mix {mix}: mirrored/client bytes: {ratios}")

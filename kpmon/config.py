@@ -409,11 +409,11 @@ class KubernetesDeployConfig(_Section):
     #: the one before it; short, as the driver pod and its services are named after it.
     application: str = Field(default="kpmon-stream", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=30)
     #: The build's image (the job runs the kpmon installed in it). Default:
-    #: deploy/k8s/sparkapplication.yaml's.
+    #: deploy/k8s/spark/sparkapplication.yaml's.
     image: str | None = None
     #: Where the driver and the executors mount the application's claim (checkpoints-pvc.yaml). The
     #: Airflow worker mounts the same claim at the same path, with ``state_dir`` under it. Default:
-    #: deploy/k8s/sparkapplication.yaml's (``/var/lib/kpmon``).
+    #: deploy/k8s/spark/sparkapplication.yaml's (``/var/lib/kpmon``).
     mount_path: str | None = Field(default=None, pattern=r"^/")
 
 

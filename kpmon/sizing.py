@@ -79,7 +79,7 @@ FIGURES: tuple[FigureSpec, ...] = (
         "tap_topic_size.json",
         "record_overhead_bytes",
         "B per record",
-        "key and headers of one tap record",
+        "key, record framing and packed metadata of one schema-2 tap record (no Kafka headers)",
         host_independent=True,
     ),
     FigureSpec(
@@ -206,9 +206,9 @@ FIGURES: tuple[FigureSpec, ...] = (
 
 #: Design rules, not measurements; each names where it is set.
 TAP_MEMORY_HEADROOM_BYTES = 256 * MIB  # docs/cluster-mode.md rule M: interpreter and stalled connections
-EXECUTOR_CORES = 2  # deploy/k8s/sparkapplication.yaml executor.cores
-EXECUTOR_MEMORY_GIB = 4.0  # deploy/k8s/sparkapplication.yaml executor.memory
-EXECUTOR_OVERHEAD_GIB = 1.0  # deploy/k8s/sparkapplication.yaml executor.memoryOverhead
+EXECUTOR_CORES = 2  # deploy/k8s/spark/sparkapplication.yaml executor.cores
+EXECUTOR_MEMORY_GIB = 4.0  # deploy/k8s/spark/sparkapplication.yaml executor.memory
+EXECUTOR_OVERHEAD_GIB = 1.0  # deploy/k8s/spark/sparkapplication.yaml executor.memoryOverhead
 PARTITIONS_PER_EXECUTOR_CORE = 3  # docs/cluster-mode.md rule P: 2-3 tasks per core, the upper end
 #: Schema-1 tap records: one record per wire frame; used only when cost_bench.json does not say.
 SCHEMA1_RECORDS_PER_WIRE_FRAME = 1.0
@@ -382,13 +382,25 @@ def estimate(inputs: Inputs, figures: Mapping[str, Figure]) -> Estimate:
             "records in large batches, and small frames cost the tap far more per MB, so the tap cores "
             "may be underestimated for a cluster with many small requests."
         )
-    tap_mem = (inputs.tap_queue_max_bytes + TAP_MEMORY_HEADROOM_BYTES) / MIB
+    # A worker is one process, one core: as many as the tap's cores, each with its own mirror queue.
+    workers = 1 if tap_cores is None else max(1, math.ceil(tap_cores))
+    b.line(
+        "tap",
+        "tap workers per broker",
+        workers,
+        "workers",
+        "⌈tap cores per broker⌉, at least 1",
+        m_prod,
+        m_fetch,
+        tap_frame,
+    )
+    tap_mem = (workers * inputs.tap_queue_max_bytes + TAP_MEMORY_HEADROOM_BYTES) / MIB
     b.line(
         "tap",
         "tap memory per broker",
         tap_mem,
         "MiB",
-        f"tap.queue_max_bytes {num(inputs.tap_queue_max_bytes / MIB)} MiB + "
+        f"{workers} workers x tap.queue_max_bytes {num(inputs.tap_queue_max_bytes / MIB)} MiB + "
         f"{TAP_MEMORY_HEADROOM_BYTES // MIB} MiB (rule M: a design bound, not measured)",
     )
 
@@ -463,7 +475,7 @@ def estimate(inputs: Inputs, figures: Mapping[str, Figure]) -> Estimate:
         None if executors is None else executors * (EXECUTOR_MEMORY_GIB + EXECUTOR_OVERHEAD_GIB),
         "GiB",
         f"{executors} executors of {EXECUTOR_CORES} cores x ({num(EXECUTOR_MEMORY_GIB)} GiB + "
-        f"{num(EXECUTOR_OVERHEAD_GIB)} GiB overhead), deploy/k8s/sparkapplication.yaml (not measured)",
+        f"{num(EXECUTOR_OVERHEAD_GIB)} GiB overhead), deploy/k8s/spark/sparkapplication.yaml (not measured)",
     )
     b.line(
         "executors",
@@ -669,8 +681,9 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
         f"- **Tap:** {_value(tap_p)} of produce traffic and {_value(tap_f)} of fetch traffic; per wire "
         f"frame, {_value(tap_frame)}{_cite(tap_p, tap_frame)}. The medium cluster's taps need "
         f"{show(medium.value('tap cores per broker'), 'cores')} per broker, and "
-        f"`tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB of memory (a design bound).",
-        f"- **Tap topic:** each record carries {_value(overhead, unit='B')} of key and headers and a value "
+        f"one worker per core and workers x `tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB "
+        "of memory (a design bound; the Kubernetes taps run 2 workers: a 768 MiB limit).",
+        f"- **Tap topic:** each record (one exchange: a request and its response) carries {_value(overhead, unit='B')} of key, framing and metadata, no Kafka headers, and a value "
         f"of {_value(ratio)} on a data-plane mix; tap records per wire frame: {_value(per_frame, unit='')}"
         f"{_cite(overhead, per_frame)}. The medium cluster writes "
         f"{show(medium.value('tap-topic bytes/day'), 'B')} a day.",
@@ -711,17 +724,9 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
         "",
         *[f"- {w}" for w in WATCH],
         "",
-        "The figures, each from one run on the host it names:",
-        "",
-        "| figure | value | file | key | host | measured |",
-        "|---|---|---|---|---|---|",
+        "Each figure's benchmark file, key, host and date: `kpmon size --json`, or the table in "
+        "[benchmarks.md](benchmarks.md#current-figures).",
     ]
-    for fig in sorted(figures.values(), key=lambda x: (x.file, x.key)):
-        value = num(fig.value) if fig.value is not None else "missing"
-        out.append(
-            f"| {fig.what} | {value} {fig.unit if fig.value is not None else ''} | `{fig.file}` | "
-            f"`{fig.key}` | {fig.host} | {fig.measured_at or 'not recorded'} |"
-        )
     out += ["", DOCS_END]
     return "\n".join(out)
 
@@ -737,7 +742,8 @@ def render_readme(figures: Mapping[str, Figure]) -> str:
         f"produce and {num(inputs.requests_per_s)} requests/s: "
         f"{show(est.value('tap cores per broker'), 'cores')}"
         + (" (by bytes: its CPU per frame is not measured yet)" if by_frames is None else "")
-        + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap, "
+        + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap "
+        f"({show(est.value('tap workers per broker'), 'worker')}), "
         f"{show(est.value('executor cores'), 'executor cores')} and "
         f"{show(est.value('executor memory'), 'GiB')} for the job, "
         f"{show(est.value('tap-topic retention disk'), 'B')} of tap topic for 48 h at RF 3, "

@@ -1,9 +1,9 @@
 """The streaming job as a spark-operator SparkApplication (``sparkoperator.k8s.io/v1beta2``): built from a
 config, then created, read and deleted through the Kubernetes API (``deploy.target: kubernetes``).
 
-``deploy/k8s/sparkapplication.yaml`` is the one description of that object: ``build`` starts from it and
+``deploy/k8s/spark/sparkapplication.yaml`` is the one description of that object: ``build`` starts from it and
 sets only what a config decides (name, namespace, image, the config file the driver reads, the driver's
-resources, extra Spark properties, where the connector comes from), so what ``kubectl apply -k deploy/k8s``
+resources, extra Spark properties, where the connector comes from), so what ``kubectl apply -k deploy/k8s/spark``
 runs and what the DAGs create cannot drift apart (tests/deploy/test_sparkapplication.py).
 ``build`` and ``plan_application`` are pure; ``SparkApplications`` is the only part that talks to the API
 server, through the official ``kubernetes`` client (its kubeconfig and in-cluster auth).
@@ -25,7 +25,7 @@ import yaml
 from deploy.spark.submit import SubmitError, check_checkpoint, resolved_config, shipped_config
 from kpmon.config import KpmonConfig, KubernetesDeployConfig
 
-MANIFEST = Path(__file__).resolve().parents[1] / "k8s" / "sparkapplication.yaml"
+MANIFEST = Path(__file__).resolve().parents[1] / "k8s" / "spark" / "sparkapplication.yaml"
 GROUP = "sparkoperator.k8s.io"
 VERSION = "v1beta2"
 PLURAL = "sparkapplications"
@@ -63,7 +63,7 @@ def _template() -> dict[str, Any]:
 
 
 def template() -> dict[str, Any]:
-    """deploy/k8s/sparkapplication.yaml, parsed (a copy: change it freely)."""
+    """deploy/k8s/spark/sparkapplication.yaml, parsed (a copy: change it freely)."""
     return copy.deepcopy(_template())
 
 
@@ -83,7 +83,7 @@ def connector_packages(app: Mapping[str, Any]) -> str:
 
 def build(config: KpmonConfig, name: str, config_path: str) -> dict[str, Any]:
     """The SparkApplication ``name`` running the job with the config file ``config_path`` (a path the
-    driver sees), from deploy/k8s/sparkapplication.yaml with what ``config`` decides."""
+    driver sees), from deploy/k8s/spark/sparkapplication.yaml with what ``config`` decides."""
     app = template()
     deploy = config.deploy
     app["metadata"]["name"] = name

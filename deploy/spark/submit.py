@@ -343,6 +343,11 @@ def plan_submit(config: KpmonConfig, options: SubmitOptions, staging_dir: Path) 
     conf |= connector
     python_conf, env = _python_conf(options, target, mode, defaults)
     conf |= python_conf
+    # The config's deploy section sizes the driver and adds properties, as for the DAGs' submissions;
+    # --conf on the command line still wins.
+    conf["spark.driver.cores"] = str(config.deploy.driver_cores)
+    conf["spark.driver.memory"] = config.deploy.driver_memory
+    conf |= config.deploy.spark_conf
 
     text = resolved_config(shipped_config(config, connector))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -11,6 +11,7 @@ import random
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import codec
@@ -31,14 +32,23 @@ def _drain(client: RawKafkaClient, seconds: float = 2.0) -> str:
 
 
 def zombie_producer(
-    bootstrap: str, topic: str, transactional_id: str, timeout: float = 30.0
+    bootstrap: str,
+    topic: str,
+    transactional_id: str,
+    timeout: float = 30.0,
+    properties: Mapping[str, Any] | None = None,
+    create: bool = True,
 ) -> dict[str, Any]:
-    """Two transactional producers share a transactional.id; the fenced one writes again (KIP-98)."""
+    """Two transactional producers share a transactional.id; the fenced one writes again (KIP-98).
+
+    ``properties``: librdkafka settings for both producers (SASL, TLS); ``create=False`` when ``topic``
+    exists already (docs/rollout.md's end-to-end check, where kpmon may not create topics)."""
     from confluent_kafka import KafkaException, Producer
 
     def producer(name: str) -> Producer:
         return Producer(
             {
+                **(properties or {}),
                 "bootstrap.servers": bootstrap,
                 "transactional.id": transactional_id,
                 "client.id": name,
@@ -47,7 +57,8 @@ def zombie_producer(
             }
         )
 
-    create_topic(bootstrap, topic)
+    if create:
+        create_topic(bootstrap, topic)
     zombie = producer("kpmon-zombie")
     zombie.init_transactions(timeout)
     zombie.begin_transaction()

@@ -105,24 +105,54 @@ def test_every_manifest_parses_and_names_itself() -> None:
             assert doc["metadata"]["namespace"] == NAMESPACE, (path, doc["metadata"]["name"])
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    assert kustomization["namespace"] == NAMESPACE
-    assert sorted(kustomization["resources"]) == sorted(
-        p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"
-    )
+#: Each kustomization: the taps and their monitoring (the default), what the job needs whoever submits
+#: it, and the job without Airflow (that plus the SparkApplication).
+KUSTOMIZATIONS = {"": [], "job": [], "spark": ["../job"]}
+
+
+def kustomized_kinds(directory: Path) -> list[str]:
+    """The kinds of every object ``kubectl apply -k directory`` creates (its resources, recursively)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert kustomization["namespace"] == NAMESPACE, directory
+    kinds: list[str] = []
+    for resource in kustomization["resources"]:
+        path = directory / resource
+        kinds += kustomized_kinds(path) if path.is_dir() else [d["kind"] for d in docs_of(path)]
+    return kinds
+
+
+def test_each_kustomization_lists_every_manifest_of_its_directory() -> None:
+    for name, bases in KUSTOMIZATIONS.items():
+        directory = K8S / name
+        resources = yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]
+        assert sorted(resources) == sorted(
+            [*bases, *(p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml")]
+        ), name
+    assert {p.parent for p in K8S.rglob("kustomization.yaml")} == {K8S / name for name in KUSTOMIZATIONS}
+
+
+def test_the_default_kustomization_is_the_taps_and_the_job_is_apart() -> None:
+    """When Airflow manages the job its DAGs create the SparkApplication: the taps' apply must not."""
+    taps, job, spark = (kustomized_kinds(K8S / name) for name in KUSTOMIZATIONS)
+    assert "SparkApplication" not in taps + job and spark.count("SparkApplication") == 1
+    assert {"Deployment", "Service", "ConfigMap", "PodMonitor", "PrometheusRule"} <= set(taps)
+    assert {"PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding"} <= set(job)
+    assert sorted(spark) == sorted([*job, "SparkApplication"])
+    every = [d["kind"] for p, d in all_docs() if p != POD_TEMPLATE and "sidecar" not in p.parts]
+    assert sorted(k for k in every if k != "Kustomization") == sorted(taps + spark)
 
 
 def test_kustomize_builds_when_kubectl_is_installed() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
-    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    built = [d for d in yaml.safe_load_all(done.stdout) if d]
-    assert len(built) == len(
-        [d for _, d in all_docs() if d["kind"] not in ("Kustomization", "Pod", "StatefulSet")]
-    )
+    for name in KUSTOMIZATIONS:
+        done = subprocess.run(
+            [kubectl, "kustomize", str(K8S / name)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        built = [d for d in yaml.safe_load_all(done.stdout) if d]
+        assert sorted(d["kind"] for d in built) == sorted(kustomized_kinds(K8S / name))
 
 
 # ----- the shared config ----------------------------------------------------------------------------
@@ -405,6 +435,48 @@ def test_sidecar_command_line_keeps_its_brokers_listener_settings(tls_config_fil
         # The sidecar listens on its own port in front of its own broker; the rest is the config's.
         assert listener.broker == "127.0.0.1:9092"
         assert listener.model_copy(update={"listen": entry.listen, "broker": entry.broker}) == entry
+# ----- Prometheus Operator scraping ------------------------------------------------------------------
+
+
+def rule_jobs() -> set[str]:
+    """The ``job`` label values the alert rules select (``up{job="kpmon-tap"}``)."""
+    return set(
+        re.findall(r'job="([^"]+)"', (ROOT / "deploy" / "prometheus" / "kpmon-rules.yaml").read_text())
+    )
+
+
+def scraped_pods() -> list[tuple[dict[str, str], set[str]]]:
+    """Labels and port names of every pod the manifests run: the taps, the job's driver and executors."""
+    pods = []
+    for deployment in kind("Deployment"):
+        template = deployment["spec"]["template"]
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        pods.append((template["metadata"]["labels"], ports))
+    app = one("SparkApplication")["spec"]
+    for role in ("driver", "executor"):
+        pods.append((app[role]["labels"], {p["name"] for p in app[role].get("ports", [])}))
+    return pods
+
+
+def test_a_pod_monitor_gives_each_job_the_rules_select_its_pods() -> None:
+    """Each job the rules watch is set by a PodMonitor that scrapes a metrics port of its pods, and no
+    pod is scraped under two jobs."""
+    monitors = kind("PodMonitor")
+    jobs: dict[str, int] = {}
+    for monitor in monitors:
+        spec = monitor["spec"]
+        (endpoint,) = spec["podMetricsEndpoints"]
+        (relabel,) = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
+        assert relabel["action"] == "replace" and "sourceLabels" not in relabel
+        selected = [
+            ports
+            for labels, ports in scraped_pods()
+            if spec["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert selected and all(endpoint["port"] in ports for ports in selected), monitor["metadata"]["name"]
+        jobs[relabel["replacement"]] = len(selected)
+    assert set(jobs) == rule_jobs() == {"kpmon-tap", "kpmon-stream"}
+    assert jobs == {"kpmon-tap": len(tap_deployments()), "kpmon-stream": 1}
 
 
 # ----- schema validation (when the tools are installed) ---------------------------------------------
@@ -449,10 +521,12 @@ def test_kubeconform_accepts_every_manifest(kubeconform: tuple[str, Path], tmp_p
 def test_kubeconform_rejects_broken_manifests(kubeconform: tuple[str, Path], tmp_path: Path) -> None:
     binary, schemas = kubeconform
     taps = (K8S / "taps.yaml").read_text().replace("readOnlyRootFilesystem", "readOnlyRootFileSystem", 1)
-    app = (K8S / "sparkapplication.yaml").read_text().replace("instances: 2", "instances: 0")
+    app = (K8S / "spark" / "sparkapplication.yaml").read_text().replace("instances: 2", "instances: 0")
+    monitor = (K8S / "podmonitor.yaml").read_text().replace("targetLabel:", "target_label:")
     for name, text, expected in (
         ("taps.yaml", taps, "readOnlyRootFileSystem"),
         ("app.yaml", app, "/spec/executor/instances"),
+        ("podmonitor.yaml", monitor, "target_label"),
     ):
         path = tmp_path / name
         path.write_text(text)
@@ -470,7 +544,7 @@ def test_kubernetes_validate_accepts_the_core_objects() -> None:
     checked = 0
     for path, doc in [*all_docs(), (Path("sidecar"), sidecar_statefulset())]:
         if (
-            doc["kind"] in ("Kustomization", "SparkApplication", "PrometheusRule")
+            doc["kind"] in ("Kustomization", "SparkApplication", "PrometheusRule", "PodMonitor")
             or path.name == "tap-sidecar-patch.yaml"
         ):
             continue
@@ -559,3 +633,26 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     broken.parent.mkdir()
     broken.write_text(unit.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     assert any("restart" in line.lower() for line in verify(broken))
+
+
+# ----- the image --------------------------------------------------------------------------------------
+
+
+def test_the_containerfile_runs_the_readmes_set_up_where_the_manifests_look() -> None:
+    """Not built here (no Docker): its steps are the Makefile's set-up and its paths the manifests'."""
+    text = (ROOT / "Containerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    flags = "--only-binary=:all: --no-binary=pyspark -e"
+    assert flags in makefile and flags in text
+    assert "python -m deploy.native" in makefile.replace("$(PY)", "python") and "-m deploy.native" in text
+    (spark,) = re.findall(r"^ARG SPARK_IMAGE=apache/spark:(\S+)-scala2\.13-java17-python3", text, re.M)
+    assert spark == spark_version() == one("SparkApplication")["spec"]["sparkVersion"]
+    (python,) = re.findall(r"python3\.(\d+) -m venv /opt/kpmon/venv", text)
+    assert int(python) >= 11
+    for argv in [
+        container_argv(c) for d in tap_deployments() for c in d["spec"]["template"]["spec"]["containers"]
+    ]:
+        assert argv[0] == "/opt/kpmon/venv/bin/kpmon"
+    main = one("SparkApplication")["spec"]["mainApplicationFile"].removeprefix("local://")
+    assert main.startswith("/opt/kpmon/") and (ROOT / main.removeprefix("/opt/kpmon/")).is_file()
+    assert "COPY . /opt/kpmon" in text and "chmod -R a+rX /opt/kpmon" in text

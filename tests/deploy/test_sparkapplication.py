@@ -32,8 +32,8 @@ def mounts(app: dict[str, Any], role: str) -> dict[str, str]:
 
 
 def test_the_shipped_config_builds_exactly_the_shipped_manifest(tmp_path: Path) -> None:
-    """`kubectl apply -k deploy/k8s` and the DAGs run the same object: no second description to drift."""
-    (manifest,) = manifests.load_documents(K8S / "sparkapplication.yaml")
+    """`kubectl apply -k deploy/k8s/spark` and the DAGs run the same object: no second description to drift."""
+    (manifest,) = manifests.load_documents(K8S / "spark" / "sparkapplication.yaml")
     built = sa.build(configmap_config(tmp_path), "kpmon-stream", "/etc/kpmon/kpmon.yaml")
     assert built == manifest
     assert sa.template() == manifest and sa.template() is not sa.template()

@@ -380,7 +380,18 @@ def test_cli_dry_run_prints_the_command_and_writes_its_config(
     monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     source = tmp_path / "prod.yaml"
-    source.write_text(yaml.safe_dump({"stream": {"master": "yarn", "checkpoint_dir": "hdfs:///kpmon/c"}}))
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "stream": {"master": "yarn", "checkpoint_dir": "hdfs:///kpmon/c"},
+                "deploy": {
+                    "driver_memory": "4g",
+                    "driver_cores": 2,
+                    "spark_conf": {"spark.yarn.tags": "kpmon"},
+                },
+            }
+        )
+    )
     code = main(
         [
             "deploy",
@@ -402,6 +413,9 @@ def test_cli_dry_run_prints_the_command_and_writes_its_config(
     assert "--master yarn" in out and "--deploy-mode cluster" in out
     assert f"--archives '{archive}#environment'" in out
     assert "--conf spark.yarn.queue=streaming" in out
+    # The config's deploy section, not the target's defaults (2g, 1 core).
+    assert "--conf spark.driver.memory=4g" in out and "spark.driver.memory=2g" not in out
+    assert "--conf spark.driver.cores=2" in out and "--conf spark.yarn.tags=kpmon" in out
     assert "--conf spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:" in out
     assert out.rstrip().endswith("--config kpmon.yaml")
     written = list((tmp_path / "home" / "deploy").glob("kpmon-submit-*.yaml"))

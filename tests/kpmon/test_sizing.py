@@ -87,7 +87,11 @@ def expected(inputs: sizing.Inputs) -> dict[str, float]:
         "tap cores per broker, by bytes": by_bytes,
         "tap cores per broker, by frames": by_frames,
         "tap cores per broker": max(by_bytes, by_frames),
-        "tap memory per broker": (inputs.tap_queue_max_bytes + 256 * 2**20) / 2**20,
+        "tap workers per broker": max(1, math.ceil(max(by_bytes, by_frames))),
+        "tap memory per broker": (
+            max(1, math.ceil(max(by_bytes, by_frames))) * inputs.tap_queue_max_bytes + 256 * 2**20
+        )
+        / 2**20,
         "tap records/s": records,
         "tap-topic bytes/day": bytes_s * 86_400,
         "tap-topic retention disk": bytes_s * inputs.retention_hours * 3600 * inputs.replication_factor,
@@ -253,7 +257,7 @@ def test_the_docs_block_changes_with_a_figure() -> None:
 
 
 def test_the_executor_shape_is_the_manifests() -> None:
-    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "sparkapplication.yaml").read_text())
+    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "spark" / "sparkapplication.yaml").read_text())
     executor = manifest["spec"]["executor"]
     assert executor["cores"] == sizing.EXECUTOR_CORES
     assert executor["memory"] == f"{sizing.EXECUTOR_MEMORY_GIB:g}g"
