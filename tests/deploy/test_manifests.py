@@ -396,17 +396,17 @@ def test_sidecar_variant_parses_and_agrees(config_file: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tls_config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ConfigMap's kpmon.yaml with every per-listener setting set, as a SASL_SSL cluster needs."""
+    """The ConfigMap's kpmon.yaml with each listener's TLS settings as docs/rollout.md's SASL_SSL example
+    config gives them (its listener's certificate named after each broker)."""
+    rollout = (ROOT / "docs" / "rollout.md").read_text()
+    example = yaml.safe_load(re.search(r"## 4\. The config.*?```yaml\n(.*?)```", rollout, re.S)[1])  # type: ignore[index]
+    (documented,) = example["tap"]["listeners"]
+    tls = {k: v for k, v in documented.items() if k not in ("listen", "broker", "broker_id", "advertise")}
+    assert tls["broker_tls"] and tls["tls_certfile"] and tls["listener_name"] == "CLIENT", tls
     data = yaml.safe_load(one("ConfigMap", "kpmon-config")["data"]["kpmon.yaml"])
     for entry in data["tap"]["listeners"]:
         n = entry["broker_id"]
-        entry.update(
-            listener_name="CLIENT",
-            tls_certfile=f"/etc/kpmon/tls/tap-{n}.crt",
-            tls_keyfile=f"/etc/kpmon/tls/tap-{n}.key",
-            broker_tls=True,
-            broker_cafile="/etc/kpmon/tls/ca.crt",
-        )
+        entry.update({k: v.replace("tap-1", f"tap-{n}") if isinstance(v, str) else v for k, v in tls.items()})
     path = tmp_path_factory.mktemp("tls-configmap") / "kpmon.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -435,6 +435,8 @@ def test_sidecar_command_line_keeps_its_brokers_listener_settings(tls_config_fil
         # The sidecar listens on its own port in front of its own broker; the rest is the config's.
         assert listener.broker == "127.0.0.1:9092"
         assert listener.model_copy(update={"listen": entry.listen, "broker": entry.broker}) == entry
+
+
 # ----- Prometheus Operator scraping ------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ plaintext inter-broker listener that stands in for the page's INTERNAL listener:
 (the mirror, the job, the alerts) goes there and never through a tap. The steps, as on the page:
 
 1. the tap topic and the alerts topic, created by an admin;
-2. `kpmon tap --config kpmon.yaml`: the tap terminates the clients' TLS with its own
+2. `kpmon tap --config kpmon.yaml --listen ADDR`: the tap terminates the clients' TLS with its own
    certificate and opens TLS to the broker; its metrics endpoint answers;
 3. the broker restarted to advertise the tap on its client listener (a rolling restart: Kafka cannot
    change advertised.listeners on a running broker, which this test also shows);
@@ -161,16 +161,18 @@ def kpmon_config(site: Site) -> dict[str, Any]:
 
 
 class Tap:
-    """`kpmon tap --config F`, as the systemd unit runs it (one listener here, so no --listen needed)."""
+    """`kpmon tap --config F --listen ADDR`, as a tap serving its host's broker runs it (docs/rollout.md,
+    step 5): the `--listen` selects the configured listener and keeps its TLS settings."""
 
     def __init__(self, config: Path, log: Path) -> None:
         self.config, self.log = config, log
+        self.listen = str(yaml.safe_load(config.read_text())["tap"]["listeners"][0]["listen"])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, metrics_port: int) -> Tap:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [KPMON, "tap", "--config", str(self.config)],
+                [KPMON, "tap", "--config", str(self.config), "--listen", self.listen],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
