@@ -357,10 +357,12 @@ def test_the_rollout_page_step_by_step(site: Site, tmp_path: Path) -> None:
         def mirrored_apis() -> set[int]:
             """API keys of the tap topic's frames: decoded from the records, so not ciphertext."""
             return {
-                raw[2]
+                part.api_key
                 for _, value in read_all(site.internal, TAP_TOPIC)
-                if value and taprecord.is_schema_2(value)
-                for raw in taprecord.read_record_2(value)[3]
+                if value and taprecord.is_packed(value)
+                for entry in taprecord.parse_records(None, value)
+                for part in entry.parts
+                if part.api_key is not None
             }
 
         # Produce, Metadata, ApiVersions, SASL: the mirror writes asynchronously, so wait for them.

@@ -415,7 +415,8 @@ def test_a_mirror_queue_overflow_on_connections_that_then_close_blames_nobody(
         tapped_cluster,
         tmp_path,
         workers=1,
-        tap={"instance_id": "oloss", "queue_max_frames": 20},
+        # A record per entry (schema 3 gathers a connection's entries): the 20-record queue overflows.
+        tap={"instance_id": "oloss", "queue_max_frames": 20, "flush_max_entries": 1},
         mirror=LINGER,
     )
     taps.append(tap)
