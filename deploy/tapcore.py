@@ -71,7 +71,9 @@ def build(cargo: str) -> Path:
         )  # fmt: skip
         wheels = sorted(work.glob(f"{MODULE}-*.whl"))
         if len(wheels) != 1:
-            raise TapcoreBuildError(f"expected one {MODULE} wheel in {work}, found {[w.name for w in wheels]}")
+            raise TapcoreBuildError(
+                f"expected one {MODULE} wheel in {work}, found {[w.name for w in wheels]}"
+            )
         _run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheels[0])],
             env, "pip install",

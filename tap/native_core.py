@@ -19,12 +19,16 @@ import logging
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from codec.errors import DecodeError
 from codec.native import ENV, disabled
 from codec.protocol import ApiKey
 from tap.framing import REBALANCE_WAITS, FrameError, HoldLimits
+
+if TYPE_CHECKING:
+    # Typed by tap/native/kpmon_tapcore.pyi (mypy_path), built or not.
+    import kpmon_tapcore
 
 #: The crate's directory: present in a source checkout, absent where only the wheel is installed.
 CRATE: Final = Path(__file__).resolve().parent / "native"
@@ -86,7 +90,7 @@ def log_core(log: logging.Logger) -> None:
         log.info("tap core: %s", why)
 
 
-def produce_table(native: Any) -> Any:
+def produce_table(native: ModuleType) -> kpmon_tapcore.ProduceTable:
     """The native ``ProduceTable``: per Produce version, its request header version and the layout
     of the fields before ``Acks``, from the schema table (``codec.peek``, ``codec.api``)."""
     from codec.api import request_header_version
@@ -95,15 +99,18 @@ def produce_table(native: Any) -> Any:
 
     spec = load_table().requests[ApiKey.PRODUCE]
     versions = spec.versions()
-    return native.ProduceTable(
+    table: kpmon_tapcore.ProduceTable = native.ProduceTable(
         {v: request_header_version(ApiKey.PRODUCE, v) for v in versions},
         {v: _acks_layout(v) for v in versions},
     )
+    return table
 
 
-def correlations(native: Any, limits: HoldLimits, budget: Any = None) -> Any:
+def correlations(
+    native: ModuleType, limits: HoldLimits, budget: kpmon_tapcore.HeldBudget | None = None
+) -> kpmon_tapcore.Correlations:
     """A native ``Correlations`` with the reference's bounds (``HoldLimits``, ``REBALANCE_WAITS``)."""
-    return native.Correlations(
+    found: kpmon_tapcore.Correlations = native.Correlations(
         limits.max_in_flight,
         limits.max_bytes,
         limits.max_age_ns,
@@ -111,3 +118,4 @@ def correlations(native: Any, limits: HoldLimits, budget: Any = None) -> Any:
         sorted(int(api) for api in REBALANCE_WAITS),
         budget,
     )
+    return found
