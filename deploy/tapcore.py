@@ -96,7 +96,8 @@ def check() -> tuple[bool, str]:
         capture_output=True,
         text=True,
     )
-    return done.returncode == 0, (done.stdout.strip() or done.stderr.strip().splitlines()[-1:] or ["?"])[0]
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return done.returncode == 0, lines[-1] if lines else f"unknown (exit {done.returncode})"
 
 
 def run() -> int:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ import msgpack
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 import codec
 import codec.peek
@@ -41,12 +45,14 @@ from tap.framing import (
     expects_response,
     starts_with_tls,
 )
+from tap.metrics import TapMetrics
 from tests.codec.strategies import records_value
 
 NATIVE, WHY = native_core.status()
 needs_native = pytest.mark.skipif(NATIVE is None, reason=f"the native tap core is not in use: {WHY}")
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
 
 
 def _corpus() -> list[tuple[str, int, int, bytes]]:
@@ -102,6 +108,15 @@ def test_the_set_up_build_is_what_runs() -> None:
     # `make setup` builds and installs it wherever cargo is: a stale or missing build says why here.
     assert NATIVE is not None, WHY
     assert native_core.core_name() == "native"
+
+
+def test_the_metric_and_the_environment_say_which_core_runs() -> None:
+    text = generate_latest(TapMetrics().registry).decode()
+    assert f'kpmon_tap_core_info{{core="{native_core.core_name()}"}} 1.0' in text
+    code = "from tap.native_core import status; m, why = status(); print(m is None, why)"
+    env = {**os.environ, "KPMON_NATIVE": "0", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True KPMON_NATIVE=0: the Python reference core"
 
 
 def test_a_build_is_refused_beside_other_sources(tmp_path: Path) -> None:
