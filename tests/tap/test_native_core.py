@@ -322,6 +322,15 @@ _OPS = st.lists(
 @given(
     _OPS, st.integers(0, 6), st.integers(0, 60), st.integers(0, 80), st.integers(1, 50), st.integers(1, 200)
 )
+@example(  # a JoinGroup inside its rebalance bound does not stop the younger requests' expiry
+    [("add", 0, 1, 10, ApiKey.JOIN_GROUP), ("add", 0, 2, 10, ApiKey.METADATA), ("expire", 0, 0, 0, 0)],
+    6,
+    60,
+    80,
+    1,
+    100,
+)
+@settings(max_examples=300)
 def test_correlations_decide_alike(
     ops: list[tuple[str, int, int, int, int]],
     max_in_flight: int,
