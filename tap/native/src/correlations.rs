@@ -17,7 +17,10 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(limit: i64) -> Arc<Self> {
-        Arc::new(Budget { limit: AtomicI64::new(limit), held: AtomicI64::new(0) })
+        Arc::new(Budget {
+            limit: AtomicI64::new(limit),
+            held: AtomicI64::new(0),
+        })
     }
 
     pub fn held(&self) -> i64 {
@@ -137,7 +140,12 @@ impl<H> Correlations<H> {
     }
 
     fn release_oldest_held(&mut self, reason: Reason, out: &mut Vec<(H, Reason)>) -> bool {
-        let Some(order) = self.pending.iter().find(|(_, (_, p))| p.held.is_some()).map(|(o, _)| *o) else {
+        let Some(order) = self
+            .pending
+            .iter()
+            .find(|(_, (_, p))| p.held.is_some())
+            .map(|(o, _)| *o)
+        else {
             return false;
         };
         let mut entry = self.pending.remove(&order).expect("found entry");

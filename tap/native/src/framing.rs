@@ -72,7 +72,8 @@ impl Splitter {
                 if self.prefix_len > 0 || end - pos < 4 {
                     let need = 4 - self.prefix_len;
                     let take = need.min(end - pos);
-                    self.prefix[self.prefix_len..self.prefix_len + take].copy_from_slice(&data[pos..pos + take]);
+                    self.prefix[self.prefix_len..self.prefix_len + take]
+                        .copy_from_slice(&data[pos..pos + take]);
                     self.prefix_len += take;
                     pos += take;
                     if self.prefix_len < 4 {
@@ -88,17 +89,27 @@ impl Splitter {
                     return Err(FrameError { size, max: self.max });
                 }
                 if size == 0 {
-                    emit(WireFrame { size: 0, head: Vec::new() });
+                    emit(WireFrame {
+                        size: 0,
+                        head: Vec::new(),
+                    });
                     continue;
                 }
                 let wide = i64::from(size);
-                let keep = if wide <= self.retain { wide } else { self.retain.min(self.head) };
+                let keep = if wide <= self.retain {
+                    wide
+                } else {
+                    self.retain.min(self.head)
+                };
                 // A negative retain or head keeps nothing, as Python's empty slices do.
                 let keep = keep.max(0);
                 if (end - pos) as i64 >= wide {
                     // The whole frame is in this chunk: one slice.
                     let kept = keep as usize;
-                    emit(WireFrame { size, head: data[pos..pos + kept].to_vec() });
+                    emit(WireFrame {
+                        size,
+                        head: data[pos..pos + kept].to_vec(),
+                    });
                     pos += size as usize;
                     continue;
                 }
@@ -115,7 +126,10 @@ impl Splitter {
             pos += take;
             self.remaining -= take as i64;
             if self.remaining == 0 {
-                emit(WireFrame { size: self.size as i32, head: std::mem::take(&mut self.parts) });
+                emit(WireFrame {
+                    size: self.size as i32,
+                    head: std::mem::take(&mut self.parts),
+                });
                 self.size = -1;
             }
         }

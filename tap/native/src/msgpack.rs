@@ -108,3 +108,112 @@ pub fn prefix_3(meta_len: usize) -> [u8; 8] {
     prefix[4..].copy_from_slice(&(meta_len as u32).to_be_bytes());
     prefix
 }
+
+/// One part of a tap record as the native core holds it: `codec.taprecord.Part`, with its redacted
+/// names already joined (`,`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part<'a> {
+    pub direction: &'a str,
+    pub ts_ns: i64,
+    pub api_key: Option<i64>,
+    pub api_version: Option<i64>,
+    pub correlation_id: Option<i64>,
+    pub redacted: &'a str,
+    pub flags: &'a [(&'a str, &'a str)],
+    pub value: &'a [u8],
+}
+
+/// One entry of a schema-3 record: an exchange, a lone frame or a lifecycle event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub kind: &'a str,
+    pub seq: i64,
+    pub parts: &'a [Part<'a>],
+}
+
+fn write_opt_int(out: &mut Vec<u8>, value: Option<i64>) {
+    match value {
+        Some(v) => write_int(out, v),
+        None => write_nil(out),
+    }
+}
+
+/// `[dir, ts_ns, api_key, api_version, corr_id, redacted, flags, length]` (`taprecord._part_meta`).
+fn write_part_meta(out: &mut Vec<u8>, part: &Part<'_>) {
+    write_array_header(out, 8);
+    write_str(out, part.direction);
+    write_int(out, part.ts_ns);
+    write_opt_int(out, part.api_key);
+    write_opt_int(out, part.api_version);
+    write_opt_int(out, part.correlation_id);
+    write_str(out, part.redacted);
+    if part.flags.is_empty() {
+        write_nil(out);
+    } else {
+        write_map_header(out, part.flags.len());
+        for (name, value) in part.flags {
+            write_str(out, name);
+            write_str(out, value);
+        }
+    }
+    write_uint(out, part.value.len() as u64);
+}
+
+/// A schema-3 record value (`codec.taprecord.pack_flush`): `MAGIC_3 | meta length | meta | payloads`,
+/// meta being `[static, [[kind, seq, [part meta...]]...], lost]` with `lost` left out while 0.
+pub fn pack_flush(static_: &[u8], entries: &[Entry<'_>], lost: i64) -> Vec<u8> {
+    let mut meta = Vec::with_capacity(64 + static_.len() + 48 * entries.len());
+    write_array_header(&mut meta, if lost != 0 { 3 } else { 2 });
+    write_bin(&mut meta, static_);
+    write_array_header(&mut meta, entries.len());
+    let mut payload_len = 0;
+    for entry in entries {
+        write_array_header(&mut meta, 3);
+        write_str(&mut meta, entry.kind);
+        write_int(&mut meta, entry.seq);
+        write_array_header(&mut meta, entry.parts.len());
+        for part in entry.parts {
+            write_part_meta(&mut meta, part);
+            payload_len += part.value.len();
+        }
+    }
+    if lost != 0 {
+        write_int(&mut meta, lost);
+    }
+    let mut value = Vec::with_capacity(8 + meta.len() + payload_len);
+    value.extend_from_slice(&prefix_3(meta.len()));
+    value.extend_from_slice(&meta);
+    for entry in entries {
+        for part in entry.parts {
+            value.extend_from_slice(part.value);
+        }
+    }
+    value
+}
+
+/// `codec.taprecord.pack_static` of a connection's fields (`STATIC_FIELDS` order).
+pub struct Static<'a> {
+    pub conn: &'a str,
+    pub client: &'a str,
+    pub broker: &'a str,
+    pub broker_id: Option<i64>,
+    pub listener: Option<&'a str>,
+    pub tap: &'a str,
+    pub capture: &'a str,
+}
+
+pub fn pack_static(connection: &Static<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    write_array_header(&mut out, 7);
+    write_str(&mut out, connection.conn);
+    write_str(&mut out, connection.client);
+    write_str(&mut out, connection.broker);
+    write_opt_int(&mut out, connection.broker_id);
+    match connection.listener {
+        Some(listener) => write_str(&mut out, listener),
+        None => write_nil(&mut out),
+    }
+    write_str(&mut out, connection.tap);
+    write_str(&mut out, connection.capture);
+    out
+}

@@ -46,11 +46,23 @@ pub fn peek_request_header(buf: &[u8]) -> Result<RequestHeader<'_>, PeekError> {
     let api_version = i16_at(buf, 2);
     let correlation_id = i32_at(buf, 4);
     if buf.len() < 10 {
-        return Ok(RequestHeader { api_key, api_version, correlation_id, client_id: None, end: 8 });
+        return Ok(RequestHeader {
+            api_key,
+            api_version,
+            correlation_id,
+            client_id: None,
+            end: 8,
+        });
     }
     let n = i16_at(buf, 8);
     if n < 0 {
-        return Ok(RequestHeader { api_key, api_version, correlation_id, client_id: None, end: 10 });
+        return Ok(RequestHeader {
+            api_key,
+            api_version,
+            correlation_id,
+            client_id: None,
+            end: 10,
+        });
     }
     let end = 10 + n as usize;
     if end > buf.len() {
@@ -62,7 +74,13 @@ pub fn peek_request_header(buf: &[u8]) -> Result<RequestHeader<'_>, PeekError> {
             what: "RequestHeader",
         });
     }
-    Ok(RequestHeader { api_key, api_version, correlation_id, client_id: Some(&buf[10..end]), end })
+    Ok(RequestHeader {
+        api_key,
+        api_version,
+        correlation_id,
+        client_id: Some(&buf[10..end]),
+        end,
+    })
 }
 
 pub fn peek_correlation_id(buf: &[u8]) -> Result<i32, PeekError> {
