@@ -49,7 +49,7 @@ $(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streamin
 CARGO ?= $(firstword $(shell command -v cargo) $(wildcard $(HOME)/.cargo/bin/cargo))
 TAPCORE := build/tapcore/installed
 tapcore: $(TAPCORE)
-$(TAPCORE): $(STAMP) $(wildcard tap/native/Cargo.toml tap/native/Cargo.lock tap/native/src/*.rs) deploy/tapcore.py
+$(TAPCORE): $(STAMP) $(wildcard tap/native/*.toml tap/native/Cargo.lock tap/native/*.pyi tap/native/src/*.rs) deploy/tapcore.py
 	KPMON_CARGO=$(CARGO) $(PY) -m deploy.tapcore
 
 # From Debian's packages, once: tcpdump captures real client<->broker traffic for the pcap tests;

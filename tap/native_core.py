@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
 from functools import cache
 from pathlib import Path
@@ -82,12 +83,14 @@ def core_name() -> str:
 
 
 def log_core(log: logging.Logger) -> None:
-    """The one line that says which core this process runs, and why."""
+    """The one line that says which core this process runs, and why: a warning when the native core
+    should run and cannot (not built, or out of date)."""
     module, why = status()
-    if module is None:
-        log.warning("tap core: %s", why)
+    entry = json.dumps({"event": "tap_core", "core": core_name(), "why": why})
+    if module is None and not disabled():
+        log.warning(entry)
     else:
-        log.info("tap core: %s", why)
+        log.info(entry)
 
 
 def produce_table(native: ModuleType) -> kpmon_tapcore.ProduceTable:

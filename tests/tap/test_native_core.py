@@ -119,6 +119,28 @@ def test_the_metric_and_the_environment_say_which_core_runs() -> None:
     assert out.stdout.strip() == "True KPMON_NATIVE=0: the Python reference core"
 
 
+def test_cargo_is_found_off_the_path_and_its_absence_stops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rustup's ~/.cargo/bin is often missing from a CI shell's PATH; without cargo anywhere the set-up
+    step says so and succeeds (the tap runs the reference)."""
+    cargo = tmp_path / "home" / ".cargo" / "bin" / "cargo"
+    cargo.parent.mkdir(parents=True)
+    cargo.write_text("#!/bin/sh\n")
+    cargo.chmod(0o755)
+    for name in ("KPMON_CARGO", "CARGO_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert find_cargo() == str(cargo)
+    cargo.unlink()
+    assert find_cargo() is None
+    env = {"PATH": "/nonexistent", "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), "KPMON_CARGO": ""}
+    done = subprocess.run([sys.executable, "-m", "deploy.tapcore"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "cargo not found" in done.stdout and "Python reference" in done.stdout
+
+
 def test_a_build_is_refused_beside_other_sources(tmp_path: Path) -> None:
     assert native_core.source_digest(tmp_path) is None
     assert native_core.verdict("abc", None) is None  # a wheel installed without its source tree
