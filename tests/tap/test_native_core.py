@@ -324,6 +324,8 @@ def test_produce_acks_decide_alike(
     table = native_core.produce_table(NATIVE)
     head = _header(key, version, 7, client_id, tags + transactional_id + struct.pack(">h", acks) + tail)
     _produce_decisions(table, head, key, version)
+    # A body offset far past the frame says nothing (and cannot overflow the native arithmetic).
+    assert table.peek_produce_acks(head, version, 2**63 - 1) is None
 
 
 # ----- correlations ----------------------------------------------------------------------------------

@@ -128,19 +128,19 @@ impl ProduceTable {
                     }
                     shift += 7;
                 }
-                pos += (length - 1).max(0);
+                pos = pos.saturating_add((length - 1).max(0));
             } else {
-                if pos + 2 > len {
+                if pos.saturating_add(2) > len {
                     return None;
                 }
                 let at = index(pos, len)?;
                 if at + 2 > buf.len() {
                     return None;
                 }
-                pos += 2 + i64::from(i16_at(buf, at)).max(0);
+                pos = pos.saturating_add(2 + i64::from(i16_at(buf, at)).max(0));
             }
         }
-        if pos + 2 > len {
+        if pos.saturating_add(2) > len {
             return None;
         }
         let at = index(pos, len)?;
