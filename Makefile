@@ -103,6 +103,9 @@ unit: setup
 	$(PY) -m pytest -m "not integration" -q $(XDIST)
 
 test: setup lint typecheck
+	@# The tap core's pieces in Rust alone, without Python (seconds), where cargo is.
+	@if [ -n "$(CARGO)" ]; then PATH="$(dir $(CARGO)):$$PATH" CARGO_TARGET_DIR=build/tapcore/target \
+		$(CARGO) test -q --locked --no-default-features --manifest-path tap/native/Cargo.toml; fi
 	@# The slowest tests are listed at the end: what to look at first when the suite's time grows.
 	$(PY) -m pytest -q $(XDIST) --durations=15
 	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.

@@ -114,6 +114,10 @@ impl<H> Correlations<H> {
         self.pending.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     pub fn held_bytes(&self) -> i64 {
         self.bytes
     }
@@ -241,5 +245,103 @@ impl<H> Correlations<H> {
         for (_, (_, mut p)) in pending {
             self.release(&mut p, Reason::Closed, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_in_flight: 1_000,
+        max_bytes: 1 << 20,
+        max_age_ns: 100,
+        max_rebalance_age_ns: 1_000,
+    };
+    const JOIN_GROUP: i64 = 11;
+
+    fn pending(api_key: i64, forwarded_ns: i64, held: &'static str) -> Pending<&'static str> {
+        Pending {
+            api_key,
+            api_version: 9,
+            forwarded_ns,
+            sensitive: false,
+            held: Some(held),
+            held_bytes: 0,
+        }
+    }
+
+    fn tracker(limits: Limits, budget: Arc<Budget>) -> Correlations<&'static str> {
+        Correlations::new(limits, budget, vec![JOIN_GROUP])
+    }
+
+    #[test]
+    fn a_response_releases_the_older_unanswered_requests() {
+        let mut c = tracker(LIMITS, Budget::new(1 << 40));
+        let mut out = Vec::new();
+        for (corr, held) in [(1, "one"), (2, "two"), (3, "three")] {
+            c.add(corr, pending(0, corr, held), 10, &mut out);
+        }
+        assert!(out.is_empty());
+        let found = c.match_response(2, &mut out).expect("tracked");
+        assert_eq!(found.held, Some("two"));
+        assert_eq!(out, vec![("one", Reason::Unanswered)]);
+        assert_eq!((c.len(), c.held_bytes()), (1, 10));
+        assert!(c.match_response(1, &mut out).is_none());
+    }
+
+    #[test]
+    fn the_bounds_hand_frames_back() {
+        let budget = Budget::new(25);
+        let mut a = tracker(
+            Limits {
+                max_bytes: 20,
+                ..LIMITS
+            },
+            budget.clone(),
+        );
+        let mut b = tracker(
+            Limits {
+                max_bytes: 20,
+                ..LIMITS
+            },
+            budget.clone(),
+        );
+        let mut out = Vec::new();
+        a.add(1, pending(0, 1, "a1"), 10, &mut out);
+        a.add(2, pending(0, 2, "a2"), 10, &mut out);
+        a.add(3, pending(0, 3, "a3"), 10, &mut out);
+        assert_eq!(out, vec![("a1", Reason::HeldBytes)]);
+        out.clear();
+        b.add(7, pending(0, 4, "b7"), 10, &mut out);
+        assert_eq!(out, vec![("b7", Reason::HeldBytes)]);
+        assert_eq!(budget.held(), 20);
+        let mut capped = tracker(
+            Limits {
+                max_in_flight: 1,
+                ..LIMITS
+            },
+            Budget::new(1 << 40),
+        );
+        out.clear();
+        capped.add(1, pending(0, 1, "c1"), 1, &mut out);
+        capped.add(2, pending(0, 2, "c2"), 1, &mut out);
+        assert_eq!(out, vec![("c1", Reason::InFlightCap)]);
+    }
+
+    #[test]
+    fn a_join_group_is_held_to_its_own_age_bound() {
+        let mut c = tracker(LIMITS, Budget::new(1 << 40));
+        let mut out = Vec::new();
+        c.add(1, pending(JOIN_GROUP, 0, "join"), 10, &mut out);
+        c.add(2, pending(3, 10, "metadata"), 10, &mut out);
+        c.expire(150, &mut out);
+        assert_eq!(out, vec![("metadata", Reason::HeldAge)]);
+        out.clear();
+        c.expire(1_000, &mut out);
+        assert_eq!(out, vec![("join", Reason::HeldAge)]);
+        out.clear();
+        c.drain(&mut out);
+        assert!(out.is_empty() && c.is_empty() && c.held_bytes() == 0);
     }
 }

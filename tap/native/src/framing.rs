@@ -142,3 +142,58 @@ impl Splitter {
 pub fn starts_with_tls(data: &[u8]) -> bool {
     data.len() >= 3 && (0x14..=0x17).contains(&data[0]) && data[1] == 0x03 && data[2] <= 0x04
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(payloads: &[&[u8]]) -> Vec<u8> {
+        payloads
+            .iter()
+            .flat_map(|p| {
+                (p.len() as i32)
+                    .to_be_bytes()
+                    .into_iter()
+                    .chain(p.iter().copied())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_cut_yields_the_same_frames() {
+        let payloads: [&[u8]; 4] = [b"abc", b"", b"0123456789abcdef", b"z"];
+        let data = stream(&payloads);
+        for cut in 0..=data.len() {
+            for second in cut..=data.len() {
+                let mut splitter = Splitter::new(8, 1 << 30, 4);
+                let mut frames = Vec::new();
+                for chunk in [&data[..cut], &data[cut..second], &data[second..]] {
+                    splitter.feed(chunk, |f| frames.push(f)).expect("valid framing");
+                }
+                let sizes: Vec<i32> = frames.iter().map(|f| f.size).collect();
+                assert_eq!(sizes, vec![3, 0, 16, 1]);
+                let heads: Vec<&[u8]> = frames.iter().map(|f| f.head.as_slice()).collect();
+                assert_eq!(heads, vec![&b"abc"[..], b"", b"0123", b"z"]);
+                assert!(!splitter.mid_frame());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        for size in [-1i32, i32::MIN, (1 << 30) + 1] {
+            let err = Splitter::new(10, 1 << 30, 10)
+                .feed(&size.to_be_bytes(), |_| {})
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("frame size {size} outside 0..1073741824")
+            );
+        }
+        let mut splitter = Splitter::new(10, 1 << 30, 10);
+        splitter
+            .feed(b"\x00\x00\x00\x05ab", |_| {})
+            .expect("a frame begun");
+        assert!(splitter.mid_frame());
+    }
+}

@@ -217,3 +217,61 @@ pub fn pack_static(connection: &Static<'_>) -> Vec<u8> {
     write_str(&mut out, connection.capture);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int(value: i64) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_int(&mut out, value);
+        out
+    }
+
+    #[test]
+    fn ints_take_msgpack_python_s_smallest_form() {
+        assert_eq!(int(127), [0x7f]);
+        assert_eq!(int(128), [0xcc, 0x80]);
+        assert_eq!(int(256), [0xcd, 0x01, 0x00]);
+        assert_eq!(int(65_536), [0xce, 0, 1, 0, 0]);
+        assert_eq!(int(1 << 32), [0xcf, 0, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(int(-32), [0xe0]);
+        assert_eq!(int(-33), [0xd0, 0xdf]);
+        assert_eq!(int(-129), [0xd1, 0xff, 0x7f]);
+        assert_eq!(int(-32_769), [0xd2, 0xff, 0xff, 0x7f, 0xff]);
+        assert_eq!(int(i64::MIN)[0], 0xd3);
+    }
+
+    #[test]
+    fn a_flush_is_its_prefix_meta_and_payloads() {
+        let part = Part {
+            direction: "req",
+            ts_ns: 5,
+            api_key: Some(18),
+            api_version: None,
+            correlation_id: Some(1),
+            redacted: "",
+            flags: &[("truncated", "1")],
+            value: b"xy",
+        };
+        let parts = [part];
+        let value = pack_flush(
+            b"s",
+            &[Entry {
+                kind: "ex",
+                seq: 1,
+                parts: &parts,
+            }],
+            0,
+        );
+        let meta: &[u8] = &[
+            0x92, 0xc4, 0x01, b's', 0x91, 0x93, 0xa2, b'e', b'x', 0x01, 0x91, 0x98, 0xa3, b'r', b'e', b'q',
+            0x05, 0x12, 0xc0, 0x01, 0xa0, 0x81, 0xa9, b't', b'r', b'u', b'n', b'c', b'a', b't', b'e', b'd',
+            0xa1, b'1', 0x02,
+        ];
+        assert_eq!(&value[..4], MAGIC_3);
+        assert_eq!(&value[4..8], &(meta.len() as u32).to_be_bytes());
+        assert_eq!(&value[8..8 + meta.len()], meta);
+        assert_eq!(&value[8 + meta.len()..], b"xy");
+    }
+}

@@ -236,3 +236,65 @@ pub fn request_header_end(buf: &[u8], header_version: i64) -> Option<usize> {
     }
     Some(pos)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn produce(version: i16, client_id: &[u8], tags: &[u8], acks: i16) -> Vec<u8> {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&0i16.to_be_bytes());
+        frame.extend_from_slice(&version.to_be_bytes());
+        frame.extend_from_slice(&7i32.to_be_bytes());
+        frame.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+        frame.extend_from_slice(client_id);
+        frame.extend_from_slice(tags);
+        // A null transactional id: int16 -1 (v3-v8), compact 0 (v9+).
+        if version >= 9 {
+            frame.push(0);
+        } else {
+            frame.extend_from_slice(&(-1i16).to_be_bytes());
+        }
+        frame.extend_from_slice(&acks.to_be_bytes());
+        frame
+    }
+
+    fn table() -> ProduceTable {
+        ProduceTable {
+            header_versions: HashMap::from([(3, 1), (9, 2)]),
+            acks_layouts: HashMap::from([(3, Some((false, 1))), (9, Some((true, 1)))]),
+        }
+    }
+
+    #[test]
+    fn only_a_produce_with_acks_0_goes_unanswered() {
+        let t = table();
+        assert!(!t.expects_response(&produce(3, b"app", b"", 0), 0, 3));
+        assert!(t.expects_response(&produce(3, b"app", b"", -1), 0, 3));
+        assert!(!t.expects_response(&produce(9, b"app", b"\x01\x05\x01x", 0), 0, 9));
+        // A client id that is not UTF-8: the codec cannot read the header, so a response is assumed.
+        assert!(t.expects_response(&produce(3, b"\xff", b"", 0), 0, 3));
+        // An unknown version, or another API.
+        assert!(t.expects_response(&produce(3, b"app", b"", 0), 0, 4));
+        assert!(t.expects_response(&produce(3, b"app", b"", 0), 1, 3));
+    }
+
+    #[test]
+    fn headers_peek_as_the_codec_does() {
+        let frame = produce(3, b"app", b"", 1);
+        let header = peek_request_header(&frame).expect("a header");
+        assert_eq!(
+            (header.api_key, header.api_version, header.correlation_id),
+            (0, 3, 7)
+        );
+        assert_eq!((header.client_id, header.end), (Some(&b"app"[..]), 13));
+        let err = peek_request_header(&frame[..5]).unwrap_err();
+        assert_eq!(err.reason, "request header needs 8 bytes, frame has 5");
+        let err = peek_request_header(&frame[..11]).unwrap_err();
+        assert_eq!(
+            (err.reason.as_str(), err.offset),
+            ("client id length 3 exceeds the 1 bytes left", 8)
+        );
+        assert_eq!(peek_correlation_id(&[0, 0, 1, 0]), Ok(256));
+    }
+}
