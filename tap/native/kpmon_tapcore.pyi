@@ -92,5 +92,7 @@ def packb(obj: object) -> bytes:
 def pack_static(connection: Any) -> bytes:
     """``codec.taprecord.pack_static``."""
 
-def pack_flush(static: bytes, entries: Iterable[tuple[str, int, Iterable[Any]]], lost: int = 0) -> bytes:
+def pack_flush(
+    static: bytes, entries: Iterable[tuple[str, int, Iterable[Any]]], lost: int = 0, loss_ns: int = 0
+) -> bytes:
     """``codec.taprecord.pack_flush``."""

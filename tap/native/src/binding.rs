@@ -614,17 +614,13 @@ type Flush<'py> = Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>, Vec<PartFields<'py>
 fn typed_flush(
     static_: &Bound<'_, PyAny>,
     entries: &Flush<'_>,
-    lost: Option<&Bound<'_, PyAny>>,
+    lost: &Bound<'_, PyAny>,
+    loss_ns: &Bound<'_, PyAny>,
 ) -> PyResult<Option<Vec<u8>>> {
-    let Ok(static_) = static_.cast::<PyBytes>() else {
+    let (Ok(static_), Some(lost), Some(loss_ns)) =
+        (static_.cast::<PyBytes>(), plain_int(lost), plain_int(loss_ns))
+    else {
         return Ok(None);
-    };
-    let lost = match lost {
-        None => 0,
-        Some(l) => match plain_int(l) {
-            Some(v) => v,
-            None => return Ok(None),
-        },
     };
     let mut typed: Vec<(Bound<'_, PyString>, i64, Vec<TypedPart<'_>>)> = Vec::with_capacity(entries.len());
     for (kind, seq, parts) in entries {
@@ -695,23 +691,35 @@ fn typed_flush(
             parts,
         })
         .collect();
-    Ok(Some(msgpack::pack_flush(static_.as_bytes(), &entries, lost)))
+    Ok(Some(msgpack::pack_flush(
+        static_.as_bytes(),
+        &entries,
+        lost,
+        loss_ns,
+    )))
 }
 
 /// `codec.taprecord.pack_flush`: a schema-3 record value from `static` (``pack_static``), entries
-/// `(kind, seq, parts)` of `codec.taprecord.Part`, and `lost`. Typed fields (the native core's own)
-/// go through the native writer; anything else through the general one, as the reference packs it.
+/// `(kind, seq, parts)` of `codec.taprecord.Part`, `lost` and `loss_ns`. Typed fields (the native
+/// core's own) go through the native writer; anything else through the general one, as the reference
+/// packs it.
 #[pyfunction]
-#[pyo3(signature = (r#static, entries, lost = None))]
+#[pyo3(signature = (r#static, entries, lost = None, loss_ns = None))]
 fn pack_flush<'py>(
     py: Python<'py>,
     r#static: &Bound<'py, PyAny>,
     entries: &Bound<'py, PyAny>,
     lost: Option<&Bound<'py, PyAny>>,
+    loss_ns: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let lost = match lost {
-        Some(l) if l.is_truthy()? => Some(l),
-        _ => None,
+    let zero = 0i64.into_pyobject(py)?.into_any();
+    let lost = lost.unwrap_or(&zero);
+    let loss_ns = loss_ns.unwrap_or(&zero);
+    // `if lost or loss_ns: meta.append(lost)`, `if loss_ns: meta.append(loss_ns)`.
+    let tail = if loss_ns.is_truthy()? {
+        2
+    } else {
+        usize::from(lost.is_truthy()?)
     };
     let mut flush: Flush<'py> = Vec::new();
     for entry in entries.try_iter()? {
@@ -723,12 +731,12 @@ fn pack_flush<'py>(
             .collect::<PyResult<Vec<_>>>()?;
         flush.push((kind, seq, parts));
     }
-    if let Some(value) = typed_flush(r#static, &flush, lost)? {
+    if let Some(value) = typed_flush(r#static, &flush, lost, loss_ns)? {
         return Ok(PyBytes::new(py, &value));
     }
     let mut meta = Vec::with_capacity(256);
     let mut payloads = Vec::new();
-    msgpack::write_array_header(&mut meta, if lost.is_some() { 3 } else { 2 });
+    msgpack::write_array_header(&mut meta, 2 + tail);
     pack_obj(&mut meta, r#static, 1)?;
     msgpack::write_array_header(&mut meta, flush.len());
     for (kind, seq, parts) in &flush {
@@ -740,8 +748,11 @@ fn pack_flush<'py>(
             generic_part(&mut meta, &mut payloads, fields)?;
         }
     }
-    if let Some(lost) = lost {
+    if tail > 0 {
         pack_obj(&mut meta, lost, 1)?;
+    }
+    if tail > 1 {
+        pack_obj(&mut meta, loss_ns, 1)?;
     }
     let mut value = Vec::with_capacity(8 + meta.len() + payloads.len());
     value.extend_from_slice(&msgpack::prefix_3(meta.len()));

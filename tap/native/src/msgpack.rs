@@ -160,10 +160,12 @@ fn write_part_meta(out: &mut Vec<u8>, part: &Part<'_>) {
 }
 
 /// A schema-3 record value (`codec.taprecord.pack_flush`): `MAGIC_3 | meta length | meta | payloads`,
-/// meta being `[static, [[kind, seq, [part meta...]]...], lost]` with `lost` left out while 0.
-pub fn pack_flush(static_: &[u8], entries: &[Entry<'_>], lost: i64) -> Vec<u8> {
+/// meta being `[static, [[kind, seq, [part meta...]]...], lost, loss_ns]`, `loss_ns` left out while 0
+/// and `lost` too unless `loss_ns` is written.
+pub fn pack_flush(static_: &[u8], entries: &[Entry<'_>], lost: i64, loss_ns: i64) -> Vec<u8> {
     let mut meta = Vec::with_capacity(64 + static_.len() + 48 * entries.len());
-    write_array_header(&mut meta, if lost != 0 { 3 } else { 2 });
+    let tail = if loss_ns != 0 { 2 } else { usize::from(lost != 0) };
+    write_array_header(&mut meta, 2 + tail);
     write_bin(&mut meta, static_);
     write_array_header(&mut meta, entries.len());
     let mut payload_len = 0;
@@ -177,8 +179,11 @@ pub fn pack_flush(static_: &[u8], entries: &[Entry<'_>], lost: i64) -> Vec<u8> {
             payload_len += part.value.len();
         }
     }
-    if lost != 0 {
+    if tail > 0 {
         write_int(&mut meta, lost);
+    }
+    if tail > 1 {
+        write_int(&mut meta, loss_ns);
     }
     let mut value = Vec::with_capacity(8 + meta.len() + payload_len);
     value.extend_from_slice(&prefix_3(meta.len()));
@@ -255,15 +260,12 @@ mod tests {
             value: b"xy",
         };
         let parts = [part];
-        let value = pack_flush(
-            b"s",
-            &[Entry {
-                kind: "ex",
-                seq: 1,
-                parts: &parts,
-            }],
-            0,
-        );
+        let entries = [Entry {
+            kind: "ex",
+            seq: 1,
+            parts: &parts,
+        }];
+        let value = pack_flush(b"s", &entries, 0, 0);
         let meta: &[u8] = &[
             0x92, 0xc4, 0x01, b's', 0x91, 0x93, 0xa2, b'e', b'x', 0x01, 0x91, 0x98, 0xa3, b'r', b'e', b'q',
             0x05, 0x12, 0xc0, 0x01, 0xa0, 0x81, 0xa9, b't', b'r', b'u', b'n', b'c', b'a', b't', b'e', b'd',
@@ -273,5 +275,13 @@ mod tests {
         assert_eq!(&value[4..8], &(meta.len() as u32).to_be_bytes());
         assert_eq!(&value[8..8 + meta.len()], meta);
         assert_eq!(&value[8 + meta.len()..], b"xy");
+        // `lost` is written before a `loss_ns`, even while 0; each changes only the list's end.
+        let with_loss = pack_flush(b"s", &entries, 0, 300);
+        assert_eq!(with_loss[8], 0x94);
+        assert_eq!(&with_loss[9..8 + meta.len()], &meta[1..]);
+        assert_eq!(
+            &with_loss[8 + meta.len()..8 + meta.len() + 4],
+            &[0x00, 0xcd, 0x01, 0x2c]
+        );
     }
 }
