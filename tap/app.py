@@ -12,10 +12,10 @@ import time
 import uuid
 
 from kpmon.config import KpmonConfig, TapConfig
-from tap import native_core
 from tap.framing import HoldLimits
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink, NullMirror
+from tap.native_core import log_core
 from tap.proxy import ListenerSpec, Tap, TapSettings, install_uvloop, parse_hostport
 
 log = logging.getLogger("kpmon.tap")
@@ -92,8 +92,8 @@ def listener_specs(tap: TapConfig) -> list[ListenerSpec]:
 
 def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str | None = None) -> Tap:
     tap_cfg = config.tap
-    native_core.log_core(log)
     metrics = TapMetrics()
+    log_core(log)
     instance = tap_cfg.instance_id or f"tap-{uuid.uuid4().hex[:8]}"
     sink: MirrorSink = NullMirror()
     if mirror:
