@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export KPMON_HOME ?= $(CURDIR)/.kpmon
 
-.PHONY: setup jars tools debian-tools native schemas lint typecheck test unit run clean
+.PHONY: setup jars tools debian-tools native tapcore schemas lint typecheck test unit run clean
 
 # Four jobs: the set-up steps need nothing from each other but the venv, and lint and typecheck only
 # the venv, so pip, apt and the jar downloads (network waits, and a Maven start per jar) overlap
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --only-binary=:all: --no-binary=pyspark -e '.[all,dev,bench,ops]'
 	touch $(STAMP)
 
-setup: $(STAMP) jars tools debian-tools native
+setup: $(STAMP) jars tools debian-tools native tapcore
 
 # The per-frame cores compiled by mypyc from their own source (codec/native.py, docs/decisions.md).
 # Rebuilt when a source of their packages changes; codec/native.py also refuses a stale build at
@@ -41,6 +41,16 @@ PURE_TESTS := tests/checks tests/streaming/test_stages.py tests/streaming/test_b
 native: $(NATIVE)
 $(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py deploy/native.py)
 	$(PY) -m deploy.native
+
+# The tap's native core (tap/native, Rust: docs/tap.md), built with maturin and installed into the venv;
+# rebuilt when its sources change (tap.native_core also refuses a build older than its source).
+# rustup installs cargo in ~/.cargo/bin, which a CI shell's PATH often lacks. Without cargo the set-up
+# goes on and the tap runs its Python reference core; `KPMON_NATIVE=0 make setup` skips it too.
+CARGO ?= $(firstword $(shell command -v cargo) $(wildcard $(HOME)/.cargo/bin/cargo))
+TAPCORE := build/tapcore/installed
+tapcore: $(TAPCORE)
+$(TAPCORE): $(STAMP) $(wildcard tap/native/*.toml tap/native/Cargo.lock tap/native/*.pyi tap/native/src/*.rs) deploy/tapcore.py
+	KPMON_CARGO=$(CARGO) $(PY) -m deploy.tapcore
 
 # From Debian's packages, once: tcpdump captures real client<->broker traffic for the pcap tests;
 # tshark dissects what `kpmon export --pcap` writes (docs/quickstart.md); promtool (package prometheus)
@@ -93,6 +103,9 @@ unit: setup
 	$(PY) -m pytest -m "not integration" -q $(XDIST)
 
 test: setup lint typecheck
+	@# The tap core's pieces in Rust alone, without Python (seconds), where cargo is.
+	@if [ -n "$(CARGO)" ]; then PATH="$(dir $(CARGO)):$$PATH" CARGO_TARGET_DIR=build/tapcore/target \
+		$(CARGO) test -q --locked --no-default-features --manifest-path tap/native/Cargo.toml; fi
 	@# The slowest tests are listed at the end: what to look at first when the suite's time grows.
 	$(PY) -m pytest -q $(XDIST) --durations=15
 	@# The plain-Python fallback of the compiled cores passes the cores' own tests too.
@@ -102,4 +115,4 @@ run: setup
 	$(VENV)/bin/kpmon run
 
 clean:
-	rm -rf $(VENV) build/native .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build/native build/tapcore .mypy_cache .ruff_cache .pytest_cache

@@ -7,7 +7,8 @@ edited during it reads as stale), which ``codec.native`` checks at import. It bu
 directory and swaps it in only when the build succeeded, so a failed build leaves the last good one
 (or none: plain Python). Nothing here runs on the hot path.
 
-``--check`` only reports whether the build is usable; ``--clean`` removes it. With ``KPMON_NATIVE=0``
+``--check`` only reports whether the build is usable, and which tap core runs (``deploy/tapcore.py``);
+``--clean`` removes it. With ``KPMON_NATIVE=0``
 nothing is compiled.
 """
 
@@ -84,9 +85,13 @@ def build(out: Path = BUILD_DIR) -> Path:
 def run(check: bool = False, clean: bool = False) -> int:
     """Build (the default), ``check`` or ``clean`` (``kpmon deploy native``); the exit code."""
     if check:
+        from deploy import tapcore
+
         used, why = status()
         print(f"kpmon: compiled cores {why}")
-        return 0 if used else 1
+        tap_used, tap_why = tapcore.check()
+        print(f"kpmon: tap core {tap_why}")
+        return 0 if used and tap_used else 1
     if clean:
         shutil.rmtree(BUILD_DIR, ignore_errors=True)
         print(f"kpmon: removed {BUILD_DIR}")

@@ -17,6 +17,7 @@ from tap.flush import FlushLimits
 from tap.framing import HoldLimits
 from tap.metrics import TapMetrics
 from tap.mirror import KafkaMirror, MirrorSink, NullMirror
+from tap.native_core import log_core
 from tap.proxy import ListenerSpec, Tap, TapSettings, install_uvloop, parse_hostport
 
 log = logging.getLogger("kpmon.tap")
@@ -108,6 +109,7 @@ def mirror_sink(config: KpmonConfig, on_error: Callable[[str], None]) -> MirrorS
 def build_tap(config: KpmonConfig, mirror: bool = True, connection_prefix: str | None = None) -> Tap:
     tap_cfg = config.tap
     metrics = TapMetrics()
+    log_core(log)
     instance = tap_cfg.instance_id or f"tap-{uuid.uuid4().hex[:8]}"
     sink: MirrorSink = NullMirror()
     if mirror:

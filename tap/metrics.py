@@ -14,6 +14,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from codec.protocol import ApiKey
+from tap import native_core
 
 #: 2 ms is the issue's budget for latency the tap adds (docs/tap.md "Measured"): a bucket edge there
 #: lets the histogram say on which side a tap's own time falls.
@@ -133,6 +134,13 @@ class TapMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.core = Gauge(
+            "kpmon_tap_core_info",
+            "Tap processes running each core: native (kpmon_tapcore) or python (the reference)",
+            ["core"],
+            registry=r,
+        )
+        self.core.labels(native_core.core_name()).set(1)
         self._listeners: dict[tuple[str, str], ListenerMetrics] = {}
 
     def set_depth_source(self, fn: Callable[[], int]) -> None:

@@ -119,9 +119,14 @@ def _fetch_connector(args: argparse.Namespace) -> int:
 
 
 def _native(args: argparse.Namespace) -> int:
+    from deploy import tapcore
     from deploy.native import run
 
-    return run(check=args.check, clean=args.clean)
+    done = run(check=args.check, clean=args.clean)
+    if args.check or args.clean:
+        return done
+    # make setup builds the two side by side (its native and tapcore targets); here one after the other.
+    return tapcore.run() or done
 
 
 def register(sub: Any) -> None:
@@ -221,12 +226,17 @@ def register(sub: Any) -> None:
 
     native = actions.add_parser(
         "native",
-        help="compile the per-frame cores with mypyc (make setup does it; docs/decisions.md)",
+        help="compile the per-frame cores with mypyc, and the tap's native core (make setup does it; docs/decisions.md)",
         description="Compile the checks engine, its rules and the stage steps into C extensions with "
-        "mypyc, from the same source, into build/native/. The job uses them only while every source "
-        "is the one they were built from.",
+        "mypyc, from the same source, into build/native/, and build and install the tap's native core "
+        "(tap/native, with cargo and maturin; docs/tap.md). Each is used only while every source is the "
+        "one it was built from.",
     )
     what = native.add_mutually_exclusive_group()
-    what.add_argument("--check", action="store_true", help="say whether the compiled build is used, and why")
+    what.add_argument(
+        "--check",
+        action="store_true",
+        help="say whether the compiled build is used and which tap core runs, and why (exit 1 unless both are native)",
+    )
     what.add_argument("--clean", action="store_true", help="remove build/native (the job runs plain Python)")
     native.set_defaults(func=_native)
