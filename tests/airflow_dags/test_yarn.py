@@ -27,17 +27,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SPARK_HOME = Path(pyspark.__file__).parent
 #: The driver (the application master) and one executor of one core each. Spark's jars are on this
 #: node already (``local:``), so a submission uploads only the job's files, not pyspark's 400 MB.
-DEPLOY = {
-    "target": "yarn",
-    "connector": "jars",
-    "driver_memory": "768m",
-    "spark_conf": {
-        "spark.executor.instances": "1",
-        "spark.executor.cores": "1",
-        "spark.executor.memory": "768m",
-        "spark.executor.memoryOverhead": "384m",
-        "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",
-    },
+SPARK_CONF = {
+    "spark.executor.instances": "1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "768m",
+    "spark.executor.memoryOverhead": "384m",
+    "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",
 }
 
 
@@ -84,16 +79,16 @@ def story(
         summary=lambda: _summary(yarn),
     )
     tmp = tmp_path_factory.mktemp("yarn-redeploy")
-    staging = {"spark.yarn.stagingDir": str(tmp / "staging")}
-    yield from stories.open_story(
-        target,
-        kafka_stack.bootstrap_servers,
-        tmp,
-        "yarn",
-        {**DEPLOY, "rest_url": yarn.rest_url, "spark_conf": {**DEPLOY["spark_conf"], **staging}},  # type: ignore[dict-item]
-        # Absolute, on this machine's disk: the mount every NodeManager shares, here one.
-        stream={"checkpoint_dir": str(tmp / "checkpoint")},
-    )
+    deploy = {
+        "target": "yarn",
+        "rest_url": yarn.rest_url,
+        "connector": "jars",
+        "driver_memory": "768m",
+        "spark_conf": {**SPARK_CONF, "spark.yarn.stagingDir": str(tmp / "staging")},
+    }
+    # An absolute checkpoint on this machine's disk: the mount every NodeManager shares, here one.
+    stream = {"checkpoint_dir": str(tmp / "checkpoint")}
+    yield from stories.open_story(target, kafka_stack.bootstrap_servers, tmp, "yarn", deploy, stream)
 
 
 def test_yarn_redeploy_rolls_back_a_broken_build(story: Story) -> None:
