@@ -283,12 +283,6 @@ class LocalYarn:
             except ProcessLookupError:
                 pass
 
-    def __enter__(self) -> LocalYarn:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
