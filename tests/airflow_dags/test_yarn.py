@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SPARK_HOME = Path(pyspark.__file__).parent
 #: The driver (the application master) and one executor of one core each. Spark's jars are on this
-#: node already (``local:``), so a submission uploads only the job's files, not pyspark's 400 MB.
+#: node already (``local:``), so a submission uploads only the job's files, not pyspark's 456 MB.
 SPARK_CONF = {
     "spark.executor.instances": "1",
     "spark.executor.cores": "1",
