@@ -77,7 +77,8 @@ $(KUBECONFORM):
 		GOBIN=$(KPMON_HOME)/bin go install github.com/yannh/kubeconform/cmd/kubeconform@v0.7.0; \
 	else echo "kpmon: go not found: manifest schema checks will be skipped (docs/cluster-mode.md)"; fi
 
-# Kafka jars (client definitions for the codec, brokers for the local stack) from Maven Central, cached.
+# Kafka jars (client definitions for the codec, brokers for the local stack) and the YARN daemons of the
+# YARN tests (deploy/yarn.py) from Maven Central, cached.
 jars: $(STAMP)
 	$(PY) -m deploy.fetch
 

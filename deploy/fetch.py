@@ -1,4 +1,5 @@
-"""Fetch pinned Kafka jars from Maven Central once, with Maven, into the kpmon cache.
+"""Fetch pinned jars from Maven Central once, with Maven, into the kpmon cache: Kafka's, Spark's Kafka
+connector, and the Hadoop ResourceManager and NodeManager of the local YARN cluster (deploy/yarn.py).
 
 ``python -m deploy.fetch`` is idempotent: a jar already in the cache is not fetched again.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 from deploy.local.distribution import fetch_distribution
 from deploy.mvn import FetchError, mvn
 from deploy.versions import KAFKA_RELEASES, KAFKA_STREAMS
+from deploy.yarn import fetch_yarn
 from kpmon.paths import cache_dir
 from streaming.connector import fetch_connector
 
@@ -70,6 +72,7 @@ def fetch_all() -> None:
     fetch_connector()
     for version in KAFKA_RELEASES:
         fetch_distribution(version)
+    fetch_yarn()
 
 
 def main(argv: list[str] | None = None) -> int:

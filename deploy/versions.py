@@ -14,3 +14,7 @@ KAFKA_RELEASES = (KAFKA_LATEST, KAFKA_LEGACY)
 KAFKA_STREAMS = "4.3.1"
 
 SCALA_BINARY = "2.13"
+
+#: Hadoop release of the local YARN cluster (deploy/yarn.py): a ResourceManager and a NodeManager that
+#: pyspark's Hadoop client (3.5) submits to.
+HADOOP_YARN = "3.4.1"

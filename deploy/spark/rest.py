@@ -128,8 +128,13 @@ class StandaloneRest:
         return bool(self._call("POST", f"kill/{submission_id}").get("success"))
 
 
-#: YARN application states (``YarnApplicationState``) in which the application runs or is about to.
-YARN_ACTIVE_STATES = frozenset({"NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING"})
+#: States in which an application runs, is about to, or still has containers. The ResourceManager's
+#: ``/apps/<id>/state`` answers with its internal ``RMAppState`` (seen on a real Hadoop 3.4.1), not the
+#: ``YarnApplicationState`` of its other answers: ``KILLING``, ``FINAL_SAVING`` and ``FINISHING`` come
+#: before the end, while the application master's container (the driver) may still run.
+YARN_ACTIVE_STATES = frozenset(
+    {"NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING", "FINAL_SAVING", "FINISHING", "KILLING"}
+)
 
 
 class ResourceManagerRest:

@@ -53,7 +53,9 @@ STREAM = {
     "metrics_port": None,
     # The first batch (Python workers, RocksDB, the connector) takes minutes here: not a stall.
     "stall_seconds": 300,
-    "stop_timeout_seconds": 30,
+    # A graceful stop waits for a moment without a batch running, which back-to-back batches never
+    # leave, so it ends at this bound every time: each stop of the story costs it.
+    "stop_timeout_seconds": 10,
     "spark_conf": {"spark.ui.enabled": "false"},
 }
 RUN = {
