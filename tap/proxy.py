@@ -201,6 +201,8 @@ class TapConnection:
         #: The side that sent TLS the tap cannot read (``client`` or ``broker``): from then on the
         #: connection is relayed as opaque bytes, unframed.
         self.blind: str | None = None
+        #: The tap clock when the chunk being read arrived: the time its frames are mirrored with.
+        self.arrived_ns = 0
         self.client_addr = "?"
         self.client_name: bytes = b""
         self._static = b""
@@ -397,6 +399,9 @@ class TapConnection:
                 self.broker_t.write(data)
             return
         t0 = time.perf_counter_ns()
+        # Frames are stamped with when their bytes reached the tap, before they are forwarded: the
+        # answer a client then sends through another worker is always stamped later.
+        self.arrived_ns = time.time_ns()
         try:
             frames = self.req_split.feed(data)
         except FrameError as exc:
@@ -421,6 +426,7 @@ class TapConnection:
             self.client_t.write(data)
             return
         t0 = time.perf_counter_ns()
+        self.arrived_ns = time.time_ns()
         try:
             frames = self.resp_split.feed(data)
         except FrameError as exc:
@@ -609,7 +615,7 @@ class TapConnection:
         if Header.TRUNCATED in cap.flags:
             tap.metrics.truncated.inc()
         return taprecord.Part(
-            direction, time.time_ns(), api_key, api_version, corr, cap.value, cap.redacted, cap.flags
+            direction, self.arrived_ns, api_key, api_version, corr, cap.value, cap.redacted, cap.flags
         )
 
     def _write_lone(self, part: taprecord.Part | None, reason: str) -> None:
