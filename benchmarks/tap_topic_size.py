@@ -6,10 +6,12 @@ mirrored value size against the frame size. A size figure, not a timing: it is d
 
     python -m benchmarks.tap_topic_size          # writes benchmarks/results/tap_topic_size.json
 
-On top of the value, each tap record carries its key (the connection id), its Kafka record framing and,
-in schema 2, its packed metadata: a schema-2 record has no Kafka headers, and holds a request and its
-response (``codec.taprecord``). ``RECORD_OVERHEAD`` is that size for a real schema-2 exchange record
-with typical values.
+On top of the value, each tap record carries its key (the connection id), its Kafka record framing and
+its packed metadata. A schema-3 record (what the tap writes) holds a connection's entries of one flush
+(``tap/flush.py``: up to 64, or 256 KiB, or 50 ms), the connection's fields once, then per exchange
+entry its kind, ``seq`` and the two frames' metadata (``codec.taprecord``). ``RECORD_OVERHEAD`` is
+what one exchange costs beyond its frames' bytes in a full flush of typical exchanges, the record's
+key and framing shared out over its entries.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.codec_bench import MIXES, build_frames
-from codec.taprecord import EXCHANGE, Connection, Part, pack_record, pack_static
+from codec.taprecord import EXCHANGE, Connection, Part, pack_flush, pack_static
 from tap.capture import FrameInfo, Policy, capture
+from tap.flush import FlushLimits
 
 POLICIES: tuple[Policy, ...] = ("full", "headers", "meta")
 MAX_MIRRORED = 900_000
@@ -43,13 +46,23 @@ SAMPLE_CONNECTION = Connection(
 RECORD_FRAMING = 12
 
 
-def record_overhead(connection: Connection = SAMPLE_CONNECTION) -> int:
-    """Bytes of a schema-2 exchange record beyond its two frames' mirrored bytes: key, framing, metadata."""
-    request = Part("req", 1_763_840_894_123_456_789, 0, 11, 123_456, b"q" * 700)
-    response = Part("resp", 1_763_840_894_125_456_789, 0, 11, 123_456, b"r" * 60)
-    value = pack_record(EXCHANGE, 123_456, pack_static(connection), [request, response])
-    payloads = len(request.value or b"") + len(response.value or b"")
-    return len(connection.conn.encode()) + RECORD_FRAMING + len(value) - payloads
+def record_overhead(
+    connection: Connection = SAMPLE_CONNECTION, entries: int = FlushLimits().max_entries
+) -> int:
+    """Bytes per exchange of a full schema-3 flush beyond its frames' mirrored bytes: the record's key,
+    framing and the connection's fields shared out over ``entries`` exchanges, plus each entry's own
+    metadata (rounded up)."""
+    flush = []
+    payloads = 0
+    for n in range(entries):
+        ts = 1_763_840_894_123_456_789 + n * 700_000
+        request = Part("req", ts, 0, 11, 123_456 + n, b"q" * 700)
+        response = Part("resp", ts + 2_000_000, 0, 11, 123_456 + n, b"r" * 60)
+        flush.append((EXCHANGE, 123_456 + n, [request, response]))
+        payloads += 760
+    value = pack_flush(pack_static(connection), flush)
+    total = len(connection.conn.encode()) + RECORD_FRAMING + len(value) - payloads
+    return -(-total // entries)
 
 
 RECORD_OVERHEAD = record_overhead()
@@ -71,7 +84,7 @@ def measure() -> dict[str, Any]:
         for policy in POLICIES:
             values = sum(per_frame[n][policy] * w for n, w in weights.items())
             mixes[mix][f"{policy}_value_ratio"] = values / client
-            # Schema 2: one record per exchange, two wire frames.
+            # Per exchange (two wire frames) of a full schema-3 flush.
             mixes[mix][f"{policy}_record_ratio"] = (values + RECORD_OVERHEAD * count / 2) / client
     return {"per_frame": per_frame, "mixes": mixes, "record_overhead_bytes": RECORD_OVERHEAD}
 
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     result = measure()
-    print(f"record key, framing and metadata: about {result['record_overhead_bytes']} bytes per record")
+    print(f"record key, framing and metadata: about {result['record_overhead_bytes']} bytes per exchange")
     print(f"{'frame':<28}{'bytes':>9}" + "".join(f"{p:>10}" for p in POLICIES))
     for name, sizes in result["per_frame"].items():
         print(f"{name:<28}{sizes['frame']:>9,}" + "".join(f"{sizes[p]:>10,}" for p in POLICIES))

@@ -683,8 +683,8 @@ def render_docs(figures: Mapping[str, Figure]) -> str:
         f"{show(medium.value('tap cores per broker'), 'cores')} per broker, and "
         f"one worker per core and workers x `tap.queue_max_bytes` + {TAP_MEMORY_HEADROOM_BYTES // MIB} MiB "
         "of memory (a design bound; the Kubernetes taps run 2 workers: a 768 MiB limit).",
-        f"- **Tap topic:** each record (one exchange: a request and its response) carries {_value(overhead, unit='B')} of key, framing and metadata, no Kafka headers, and a value "
-        f"of {_value(ratio)} on a data-plane mix; tap records per wire frame: {_value(per_frame, unit='')}"
+        f"- **Tap topic:** each exchange (a request and its response) carries {_value(overhead, unit='B')} of key, framing and metadata in a full flush record (schema 3: a connection's exchanges, 64 at most, the connection's fields once), no Kafka headers, and a value "
+        f"of {_value(ratio)} on a data-plane mix; tap records per wire frame before schema 3: {_value(per_frame, unit='')}"
         f"{_cite(overhead, per_frame)}. The medium cluster writes "
         f"{show(medium.value('tap-topic bytes/day'), 'B')} a day.",
         f"- **Executors:** the job spends {_value(job_us)}, planned at the load its latency was measured at "
