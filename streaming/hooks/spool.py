@@ -60,6 +60,19 @@ class SpoolLock:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as exc:
+                if self._holder_is_gone():
+                    # The process that took the lock has exited, yet the lock is held: a process it
+                    # forked kept the open file (flock locks belong to it, not to a pid). No spool
+                    # writer is left; a fresh lock file takes over, and the leftover holds a dead one.
+                    log.warning(
+                        "alert spool %s: its holder (%s) has exited; taking the lock over",
+                        directory,
+                        self.holder(),
+                    )
+                    self._file.close()
+                    self.path.unlink(missing_ok=True)
+                    self._file = open(self.path, "a+")  # noqa: SIM115 - held until release()
+                    continue
                 now = time.monotonic()
                 if now < deadline:
                     if now >= next_report:
@@ -82,6 +95,19 @@ class SpoolLock:
         self._file.truncate(0)
         self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         self._file.flush()
+
+    def _holder_is_gone(self) -> bool:
+        """Whether the holder wrote this host's name and a pid no process has any more."""
+        words = self.holder().split()
+        if len(words) != 4 or words[0] != "pid" or not words[1].isdigit() or words[3] != socket.gethostname():
+            return False
+        try:
+            os.kill(int(words[1]), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def holder(self) -> str:
         """Who holds the lock, as the holder wrote it."""

@@ -73,3 +73,45 @@ def test_a_lock_waits_for_its_holder_to_let_go(tmp_path: Path) -> None:
         SpoolLock(tmp_path, wait_seconds=0.0)
     taken = SpoolLock(tmp_path, wait_seconds=30.0)
     taken.release()
+
+
+def test_a_lock_left_to_a_forked_child_of_an_exited_holder_is_taken_over(tmp_path: Path) -> None:
+    """A driver that forked, then exited: its child keeps the open lock file (flock belongs to it, not to
+    a pid), so the lock stays held by no spool writer. The next driver takes it over at once."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from streaming.hooks.spool import SpoolLock\n"
+        "lock = SpoolLock(Path(sys.argv[1]))\n"
+        "if os.fork() == 0:\n"
+        "    os.close(1)\n"  # so the run below sees its output end when the parent exits
+        "    os.close(2)\n"
+        "    time.sleep(60)\n"  # the child keeps the locked file open
+        "    os._exit(0)\n"
+        "print(os.getpid(), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    holder = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(holder, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    # Still held (by the forked child, for a minute), but the holder is gone: taken over, not waited for.
+    taken = SpoolLock(tmp_path, wait_seconds=30.0)
+    assert f"pid {os.getpid()} " in (tmp_path / "lock").read_text()
+    taken.release()
+    # A live holder is still waited for, then refused: only a gone one is taken over.
+    held = SpoolLock(tmp_path)
+    with pytest.raises(SpoolLockedError):
+        SpoolLock(tmp_path, wait_seconds=0.0)
+    held.release()
