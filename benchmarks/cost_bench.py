@@ -57,6 +57,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -285,6 +288,36 @@ class Clients:
             thread.join(60)
 
 
+class RelayProcess:
+    """``benchmarks/bare_relay.py`` on the tap's port, towards the broker: the relay floor."""
+
+    def __init__(self, listen: int, broker: str) -> None:
+        script = ROOT / "benchmarks" / "bare_relay.py"
+        self.proc = subprocess.Popen([sys.executable, str(script), str(listen), broker], cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", listen), 0.5).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the bare relay did not start") from None
+                time.sleep(0.1)
+
+    def cpu(self) -> float:
+        return _cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 # ----- phases ------------------------------------------------------------------------------------------
 
 
@@ -294,10 +327,12 @@ def run_phase(
     bootstrap: str,
     seconds: float,
     broker_pid: int,
-    tap: TapProcess | None,
+    tap: TapProcess | RelayProcess | None,
 ) -> dict[str, Any]:
-    """One phase: new clients for ``seconds``, with the broker's (and the tap's) CPU around it."""
-    counters0 = tap_counters(tap.metrics_port) if tap else {}
+    """One phase: new clients for ``seconds``, with the broker's (and the tap's, or the bare relay's)
+    CPU around it."""
+    counted = isinstance(tap, TapProcess)
+    counters0 = tap_counters(tap.metrics_port) if isinstance(tap, TapProcess) else {}
     broker0 = _cpu_seconds(broker_pid)
     tap0 = tap.cpu() if tap else 0.0
     t0 = time.monotonic()
@@ -305,7 +340,7 @@ def run_phase(
     try:
         time.sleep(seconds)
         wire = clients.finish()
-        if tap:
+        if isinstance(tap, TapProcess):
             # The mirror's writes belong to the tapped phase: wait until the tap handed them all on.
             deadline = time.monotonic() + 30
             while tap_counters(tap.metrics_port)["queue_depth"] > 0 and time.monotonic() < deadline:
@@ -313,7 +348,7 @@ def run_phase(
         broker_cpu = _cpu_seconds(broker_pid) - broker0
         tap_cpu = tap.cpu() - tap0 if tap else None
         wall = time.monotonic() - t0
-        counters1 = tap_counters(tap.metrics_port) if tap else {}
+        counters1 = tap_counters(tap.metrics_port) if isinstance(tap, TapProcess) else {}
     finally:
         clients.close()
     entry: dict[str, Any] = {
@@ -329,8 +364,9 @@ def run_phase(
     }
     if tap:
         assert tap_cpu is not None
+        entry["tap_cpu_s"] = round(tap_cpu, 3)
+    if counted:
         entry.update(
-            tap_cpu_s=round(tap_cpu, 3),
             tap_counted_frames=int(counters1["forwarded"] - counters0["forwarded"]),
             mirror_drops=int(counters1["drops"] - counters0["drops"]),
             mirror_delivery_errors=int(counters1["delivery_errors"] - counters0["delivery_errors"]),
@@ -346,10 +382,9 @@ def phase_line(workload: str, round_no: int, entry: dict[str, Any]) -> str:
         f"{us_per_frame(entry['broker_cpu_s'], frames)} us/frame"
     )
     if "tap_cpu_s" in entry:
-        line += (
-            f", tap {us_per_frame(entry['tap_cpu_s'], frames)} us/frame "
-            f"(the tap counted {entry['tap_counted_frames']:,} frames)"
-        )
+        line += f", {'relay' if entry['mode'] == 'relay' else 'tap'} {us_per_frame(entry['tap_cpu_s'], frames)} us/frame"
+    if "tap_counted_frames" in entry:
+        line += f" (the tap counted {entry['tap_counted_frames']:,} frames)"
     return line
 
 
@@ -430,8 +465,15 @@ def summarize(
                     "broker_direct_us_per_frame": round_broker["us_per_frame"],
                 }
             )
+    floor = {}
+    for mode in ("relay", "tap_nomirror"):
+        rows = [p for p in phases if p["mode"] == mode]
+        if rows:
+            fig = cost(rows, "tap_cpu_s")
+            floor[mode] = {**fig, "over_broker": _ratio(fig["us_per_frame"], broker["us_per_frame"])}
     wire_frames = topic["wire_frames"]
     return {
+        "floor": floor or None,
         "figures": {"broker_direct": broker, "broker_mirroring": mirroring, "tap": tap, "job": job_cost},
         "ratios": _ratios(broker, mirroring, tap, job_cost, "us_per_frame"),
         "ratios_per_mib": _ratios(broker, mirroring, tap, job_cost, "ms_per_mib"),
@@ -484,6 +526,8 @@ def measure_workload(
         life = tap_counters(tap.metrics_port)
     finally:
         tap.stop()
+    if args.floor:
+        phases += measure_floor(workload, args, stack, tap_port, broker_pid)
     topic = {
         "name": tap_topic,
         "records": sum(ends.values()),
@@ -498,6 +542,35 @@ def measure_workload(
         flush=True,
     )
     return [warm, *phases], topic
+
+
+def measure_floor(
+    workload: Workload, args: argparse.Namespace, stack: LocalStack, tap_port: int, broker_pid: int
+) -> list[dict[str, Any]]:
+    """``--floor``: rounds of the bare relay (``bare_relay.py``), the tap with its mirror off, and
+    direct, each on the tap's port in turn, the order rotating every round: what the relay alone
+    costs, and what the tap's per-frame work costs before it mirrors anything."""
+    broker = stack.listen_endpoints[0].address
+    direct = stack.internal_bootstrap_servers
+    modes = ["relay", "tap_nomirror", "direct"]
+    phases: list[dict[str, Any]] = []
+    for round_no in range(args.rounds):
+        for mode in modes[round_no % 3 :] + modes[: round_no % 3]:
+            proc: TapProcess | RelayProcess | None = None
+            if mode == "relay":
+                proc = RelayProcess(tap_port, broker)
+            elif mode == "tap_nomirror":
+                proc = TapProcess(tap_port, broker, "off", direct)
+            try:
+                bootstrap = direct if proc is None else f"127.0.0.1:{tap_port}"
+                entry = run_phase(workload, mode, bootstrap, args.seconds, broker_pid, proc)
+            finally:
+                if proc is not None:
+                    proc.stop()
+            entry["round"] = args.rounds + round_no
+            phases.append(entry)
+            print(phase_line(workload.name, entry["round"], entry), flush=True)
+    return phases
 
 
 def run_jobs(
@@ -556,6 +629,11 @@ def report_lines(name: str, summary: dict[str, Any]) -> list[str]:
             f"  {key:>16}: {fig['us_per_frame']} us/frame, {fig['ms_per_mib']} ms/MiB "
             f"({fig['frames']:,} frames, {fig['cpu_s']} CPU s); / broker direct: {ratio}"
         )
+    for mode, fig in (summary.get("floor") or {}).items():
+        lines.append(
+            f"  {mode:>16}: {fig['us_per_frame']} us/frame ({fig['frames']:,} frames, {fig['cpu_s']} CPU s); "
+            f"/ broker direct: {fig['over_broker']}"
+        )
     lines.append(f"  records per wire frame in the tap topic: {summary['records_per_wire_frame']}")
     per_frame = summary["records_produced_per_frame"]
     lines.append(f"  records produced per frame: direct {per_frame['direct']}, tap {per_frame['tap']}")
@@ -596,6 +674,12 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-rate", type=float, default=10.0, help="byte_heavy: bursts/s per producer (10; 2 producers)"
     )
     parser.add_argument("--no-job", action="store_true", help="skip the streaming job's runs")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also rounds of a bare relay (benchmarks/bare_relay.py) and the tap with its mirror off, "
+        "for each workload: the relay floor (docs/decisions.md)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -659,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             "capture": args.capture,
             "stats_interval_ms": STATS_INTERVAL_MS,
             "job_warmup": "warmup" in measured,
+            "floor": args.floor,
         },
         "anchor": "the broker's CPU per wire frame (request or response) with the same clients direct, same run",
         # ``ratios.tap_records_per_wire_frame``: the issue's key for the same figure (schema 3's target).
