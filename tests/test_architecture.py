@@ -46,7 +46,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 #: Sans-I/O cores and the adapters around them (docs/architecture.md, "Packages").
 CORES = frozenset({"codec", "checks"})
 ADAPTERS = frozenset(PACKAGES) - CORES
-#: What the tap may load of the checks: the config model's settings and alert context (kpmon/config.py)
+#: What the tap may load of the checks: the config model's settings and alert context (kpconfig/model.py)
 #: and what they are made of. Not the engine, the rule interface or the rules.
 TAP_CHECKS_MODULES = frozenset({"checks", "checks.settings", "checks.alerts", "checks.model"})
 
@@ -262,6 +262,6 @@ def test_tap_does_not_load_the_rule_catalogue(entry: str) -> None:
     probe = f"import json, sys, {entry}; print(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     names = set(json.loads(done.stdout))
-    assert "kpmon.config" in names, f"{entry} no longer imports the config model: revisit this test"
+    assert "kpconfig.model" in names, f"{entry} no longer imports the config model: revisit this test"
     loaded = {name for name in names if name.split(".")[0] == "checks"}
     assert loaded <= TAP_CHECKS_MODULES, f"importing {entry} loads {sorted(loaded - TAP_CHECKS_MODULES)}"
