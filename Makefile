@@ -86,7 +86,7 @@ jars: $(STAMP)
 schemas: jars
 	jars=$$($(PY) -m deploy.fetch --clients-jars) && $(PY) -m codec.generator --write $$jars
 	$(PY) -m codec.protocol_gen --write
-	$(PY) -m tap.password_configs_gen --write
+	$(PY) -m deploy.password_configs_gen --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -33,7 +33,7 @@ from typing import Any
 from airflow_dags.tapwindow import TapRecord, TapWindowError, Window, choose_window, read_window
 from checks.model import SEVERITY_RANK
 from checks.settings import ChecksSettings
-from kpmon.config import ConfigError, load_config
+from kpconfig.model import ConfigError, load_config
 
 #: Rule-id prefixes that do not come from the checks catalogue.
 NOT_CHECKS = ("quality.", "ops.")
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TapWindowError, ValueError, KeyError) as exc:
         print(f"canary: {exc}", file=sys.stderr)
         return 1
-    from kpmon import __version__
+    from kpconfig import __version__
 
     out = {
         "build": {"kpmon_version": __version__, "python": sys.executable},

@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_dags import jobctl
 from checks.model import Severity
-from kpmon.config import KpmonConfig, load_config
+from kpconfig.model import KpmonConfig, load_config
 from streaming.paths import StreamPaths
 from streaming.status import judge, read_progress
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kpmon.config import KpmonConfig, load_config, write_private
+from kpconfig.model import KpmonConfig, load_config, write_private
 from streaming.paths import StreamPaths
 
 RECORD_FILE = "jobctl.json"

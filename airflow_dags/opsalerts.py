@@ -14,7 +14,7 @@ from typing import Any
 
 from checks.alerts import Alert, AlertContext, stable_id
 from checks.model import Severity
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.paths import StreamPaths
 
 log = logging.getLogger("kpmon.airflow")

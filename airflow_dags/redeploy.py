@@ -26,7 +26,7 @@ from airflow_dags.canary import alert_keys, compare, processed_offsets, running_
 from airflow_dags.gate import FAIL, PASS, HealthGate
 from airflow_dags.tapwindow import Window
 from checks.model import Severity
-from kpmon.config import ConfigError, KpmonConfig, load_config, write_private
+from kpconfig.model import ConfigError, KpmonConfig, load_config, write_private
 from streaming.compat import check_compatible, describe_changes, read_shape, shape_path
 from streaming.paths import StreamPaths
 from streaming.sink import read_batches
@@ -233,7 +233,7 @@ def _kubeconform(k8s_dir: Path) -> list[str]:
     binary, schemas = manifests.find_kubeconform(), manifests.bundled_schemas()
     if binary is None or schemas is None:
         return []
-    from kpmon.paths import kpmon_home
+    from kpconfig.paths import kpmon_home
 
     target = kpmon_home() / "cache" / "k8s-schemas" / f"v{manifests.KUBERNETES_VERSION}"
     schema_dir = manifests.prepare_schemas(schemas, target)

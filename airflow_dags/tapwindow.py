@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from codec.taprecord import record_time_ns
-from kpmon.config import KafkaClusterConfig
+from kpconfig.model import KafkaClusterConfig
 
 #: Records buffered per partition before that partition is paused.
 MAX_BUFFERED = 5_000

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_file import machine  # noqa: E402
-from kpmon.config import KpmonConfig  # noqa: E402
+from kpconfig.model import KpmonConfig  # noqa: E402
 from streaming.hooks import AlertHooks  # noqa: E402
 from tests.streaming.hooks.builders import alert  # noqa: E402
 from tests.streaming.hooks.receiver import Received, Receiver, Reply, free_port  # noqa: E402

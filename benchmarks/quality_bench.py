@@ -48,7 +48,7 @@ import pandas as pd  # noqa: E402
 import codec  # noqa: E402
 from benchmarks.results_file import machine  # noqa: E402
 from checks.model import Finding, Severity  # noqa: E402
-from kpmon.config import QualityConfig  # noqa: E402
+from kpconfig.model import QualityConfig  # noqa: E402
 from streaming.quality_suites import FINDINGS_COLUMNS, FRAMES_AGG_COLUMNS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "quality_bench.json"

@@ -48,7 +48,7 @@ from benchmarks.results_file import header, write  # noqa: E402
 from benchmarks.stream_bench import SCHEMA, session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from codec import taprecord  # noqa: E402
-from kpmon.config import StreamConfig  # noqa: E402
+from kpconfig.model import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402

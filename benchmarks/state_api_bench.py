@@ -45,7 +45,7 @@ from pyspark.sql.streaming.stateful_processor import (  # noqa: E402
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType  # noqa: E402
 
 from benchmarks.results_file import header, write  # noqa: E402
-from kpmon.config import KpmonConfig  # noqa: E402
+from kpconfig.model import KpmonConfig  # noqa: E402
 from streaming.session import build_session  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "state_api_bench.json"

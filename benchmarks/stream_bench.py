@@ -52,7 +52,7 @@ from benchmarks.results_file import machine  # noqa: E402
 from codec import taprecord  # noqa: E402
 from codec.records import build_record_batch  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
-from kpmon.config import KpmonConfig  # noqa: E402
+from kpconfig.model import KpmonConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
 

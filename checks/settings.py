@@ -1,6 +1,6 @@
 """What the checks engine can be told: one frozen value, owned here.
 
-The engine, the rules and the shards read only this. ``kpmon.config.ChecksConfig`` (the ``checks:``
+The engine, the rules and the shards read only this. ``kpconfig.model.ChecksConfig`` (the ``checks:``
 section of the YAML config) takes its defaults from ``DEFAULTS`` and turns itself into these settings
 with ``settings()``, so the checks never import the application's config model (as ``tap.proxy``'s
 ``TapSettings`` keeps the tap free of it).

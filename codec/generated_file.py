@@ -2,7 +2,7 @@
 
 Three files are generated and committed (``make schemas``): the schema table (``codec.generator``),
 the protocol constants (``codec.protocol_gen``) and the tap's password-type config keys
-(``tap.password_configs_gen``). Each generator's ``main`` is this one function, so they all write,
+(``deploy.password_configs_gen``). Each generator's ``main`` is this one function, so they all write,
 check and report a stale file the same way.
 """
 

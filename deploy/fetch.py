@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from deploy.local.distribution import fetch_distribution
-from deploy.mvn import FetchError, mvn
 from deploy.versions import KAFKA_RELEASES, KAFKA_STREAMS
 from deploy.yarn import fetch_yarn
-from kpmon.paths import cache_dir
+from kpconfig.mvn import FetchError, mvn
+from kpconfig.paths import cache_dir
 from streaming.connector import fetch_connector
 
 

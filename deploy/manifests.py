@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from kpmon.paths import kpmon_home
+from kpconfig.paths import kpmon_home
 
 DEPLOY = Path(__file__).resolve().parent
 K8S_DIR = DEPLOY / "k8s"

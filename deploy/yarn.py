@@ -27,9 +27,9 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from deploy.local.process import find_java, free_ports, is_alive, terminate
-from deploy.mvn import FetchError, mvn
 from deploy.versions import HADOOP_YARN
-from kpmon.paths import cache_dir
+from kpconfig.mvn import FetchError, mvn
+from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent / "maven" / "yarn-pom.xml"
 RESOURCE_MANAGER = "org.apache.hadoop.yarn.server.resourcemanager.ResourceManager"

@@ -1,3 +1,2 @@
-"""kafka-protocol-monitor: the CLI and the configuration model shared by the tap, the job and the DAGs."""
-
-__version__ = "0.1.0"
+"""kafka-protocol-monitor's CLI (``kpmon``), ``kpmon run``'s orchestration and the real-client workload;
+the config model it shares with the tap, the job and the DAGs lives in ``kpconfig``."""

@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from kpmon import __version__
+from kpconfig import __version__
 
 #: Subcommand modules; each exposes ``register(subparsers)`` which sets ``func`` on its parser.
 COMMANDS = (

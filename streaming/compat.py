@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpconfig.model import ConfigError, KpmonConfig, load_config
 from streaming.paths import StreamPaths
 
 #: Bumped when the layout of the shape itself changes.
@@ -246,7 +246,7 @@ def shape_path(paths: StreamPaths) -> Path:
 
 def shape_record(config: KpmonConfig) -> dict[str, Any]:
     """The shape plus which checkpoint it describes and when it was written."""
-    from kpmon import __version__
+    from kpconfig import __version__
 
     paths = StreamPaths.of(config)
     return {

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.mvn import FetchError, mvn
-from kpmon.paths import cache_dir
+from kpconfig.mvn import FetchError, mvn
+from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "deploy" / "spark" / "connector-pom.xml"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from codec import native
-from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpconfig.model import ConfigError, KpmonConfig, load_config
 from streaming.compat import BUCKET
 from streaming.orphan import exit_with_the_jvm
 from streaming.paths import StreamPaths
@@ -50,7 +50,7 @@ def source_options(config: KpmonConfig) -> dict[str, str]:
         "failOnDataLoss": str(config.stream.fail_on_data_loss).lower(),
         "kafka.fetch.max.wait.ms": str(config.stream.fetch_max_wait_ms),
     }
-    # The Java client's names (sasl.jaas.config, ssl.truststore.*): kpmon/config.py translates them. A
+    # The Java client's names (sasl.jaas.config, ssl.truststore.*): kpconfig/model.py translates them. A
     # fetch setting among the cluster's properties wins over the stream's.
     options.update({f"kafka.{k}": v for k, v in cluster.java_client_properties().items()})
     return options

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from great_expectations.data_context import AbstractDataContext
 from great_expectations.expectations.metadata_types import FailureSeverity
 
 from checks.model import Finding, Severity
-from kpmon.config import QualityConfig
+from kpconfig.model import QualityConfig
 from streaming.quality_docs import DocsSite, context_config
 from streaming.quality_suites import (
     CHECKS,

@@ -39,7 +39,7 @@ from great_expectations.data_context.types.resource_identifiers import (
     ValidationResultIdentifier,
 )
 
-from kpmon.config import QualityConfig
+from kpconfig.model import QualityConfig
 
 log = logging.getLogger(__name__)
 

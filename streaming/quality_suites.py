@@ -26,7 +26,7 @@ import great_expectations.expectations as gxe
 from great_expectations.expectations.expectation import Expectation
 
 from checks.model import Severity
-from kpmon.config import QualityConfig
+from kpconfig.model import QualityConfig
 
 SUITE_FRAMES = "kpmon.frames"
 SUITE_BATCH = "kpmon.batch"

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kpmon.config import StreamConfig
+from kpconfig.model import StreamConfig
 
 
 @dataclass

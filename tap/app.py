@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from kpmon.config import KpmonConfig, TapConfig
+from kpconfig.model import KpmonConfig, TapConfig
 from tap.flush import FlushLimits
 from tap.framing import HoldLimits
 from tap.metrics import TapMetrics

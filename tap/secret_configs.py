@@ -1,7 +1,7 @@
 """Which config values are secrets: Kafka's PASSWORD-type configs, by name (pure).
 
 The names come from ``tap/password_configs.json``, generated from the ``ConfigDef``s in Kafka's own jars
-(``tap/password_configs_gen.py``). A config set through the wire usually carries a prefix in front of
+(``deploy/password_configs_gen.py``). A config set through the wire usually carries a prefix in front of
 that name, and the value is just as secret:
 
 - per listener and mechanism on a broker: ``listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config``;

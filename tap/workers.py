@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import Metric
 
 from codec import taprecord
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from tap.listeners import Address, DynamicListeners, ListenerSpec, client_address, listen_socket
 from tap.mirror import MirrorRecord, MirrorSink, NullMirror
 

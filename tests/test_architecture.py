@@ -12,6 +12,8 @@ An import names the module it loads: ``from codec.api import X`` is an edge to `
 edge to the package ``codec`` (its ``__init__``). A package's ``__init__`` runs before any of its
 modules, but that implicit step is not an edge, or every package that re-exports its modules would
 be a cycle.
+
+The same imports, read at the level of top-level packages, must run one way: down ``LAYERS``.
 """
 
 from __future__ import annotations
@@ -28,11 +30,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The packages that ship (pyproject.toml, ``[tool.setuptools.packages.find]``).
-PACKAGES = ("airflow_dags", "checks", "codec", "deploy", "kpmon", "streaming", "tap")
+PACKAGES = ("airflow_dags", "checks", "codec", "deploy", "kpconfig", "kpmon", "streaming", "tap")
+#: The packages from the top down (docs/architecture.md, "Who imports whom"): a package imports only
+#: packages of a lower layer. The CLI uses everything; the config home sits under every adapter that
+#: reads it and above the checks' settings it is made of. Packages of one layer import nothing of each other.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"kpmon"}),
+    frozenset({"airflow_dags"}),
+    frozenset({"deploy"}),
+    frozenset({"streaming", "tap"}),
+    frozenset({"kpconfig"}),
+    frozenset({"checks"}),
+    frozenset({"codec"}),
+)
 #: Sans-I/O cores and the adapters around them (docs/architecture.md, "Packages").
 CORES = frozenset({"codec", "checks"})
 ADAPTERS = frozenset(PACKAGES) - CORES
-#: What the tap may load of the checks: the config model's settings and alert context (kpmon/config.py)
+#: What the tap may load of the checks: the config model's settings and alert context (kpconfig/model.py)
 #: and what they are made of. Not the engine, the rule interface or the rules.
 TAP_CHECKS_MODULES = frozenset({"checks", "checks.settings", "checks.alerts", "checks.model"})
 
@@ -83,6 +97,27 @@ def import_graph() -> dict[str, dict[str, int]]:
                     edges.setdefault(target, node.lineno)
         graph[module] = edges
     return graph
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Top-level package → {other package it imports: 1}, from the module graph."""
+    packages: dict[str, dict[str, int]] = {package: {} for package in PACKAGES}
+    for module, edges in graph.items():
+        for target in edges:
+            if target.split(".")[0] != module.split(".")[0]:
+                packages[module.split(".")[0]][target.split(".")[0]] = 1
+    return packages
+
+
+def _package_imports(graph: dict[str, dict[str, int]], package: str, target: str) -> list[str]:
+    """Every module of ``package`` that imports from ``target``, with the line: what to move."""
+    return [
+        f"{module} imports {name} (line {line})"
+        for module, edges in sorted(graph.items())
+        if module.split(".")[0] == package
+        for name, line in sorted(edges.items())
+        if name.split(".")[0] == target
+    ]
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -184,6 +219,42 @@ def test_cores_import_no_adapter() -> None:
     assert not wrong, "a core imports an adapter:\n" + "\n".join(wrong)
 
 
+def test_no_package_cycles() -> None:
+    graph = import_graph()
+    packages = package_graph(graph)
+    found = cycles(packages)
+    assert not found, "import cycles between packages:\n" + "\n".join(
+        " -> ".join(cycle)
+        + ":\n  "
+        + "\n  ".join(line for a, b in itertools.pairwise(cycle) for line in _package_imports(graph, a, b))
+        for cycle in found
+    )
+
+
+def test_packages_import_only_downward() -> None:
+    assert sorted(frozenset().union(*LAYERS)) == sorted(PACKAGES), "every package has one layer"
+    layer = {package: depth for depth, members in enumerate(LAYERS) for package in members}
+    graph = import_graph()
+    wrong = [
+        line
+        for package, targets in sorted(package_graph(graph).items())
+        for target in sorted(targets)
+        if layer[target] <= layer[package]
+        for line in _package_imports(graph, package, target)
+    ]
+    order = " > ".join("/".join(sorted(members)) for members in LAYERS)
+    assert not wrong, f"imports against the package order {order}:\n" + "\n".join(wrong)
+
+
+def test_package_checks_fire() -> None:
+    # The finders themselves, on a made-up graph: one import back up is a cycle and a wrong direction.
+    graph = {"kpmon.cli": {"tap.app": 3}, "tap.app": {"kpmon.config": 7}, "kpmon.config": {}}
+    packages = {"kpmon": {"tap": 1}, "tap": {"kpmon": 1}}
+    assert {k: v for k, v in package_graph(graph).items() if v} == packages
+    assert cycles(packages) == [["kpmon", "tap", "kpmon"]]
+    assert _package_imports(graph, "tap", "kpmon") == ["tap.app imports kpmon.config (line 7)"]
+
+
 @pytest.mark.parametrize("entry", ["tap.app", "kpmon.commands.tap"])
 def test_tap_does_not_load_the_rule_catalogue(entry: str) -> None:
     # The tap builds its settings from the config model; that must not load the engine or the rules.
@@ -191,6 +262,6 @@ def test_tap_does_not_load_the_rule_catalogue(entry: str) -> None:
     probe = f"import json, sys, {entry}; print(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     names = set(json.loads(done.stdout))
-    assert "kpmon.config" in names, f"{entry} no longer imports the config model: revisit this test"
+    assert "kpconfig.model" in names, f"{entry} no longer imports the config model: revisit this test"
     loaded = {name for name in names if name.split(".")[0] == "checks"}
     assert loaded <= TAP_CHECKS_MODULES, f"importing {entry} loads {sorted(loaded - TAP_CHECKS_MODULES)}"

@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.mvn import FetchError, mvn
-from kpmon.paths import cache_dir
+from kpconfig.mvn import FetchError, mvn
+from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "maven" / "pom.xml"
 LOGGING_DIR = Path(__file__).resolve().parent / "logging"

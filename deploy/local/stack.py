@@ -35,7 +35,7 @@ from deploy.local.properties import (
     render,
 )
 from deploy.versions import KAFKA_LATEST
-from kpmon.config import write_private
+from kpconfig.model import write_private
 
 __all__ = ["BrokerEndpoint", "LocalStack", "StackError"]
 

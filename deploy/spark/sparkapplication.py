@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from deploy.spark.submit import SubmitError, check_checkpoint, resolved_config, shipped_config
-from kpmon.config import KpmonConfig, KubernetesDeployConfig
+from kpconfig.model import KpmonConfig, KubernetesDeployConfig
 
 MANIFEST = Path(__file__).resolve().parents[1] / "k8s" / "spark" / "sparkapplication.yaml"
 GROUP = "sparkoperator.k8s.io"

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import yaml
 
 from deploy.versions import SCALA_BINARY
-from kpmon.config import KpmonConfig, write_private
+from kpconfig.model import KpmonConfig, write_private
 
 Target = Literal["standalone", "yarn", "k8s"]
 Connector = Literal["packages", "jars", "provided"]

@@ -15,6 +15,7 @@ import codec
 import codec.peek
 from codec.jsonable import message_to_jsonable
 from codec.taprecord import REQ, RESP, RecordError, parse_records
+from kpconfig.model import ConfigError, load_config
 from kpmon.commands.topicopts import (
     InputError,
     add_cluster_options,
@@ -23,7 +24,6 @@ from kpmon.commands.topicopts import (
     poll_records,
     resolve_cluster,
 )
-from kpmon.config import ConfigError, load_config
 
 _SIZE = struct.Struct(">i")
 #: Larger than any frame a broker accepts by default (socket.request.max.bytes is 100 MiB).

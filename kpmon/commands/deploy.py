@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kpmon.config import ConfigError, load_config
-from kpmon.paths import kpmon_home
+from kpconfig.model import ConfigError, load_config
+from kpconfig.paths import kpmon_home
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -107,7 +107,7 @@ def _pack_venv(args: argparse.Namespace) -> int:
 
 
 def _fetch_connector(args: argparse.Namespace) -> int:
-    from deploy.mvn import FetchError
+    from kpconfig.mvn import FetchError
     from streaming.connector import fetch_connector
 
     try:

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kpconfig.model import ConfigError, load_config
 from kpmon.commands.report import frames_from_capture, frames_from_topic
 from kpmon.commands.topicopts import InputError, add_source_options, resolve_cluster
-from kpmon.config import ConfigError, load_config
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from checks.report import (
     summary_text,
 )
 from codec.taprecord import TapFrame
+from kpconfig.model import ConfigError, load_config
 from kpmon.commands.topicopts import (
     InputError,
     add_pcap_options,
@@ -39,7 +40,6 @@ from kpmon.commands.topicopts import (
     poll_records,
     resolve_cluster,
 )
-from kpmon.config import ConfigError, load_config
 
 #: Exit codes of ``kpmon report`` (docs/quickstart.md, "Gating CI"). 2 is also argparse's usage error.
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_FINDINGS = 0, 1, 2, 3

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kpconfig.model import ConfigError, load_config
+from kpconfig.paths import kpmon_home
 from kpmon.commands.tap import parse_workers as tap_workers
-from kpmon.config import ConfigError, load_config
-from kpmon.paths import kpmon_home
 
 
 def _positive(text: str) -> float:

@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kpconfig.model import ConfigError, load_config
 from kpmon import sizing
-from kpmon.config import ConfigError, load_config
 from kpmon.figures import (
     BENCHMARKS_BEGIN,
     BENCHMARKS_END,

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kpmon.config import ConfigError, StackConfig, load_config
-from kpmon.paths import kpmon_home
+from kpconfig.model import ConfigError, StackConfig, load_config
+from kpconfig.paths import kpmon_home
 
 
 def _stack_config(args: argparse.Namespace) -> StackConfig:
@@ -55,7 +55,7 @@ def _print_status(status: dict[str, Any], as_json: bool) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from deploy.local.stack import LocalStack, StackError
-    from deploy.mvn import FetchError
+    from kpconfig.mvn import FetchError
 
     config = _stack_config(args)
     stack = LocalStack(_home(config), config.kafka_version, config.brokers, config.sasl, config.base_port)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpconfig.model import ConfigError, KpmonConfig, load_config
 
 
 def _config(args: argparse.Namespace) -> KpmonConfig:

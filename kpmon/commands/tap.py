@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from kpmon.config import ConfigError, KpmonConfig, TapListenerConfig, load_config
+from kpconfig.model import ConfigError, KpmonConfig, TapListenerConfig, load_config
 
 
 @dataclass(frozen=True)

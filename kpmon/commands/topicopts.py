@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from kpmon.config import KpmonConfig, StackConfig, write_private
+from kpconfig.model import KpmonConfig, StackConfig, write_private
 from kpmon.runner.children import Child
 from kpmon.runner.demo import DemoSchedule, DemoTraffic
 from kpmon.runner.plan import Broker, RunLayout, config_yaml, embedded_config, tap_ports
@@ -246,7 +246,7 @@ class Orchestrator:
     def _start_stack(self) -> None:
         from deploy.local.distribution import fetch_distribution
         from deploy.local.stack import LocalStack, StackError
-        from deploy.mvn import FetchError
+        from kpconfig.mvn import FetchError
 
         sc = self.stack_config
         if sc.sasl:
@@ -292,7 +292,7 @@ class Orchestrator:
 
     def _prefetch_connector(self) -> None:
         """Fetch Spark's Kafka connector here, where its progress can be said, not inside the job."""
-        from deploy.mvn import FetchError
+        from kpconfig.mvn import FetchError
         from streaming.connector import connector_jars
 
         if (

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from kpmon.config import ConfigError, KafkaClusterConfig, KpmonConfig, TapListenerConfig
+from kpconfig.model import ConfigError, KafkaClusterConfig, KpmonConfig, TapListenerConfig
 
 HOST = "127.0.0.1"
 DEFAULT_TAP_PORT = 29092

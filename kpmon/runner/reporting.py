@@ -16,9 +16,9 @@ from pathlib import Path
 from checks.engine import Monitor
 from checks.model import Finding
 from checks.report import alert_timeline, build_report
+from kpconfig.model import KpmonConfig
 from kpmon.commands.report import TapTopicReader, write_report
 from kpmon.commands.topicopts import InputError
-from kpmon.config import KpmonConfig
 
 
 class LiveReport:

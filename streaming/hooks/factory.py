@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kpmon.config import HookConfig, KpmonConfig
+from kpconfig.model import HookConfig, KpmonConfig
 from streaming.hooks.formatters import (
     AlertDict,
     alertmanager_body,

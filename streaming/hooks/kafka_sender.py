@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kpmon.config import KafkaClusterConfig
+from kpconfig.model import KafkaClusterConfig
 from streaming.hooks.core import Result
 from streaming.hooks.formatters import AlertDict, kafka_record
 from streaming.hooks.sender import SendResult

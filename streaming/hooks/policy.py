@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checks.model import SEVERITY_RANK
-from kpmon.config import HookConfig
+from kpconfig.model import HookConfig
 
 
 @dataclass(frozen=True)

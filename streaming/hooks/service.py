@@ -14,7 +14,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from checks.alerts import Alert
-from kpmon.config import HookConfig, KpmonConfig
+from kpconfig.model import HookConfig, KpmonConfig
 from streaming.hooks.core import ACTIVE, PENDING, DeliveryCore
 from streaming.hooks.factory import build_sender
 from streaming.hooks.formatters import AlertDict, InvalidAlert, alert_payload

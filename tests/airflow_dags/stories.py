@@ -32,7 +32,7 @@ import yaml
 from airflow_dags import jobctl
 from airflow_dags.redeploy import Journal
 from airflow_dags.tapwindow import Window, read_window
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from streaming.paths import StreamPaths
 from streaming.sink import read_batches
 from streaming.status import read_progress

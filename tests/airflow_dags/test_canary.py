@@ -23,7 +23,7 @@ from airflow_dags.canary import (
     running_alerts,
 )
 from airflow_dags.tapwindow import TapRecord, Window, choose_window, merge_in_time, read_window
-from kpmon.config import KafkaClusterConfig
+from kpconfig.model import KafkaClusterConfig
 from tests.airflow_dags.traffic import produce, round_frames, tap_records
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import CONFIG, scenario, single_run

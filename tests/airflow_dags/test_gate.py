@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_dags.gate import FAIL, PASS, WAIT, HealthGate
-from kpmon.config import StreamConfig
+from kpconfig.model import StreamConfig
 from streaming.status import judge
 
 STREAM = StreamConfig(stall_seconds=30, max_lag_records=100)

@@ -14,7 +14,7 @@ import yaml
 
 from airflow_dags import health, opsalerts
 from airflow_dags.health import HealthParams
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from streaming.paths import StreamPaths
 from tests.airflow_dags.traffic import produce
 from tests.checks import test_apiversions as av

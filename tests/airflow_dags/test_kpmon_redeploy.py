@@ -32,7 +32,7 @@ from airflow_dags import jobctl
 from airflow_dags.opsalerts import ROLLED_BACK, ops_alert_id
 from airflow_dags.redeploy import Journal
 from airflow_dags.tapwindow import Window, read_window
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from streaming.paths import StreamPaths
 from streaming.sink import read_batches
 from streaming.status import read_progress

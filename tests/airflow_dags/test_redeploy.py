@@ -16,7 +16,7 @@ import yaml
 
 from airflow_dags import redeploy
 from airflow_dags.redeploy import DeployError, Journal, Params
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from streaming.compat import query_shape, shape_path
 from streaming.paths import StreamPaths
 

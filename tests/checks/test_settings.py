@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from checks.settings import DEFAULTS, ChecksSettings
-from kpmon.config import ChecksConfig, KpmonConfig
+from kpconfig.model import ChecksConfig, KpmonConfig
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
 

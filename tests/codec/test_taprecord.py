@@ -31,7 +31,7 @@ from codec.taprecord import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("codec", "checks", "tap", "streaming", "kpmon", "airflow_dags", "deploy")
+PACKAGES = ("codec", "checks", "tap", "streaming", "kpconfig", "kpmon", "airflow_dags", "deploy")
 
 #: The wire names of schema 1 (docs/tap.md). Changing one changes the tap topic format.
 WIRE_NAMES = (

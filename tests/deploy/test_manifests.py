@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-import kpmon
+import kpconfig
 from deploy import manifests
 from deploy.spark.submit import (
     IMAGE_DRIVER_FILE,
@@ -27,9 +27,9 @@ from deploy.spark.submit import (
     pvc_mounts,
     target_defaults,
 )
+from kpconfig.model import ConfigError, KpmonConfig, TapListenerConfig, load_config
 from kpmon.cli import build_parser
 from kpmon.commands.tap import configure as tap_configure
-from kpmon.config import ConfigError, KpmonConfig, TapListenerConfig, load_config
 from streaming.connector import spark_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ def test_one_image_everywhere_tagged_with_kpmons_version() -> None:
         images |= {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
     sidecar = docs_of(K8S / "sidecar" / "tap-sidecar-patch.yaml")[0]
     images |= {c["image"] for c in sidecar["spec"]["template"]["spec"]["containers"]}
-    assert images == {f"kpmon:{kpmon.__version__}"}
+    assert images == {f"kpmon:{kpconfig.__version__}"}
 
 
 def mounts_of(pod: dict[str, Any]) -> dict[str, str]:

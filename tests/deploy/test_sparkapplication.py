@@ -13,7 +13,7 @@ import yaml
 from deploy import manifests
 from deploy.spark import sparkapplication as sa
 from deploy.spark.submit import SubmitError
-from kpmon.config import KpmonConfig, load_config
+from kpconfig.model import KpmonConfig, load_config
 from tests.deploy.k8s_schema import assert_valid, kubeconform
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"

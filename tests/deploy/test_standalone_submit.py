@@ -26,7 +26,7 @@ import pyspark
 import pytest
 import yaml
 
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from kpmon.traffic.workload import create_topic, idempotent_produce
 from streaming.connector import connector_dir, connector_jars
 from streaming.paths import StreamPaths

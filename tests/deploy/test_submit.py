@@ -29,8 +29,8 @@ from deploy.spark.submit import (
     target_defaults,
     write_config,
 )
+from kpconfig.model import KpmonConfig, load_config
 from kpmon.cli import main
-from kpmon.config import KpmonConfig, load_config
 from streaming.connector import connector_dir, connector_jars, spark_version
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

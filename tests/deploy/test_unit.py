@@ -140,7 +140,7 @@ def test_tool_classes_exist_in_the_jars(version: str) -> None:
 
 
 def test_fetch_without_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from deploy.mvn import FetchError
+    from kpconfig.mvn import FetchError
 
     monkeypatch.setenv("KPMON_HOME", str(tmp_path))  # an empty cache, so a download is needed
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))

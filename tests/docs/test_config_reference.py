@@ -1,7 +1,7 @@
 """docs/config.md documents every field of ``KpmonConfig`` with the model's default, and its examples load.
 
 The field list comes from walking the pydantic model (``model_fields``, through nested sections, optional
-sections and lists of sections), so a field added to ``kpmon/config.py`` fails here until it is documented.
+sections and lists of sections), so a field added to ``kpconfig/model.py`` fails here until it is documented.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kpmon.config import ConfigError, KpmonConfig, load_config
+from kpconfig.model import ConfigError, KpmonConfig, load_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deploy.fetch import fetch_clients_jar, fetch_streams_jars
 from deploy.versions import KAFKA_STREAMS
-from kpmon.paths import cache_dir
+from kpconfig.paths import cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCES = sorted((HERE / "src" / "main" / "java").rglob("*.java"))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from kpconfig.model import ConfigError, KpmonConfig, load_config
 from kpmon.cli import main
-from kpmon.config import ConfigError, KpmonConfig, load_config
 from kpmon.runner.children import Child, group_members
 from kpmon.runner.demo import SCENARIOS, DemoSchedule
 from kpmon.runner.plan import (

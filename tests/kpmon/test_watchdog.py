@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kpmon.config import load_config
+from kpconfig.model import load_config
 from kpmon.runner.children import Child, group_members
 from kpmon.runner.watchdog import RUNNING, STOPPED, RunRegistry, clean_up, start_time
 

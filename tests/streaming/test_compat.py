@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.compat import (
     IncompatibleCheckpoint,
     check_compatible,

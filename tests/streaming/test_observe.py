@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from checks.alerts import Alert
 from checks.model import Severity
-from kpmon.config import StreamConfig
+from kpconfig.model import StreamConfig
 from streaming.observe import ProgressListener, StreamMetrics, watermark_lag_seconds
 from streaming.paths import StreamPaths
 from streaming.sink import BatchResult

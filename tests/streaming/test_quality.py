@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from checks.model import Finding, Severity
-from kpmon.config import KpmonConfig, QualityConfig, load_config
+from kpconfig.model import KpmonConfig, QualityConfig, load_config
 from streaming.quality import QualityGate, QualityInputError, QualityResult
 from streaming.quality_suites import CATALOGUE_RULES, CHECKS, SUITES, known_rules
 from tests.checks import test_apiversions as apiv

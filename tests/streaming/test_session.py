@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.session import FILE_SYSTEM_CHECKPOINTS, is_local_path, spark_conf
 
 MANAGER = "spark.sql.streaming.checkpointFileManagerClass"

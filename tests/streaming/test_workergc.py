@@ -42,7 +42,7 @@ def test_the_first_call_freezes_and_raises_the_thresholds_the_next_ones_change_n
 @pytest.mark.parametrize("worker_gc", [True, False])
 def test_the_job_tunes_its_stateful_workers_as_configured(worker_gc: bool) -> None:
     pytest.importorskip("pyspark")
-    from kpmon.config import KpmonConfig
+    from kpconfig.model import KpmonConfig
     from streaming.job import stage_processor
 
     config = KpmonConfig()
@@ -54,7 +54,7 @@ def test_the_job_tunes_its_stateful_workers_as_configured(worker_gc: bool) -> No
 def test_processors_made_elsewhere_leave_the_collector_alone() -> None:
     # Tests and tools build processors in processes that are not Spark's workers.
     pytest.importorskip("pyspark")
-    from kpmon.config import KpmonConfig
+    from kpconfig.model import KpmonConfig
     from streaming.processors import MonitorProcessor
 
     assert not MonitorProcessor(KpmonConfig().checks.settings()).tune_gc

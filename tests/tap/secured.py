@@ -87,7 +87,7 @@ def spark_stream_reads(direct: dict[str, Any], directory: Path) -> tuple[dict[st
     the job's own stream (``streaming.job.frame_rows``: ``readStream`` with ``source_options``, then the
     header parsing) over a tap cluster with the same properties, run once (``availableNow``) into a
     memory table. Returns the source options (the Java translation) and the rows."""
-    from kpmon.config import KpmonConfig
+    from kpconfig.model import KpmonConfig
     from streaming.job import frame_rows, source_options
     from streaming.session import build_session
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from kpconfig.model import ConfigError, TapConfig
 from kpmon.cli import build_parser
 from kpmon.commands.tap import configure
-from kpmon.config import ConfigError, TapConfig
 from tests.tap.helpers import FakeBroker, api_versions_request, frame
 
 ROOT = Path(__file__).resolve().parents[2]

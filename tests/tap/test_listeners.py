@@ -437,7 +437,7 @@ def test_broker_context_picks_the_clients_identity_and_refuses_the_rest() -> Non
 
 
 def test_broker_identities_need_verified_client_certificates() -> None:
-    from kpmon.config import BrokerIdentity, TapListenerConfig
+    from kpconfig.model import BrokerIdentity, TapListenerConfig
 
     identity = {"alice": BrokerIdentity(certfile="a.pem", keyfile="a.key")}
     with pytest.raises(ValueError, match="broker_identities need"):

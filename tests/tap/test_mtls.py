@@ -18,7 +18,7 @@ import pytest
 
 from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
-from kpmon.config import BrokerIdentity, TapConfig, TapListenerConfig
+from kpconfig.model import BrokerIdentity, TapConfig, TapListenerConfig
 from tap.app import listener_specs
 from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings
@@ -160,7 +160,7 @@ def test_kpmons_own_clients_on_mtls(mtls: Mtls, tmp_path: Path) -> None:
     keystore made from ``ssl.certificate.location``/``ssl.key.location``), the job's Spark source with
     the same translation and the kafka hook, each with kpmon's own client certificate against a broker
     that requires one."""
-    from kpmon.config import KafkaClusterConfig
+    from kpconfig.model import KafkaClusterConfig
     from streaming.hooks.kafka_sender import KafkaSender
     from tests.streaming.hooks.builders import alert
     from tests.tap.harness import read_topic_range

@@ -183,7 +183,7 @@ def test_node_endpoints_point_at_the_tap(api_key: int, version: int) -> None:
 
 
 def test_advertised_address_from_config_wins() -> None:
-    from kpmon.config import TapConfig, TapListenerConfig
+    from kpconfig.model import TapConfig, TapListenerConfig
     from tap.app import listener_specs
 
     cfg = TapConfig(

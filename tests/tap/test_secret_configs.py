@@ -22,8 +22,7 @@ from tap.capture import (
     capture,
     request_is_sensitive_envelope,
 )
-from tap.password_configs_gen import JSON_PATH
-from tap.secret_configs import is_password_config, password_configs
+from tap.secret_configs import JSON_PATH, is_password_config, password_configs
 
 MARKER = "s3cr3t-CONFIG-value-9f2"
 KEEP = "kept-ordinary-value-71c"
@@ -33,7 +32,7 @@ PREFIXES = ("", "listener.name.sasl_ssl.", "listener.name.external.scram-sha-512
 
 def test_the_committed_list_is_what_the_jars_define() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tap.password_configs_gen", "--check"], capture_output=True, text=True
+        [sys.executable, "-m", "deploy.password_configs_gen", "--check"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert JSON_PATH.is_file()

@@ -34,7 +34,7 @@ import pytest
 
 from deploy.local.properties import TlsSpec
 from deploy.local.stack import LocalStack
-from kpmon.config import KafkaClusterConfig, TapConfig, TapListenerConfig
+from kpconfig.model import KafkaClusterConfig, TapConfig, TapListenerConfig
 from tap.app import listener_specs
 from tap.mirror import KafkaMirror, MemoryMirror, MirrorSink
 from tap.proxy import TapSettings

@@ -8,7 +8,7 @@ import ssl
 import struct
 from pathlib import Path
 
-from kpmon.config import TapConfig, TapListenerConfig
+from kpconfig.model import TapConfig, TapListenerConfig
 from tap.app import listener_specs
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings

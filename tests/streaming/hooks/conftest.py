@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.hooks import AlertHooks
 from tests.streaming.hooks.receiver import Receiver
 

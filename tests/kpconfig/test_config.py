@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kpmon.config import ConfigError, load_config
+from kpconfig.model import ConfigError, load_config
 
 
 def test_defaults_run_the_embedded_stack() -> None:

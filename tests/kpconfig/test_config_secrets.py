@@ -1,4 +1,4 @@
-"""Secrets from files, owner-only config copies, and the Java client's properties (kpmon/config.py)."""
+"""Secrets from files, owner-only config copies, and the Java client's properties (kpconfig/model.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kpmon.config import (
+from kpconfig.model import (
     ConfigError,
     KafkaClusterConfig,
     java_properties_from_librdkafka,
@@ -197,8 +197,8 @@ def test_java_properties_override_the_translation() -> None:
 def test_the_spark_source_gets_the_java_properties_and_the_readers_the_librdkafka_ones() -> None:
     import argparse
 
+    from kpconfig.model import KpmonConfig
     from kpmon.commands.topicopts import consumer_config, resolve_cluster
-    from kpmon.config import KpmonConfig
     from streaming.job import source_options
 
     librdkafka = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u"}
@@ -226,7 +226,7 @@ def test_the_spark_source_gets_the_java_properties_and_the_readers_the_librdkafk
 
 
 def test_the_spark_source_fetches_without_kafkas_half_second_wait() -> None:
-    from kpmon.config import KpmonConfig
+    from kpconfig.model import KpmonConfig
     from streaming.job import source_options
 
     assert source_options(KpmonConfig())["kafka.fetch.max.wait.ms"] == "20"

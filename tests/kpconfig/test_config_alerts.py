@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kpmon.config import ConfigError, HookConfig, load_config
+from kpconfig.model import ConfigError, HookConfig, load_config
 from streaming.hooks.factory import alertmanager_url
 from streaming.hooks.policy import policy_for
 

@@ -1,5 +1,5 @@
 // Prints every PASSWORD-type config name that a ConfigDef in the given jars defines, one per line, sorted.
-// Run by tap/password_configs_gen.py with the jars' directory on the class path (Java's single-file launcher).
+// Run by deploy/password_configs_gen.py with the jars' directory on the class path (Java's single-file launcher).
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
