@@ -658,8 +658,9 @@ def new_core(
 
     native, _ = native_core.status()
     found = tables() if core_tables is None else core_tables
-    if native is not None:
-        core: TapCore = native.TapCore(found, settings, static, budget)
+    native_class = getattr(native, "TapCore", None)
+    if native_class is not None:
+        core: TapCore = native_class(found, settings, static, budget)
         return core
     return PyTapCore(found, settings, static, budget)
 
