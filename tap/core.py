@@ -293,7 +293,8 @@ class TapCore(Protocol):
         ...
 
     def feed(self, from_client: bool, data: bytes, wall_ns: int, mono_ns: int, inside_ns: int) -> int:
-        """Frame ``data`` and handle each frame it completes, in order; returns how many were handled.
+        """Frame ``data`` and handle each frame it completes, in order; returns how many frames it took
+        up (a slow frame it stops at included, so the calls' sum is the frames seen).
 
         Raises ``FrameError`` (the stream is not Kafka framing: size < 0 or > ``max_frame_bytes``)
         before handling any frame of ``data``; the connection is then aborted. Stops at a slow frame
@@ -670,7 +671,7 @@ def new_budget(limit: int) -> HeldBudget:
     from tap import native_core
 
     native, _ = native_core.status()
-    if native is not None:
+    if getattr(native, "TapCore", None) is not None:
         budget: HeldBudget = native.HeldBudget(limit)
         return budget
     return HeldBudget(limit)
