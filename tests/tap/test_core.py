@@ -6,6 +6,7 @@ when it is built and current), so both are held to the same behaviour.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from collections.abc import Callable, Sequence
@@ -134,7 +135,7 @@ def conversations(draw: st.DrawFn) -> list[tuple[bool, list[bytes]]]:
     for from_client, data in runs:
         cuts = sorted(draw(st.sets(st.integers(1, max(len(data) - 1, 1)), max_size=6)))
         bounds = [0, *[c for c in cuts if c < len(data)], len(data)]
-        out.append((from_client, [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]))
+        out.append((from_client, [data[a:b] for a, b in itertools.pairwise(bounds)]))
     return out
 
 
