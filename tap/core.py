@@ -671,7 +671,7 @@ def new_budget(limit: int) -> HeldBudget:
     from tap import native_core
 
     native, _ = native_core.status()
-    if getattr(native, "TapCore", None) is not None:
+    if native is not None and hasattr(native, "TapCore"):
         budget: HeldBudget = native.HeldBudget(limit)
         return budget
     return HeldBudget(limit)

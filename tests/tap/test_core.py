@@ -63,7 +63,7 @@ def answer(corr: int, error: int = 0) -> bytes:
 
 
 def produce(corr: int, acks: int) -> bytes:
-    body = {"TransactionalId": None, "Acks": acks, "TimeoutMs": 1000, "TopicData": []}
+    body: dict[str, object] = {"TransactionalId": None, "Acks": acks, "TimeoutMs": 1000, "TopicData": []}
     return framed(codec.encode_request(0, 9, corr, "c", body))
 
 
