@@ -634,37 +634,47 @@ def frames_from_pcap(
 def _frames(
     path: Path, starts: set[int], ends: set[int], ports: set[int]
 ) -> tuple[list[TapFrame], PcapStats]:
-    """Each TCP stream's frames as the tap would have recorded them: a request and its response make
-    one record (one ``seq``), paired by the tap's own ``tap.framing.Correlations``; a request that
-    gets no response (acks=0, the capture ends) is a record of its own. ``path`` is in sequence order
-    (``_in_sequence_order``); ``starts`` and ``ends`` are ``_stream_starts``'."""
-    from codec.errors import DecodeError
-    from codec.peek import peek_request_header
-    from codec.taprecord import Part, decode_frame
-    from tap.framing import Correlations, Pending, Unpaired, expects_response
+    """Each TCP stream's frames as the tap records them: every stream is fed, request and response
+    PDUs in capture order, to a tap core of its own (``tap.core``, the tap's one framing, pairing and
+    capture, ``full`` policy), and its schema-3 records are read back (``frames_from_record``). A
+    request that gets no response (acks=0, the capture ends) is a record of its own. ``path`` is in
+    sequence order (``_in_sequence_order``); ``starts`` and ``ends`` are ``_stream_starts``'.
+    Returned in event-time order (``ts_ns``, connection, ``seq``), as a tap's topic is read."""
+    import json
 
+    from codec.taprecord import CLOSE, OPEN, Connection, Part, frames_from_record, pack_static
+    from tap.core import CoreSettings, TapCore, capture_slow, new_core
+
+    settings = CoreSettings(capture="full")
     stats = PcapStats()
     pdus = _pdus(path, ports) if ports else []
     frames: list[TapFrame] = []
-    seqs: dict[int, int] = {}
-    pending: dict[int, Correlations] = {}
+    cores: dict[int, TapCore] = {}
     synced: set[int] = set(starts)
     last_ts: dict[int, tuple[int, str, str]] = {}
+    #: Records read back so far: each record's stand-in offset, so every finding's anchor is unique.
+    taken = [0]
 
-    def write(stream: int, parts: tuple[Part, ...]) -> None:
-        """One record of ``stream``: its parts as frames, under the record's ``seq``."""
-        seqs[stream] += 1
-        _, client, broker = last_ts[stream]
-        for part in parts:
-            frame = TapFrame(
-                f"pcap-{stream}", seqs[stream], part.ts_ns, part.direction, part.api_key, part.api_version,
-                part.correlation_id, client=client, broker=broker, capture="full",
-            )  # fmt: skip
-            frames.append(decode_frame(frame, part.value))
+    def read(value: bytes) -> None:
+        frames.extend(frames_from_record(None, value, -1, taken[0]))
+        taken[0] += 1
 
-    def write_alone(stream: int, unpaired: list[Unpaired]) -> None:
-        for item in unpaired:
-            write(stream, (item.held,))
+    def drain(core: TapCore, everything: bool = False) -> None:
+        while (record := core.take_record(0, 0)) is not None:
+            read(record[0])
+        if everything and (record := core.flush(0, 0)) is not None:
+            read(record[0])
+
+    def lifecycle(core: TapCore, kind: str, ts_ns: int, client: str, broker: str) -> None:
+        value = json.dumps({"client": client, "broker": broker}).encode()
+        core.lifecycle(kind, Part(kind, ts_ns, None, None, None, value), ts_ns)
+
+    def feed(core: TapCore, request: bool, data: bytes, ts_ns: int) -> None:
+        core.feed(request, struct.pack(">i", len(data)) + data, ts_ns, ts_ns, 0)
+        while (slow := core.slow()) is not None:
+            core.resolve(*capture_slow(slow, settings))
+            core.feed(request, b"", ts_ns, ts_ns, 0)
+        drain(core)
 
     for pdu in pdus:
         src_port, dst_port = _port(pdu.src), _port(pdu.dst)
@@ -674,57 +684,42 @@ def _frames(
         is_request = dst_port in ports and not (src_port in ports and dst_port not in ports)
         client, broker = (pdu.src, pdu.dst) if is_request else (pdu.dst, pdu.src)
         conn = f"pcap-{pdu.stream}"
-        if pdu.stream not in seqs:
-            seqs[pdu.stream] = 1
+        core = cores.get(pdu.stream)
+        if core is None:
+            static = pack_static(Connection(conn, client, broker, capture="full"))
+            core = cores[pdu.stream] = new_core(settings, static)
             stats.streams += 1
-            frames.append(TapFrame(conn, 1, pdu.ts_ns, "open", client=client, broker=broker, capture="full"))
+            lifecycle(core, OPEN, pdu.ts_ns, client, broker)
         last_ts[pdu.stream] = (pdu.ts_ns, client, broker)
-        correlations = pending.setdefault(pdu.stream, Correlations())
-        if is_request:
-            try:
-                header = peek_request_header(pdu.data)
-            except DecodeError:
-                header = None
-            if pdu.stream not in synced:
-                # Mid-stream start: Wireshark's PDU boundaries are guesses until one request decodes.
-                probe = TapFrame(conn, 0, pdu.ts_ns, "req", client=client, broker=broker, capture="full")
-                if header is None or decode_frame(probe, pdu.data).error is not None:
-                    stats.skipped_before_boundary += 1
-                    continue
-                synced.add(pdu.stream)
-            if header is None:
-                write(pdu.stream, (Part("req", pdu.ts_ns, None, None, None, pdu.data),))
+        if pdu.stream not in synced:
+            # Mid-stream start: Wireshark's PDU boundaries are guesses until one request decodes.
+            if not is_request or not _request_decodes(conn, pdu, client, broker):
+                stats.skipped_before_boundary += 1
                 continue
-            part = Part("req", pdu.ts_ns, header.api_key, header.api_version, header.correlation_id, pdu.data)
-            if not expects_response(pdu.data, header.api_key, header.api_version):
-                write(pdu.stream, (part,))
-                continue
-            held = Pending(header.api_key, header.api_version, pdu.ts_ns, held=part)
-            write_alone(pdu.stream, correlations.add(header.correlation_id, held))
-        else:
-            if len(pdu.data) < 4:
-                stats.unpaired_responses += 1
-                continue
-            (corr,) = struct.unpack_from(">i", pdu.data)
-            request, orphans = correlations.match(corr)
-            write_alone(pdu.stream, orphans)
-            if request is None:
-                if pdu.stream in synced:
-                    stats.unpaired_responses += 1
-                else:
-                    stats.skipped_before_boundary += 1
-                continue
-            response = Part("resp", pdu.ts_ns, request.api_key, request.api_version, corr, pdu.data)
-            write(pdu.stream, (response,) if request.held is None else (request.held, response))
-    for stream in sorted(seqs):
-        # Requests the capture never shows an answer to: records of their own, before the close.
-        write_alone(stream, pending[stream].drain() if stream in pending else [])
-    for stream in sorted(ends & set(seqs)):
+            synced.add(pdu.stream)
+        feed(core, is_request, pdu.data, pdu.ts_ns)
+    for stream in sorted(cores):
+        core = cores[stream]
         ts_ns, client, broker = last_ts[stream]
-        seqs[stream] += 1
-        frames.append(
-            TapFrame(
-                f"pcap-{stream}", seqs[stream], ts_ns, "close", client=client, broker=broker, capture="full"
-            )
-        )
+        # Requests the capture never shows an answer to: records of their own, before the close.
+        core.drain(ts_ns)
+        if stream in ends:
+            lifecycle(core, CLOSE, ts_ns, client, broker)
+        drain(core, everything=True)
+        stats.unpaired_responses += core.counters().lone.get("unknown_request", 0)
+    frames.sort(key=lambda frame: (frame.ts_ns, frame.conn, frame.seq))
     return frames, stats
+
+
+def _request_decodes(conn: str, pdu: _Pdu, client: str, broker: str) -> bool:
+    """Whether ``pdu`` is a request whose header and body decode: a frame boundary for sure."""
+    from codec.errors import DecodeError
+    from codec.peek import peek_request_header
+    from codec.taprecord import decode_frame
+
+    try:
+        peek_request_header(pdu.data)
+    except DecodeError:
+        return False
+    probe = TapFrame(conn, 0, pdu.ts_ns, "req", client=client, broker=broker, capture="full")
+    return decode_frame(probe, pdu.data).error is None
