@@ -39,16 +39,12 @@ pub struct Tables {
     pub strip_plans: HashMap<(i64, bool, i64), Vec<Step>>,
     /// (api key, request?) whose records the `headers` policy strips.
     pub records: HashSet<(i64, bool)>,
-    /// (api key, request?) whose frames always go to Python.
-    pub slow: HashSet<(i64, bool)>,
-    /// (api key, version) of requests that go to Python (SaslHandshake v0: its mechanism).
-    pub slow_request_versions: HashSet<(i64, i64)>,
+    /// (api key, request?) -> the inclusive version range of frames that go to Python.
+    pub slow: HashMap<(i64, bool), (i64, i64)>,
     /// Raw tokens per SASL mechanism (upper case) after a SaslHandshake v0 (`tap.framing.SASL_ROUNDS`).
     pub sasl_rounds: HashMap<String, i64>,
-    pub sasl_handshake: i64,
-    pub produce_key: i64,
-    /// `tap.metrics` latency bucket bounds, seconds.
-    pub latency_buckets: Vec<f64>,
+    /// Latency bucket bounds, ns, ascending.
+    pub latency_buckets_ns: Vec<i64>,
     pub rebalance_waits: Vec<i64>,
 }
 
@@ -64,7 +60,18 @@ pub struct Settings {
     pub flush_max_age_ns: i64,
 }
 
+impl Tables {
+    fn is_slow(&self, api_key: i64, request: bool, api_version: i64) -> bool {
+        self.slow
+            .get(&(api_key, request))
+            .is_some_and(|(first, last)| (*first..=*last).contains(&api_version))
+    }
+}
+
 pub const FOREVER: i64 = 1 << 62;
+/// Kafka's API keys the core's own steps name (the SASL handshake's state, Produce's acks).
+pub const PRODUCE: i64 = 0;
+pub const SASL_HANDSHAKE: i64 = 17;
 const ENTRY_OVERHEAD: i64 = 16;
 const PART_OVERHEAD: i64 = 64;
 const HEAD_BYTES: i64 = 65_536;
@@ -119,8 +126,8 @@ pub struct Slow {
 pub struct Histogram {
     /// Per bucket (the last one +Inf), not cumulative.
     pub buckets: Vec<u64>,
-    pub sum: f64,
-    pub count: u64,
+    /// Of the observations, ns.
+    pub sum: i64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -130,8 +137,10 @@ pub struct Counters {
     pub errors: HashMap<(i64, i64), u64>,
     pub lone: HashMap<&'static str, u64>,
     pub truncated: u64,
-    /// (api key, broker?) -> histogram of seconds
-    pub latency: HashMap<(Option<i64>, bool), Histogram>,
+    /// (api key, broker?) -> histogram of ns
+    pub latency: HashMap<(i64, bool), Histogram>,
+    /// Frames handed to Python.
+    pub slow: u64,
 }
 
 #[derive(Debug, Default)]
@@ -161,15 +170,11 @@ impl Sasl {
 }
 
 struct Queued {
+    from_client: bool,
     frame: WireFrame,
     wall_ns: i64,
     mono_ns: i64,
-}
-
-pub enum CoreError {
-    Frame(FrameError),
-    /// `resolve` with no slow frame, or `feed` with data while one waits.
-    State(&'static str),
+    inside_ns: i64,
 }
 
 pub struct Core {
@@ -178,7 +183,8 @@ pub struct Core {
     static_: Vec<u8>,
     req_split: Splitter,
     resp_split: Splitter,
-    queues: [VecDeque<Queued>; 2],
+    /// Frames split but not handled yet (behind a slow frame), both directions in arrival order.
+    queue: VecDeque<Queued>,
     correlations: Correlations<OwnedPart>,
     sasl: Sasl,
     slow: Option<Slow>,
@@ -189,10 +195,6 @@ pub struct Core {
     entry_bytes: i64,
     first_ns: i64,
     due: VecDeque<Vec<OwnedEntry>>,
-}
-
-fn side(from_client: bool) -> usize {
-    usize::from(!from_client)
 }
 
 impl Core {
@@ -209,7 +211,7 @@ impl Core {
             tables,
             settings,
             static_,
-            queues: [VecDeque::new(), VecDeque::new()],
+            queue: VecDeque::new(),
             correlations,
             sasl: Sasl::default(),
             slow: None,
@@ -239,15 +241,22 @@ impl Core {
         self.correlations.len()
     }
 
-    /// The API key of the request `corr` answers, while it waits (address rewriting's look-up).
-    pub fn pending_api(&self, corr: i64) -> Option<i64> {
-        self.correlations.peek(corr).map(|p| p.api_key)
+    /// (api key, version) of the request `corr` answers, while it waits (address rewriting's look-up).
+    pub fn pending(&self, corr: i64) -> Option<(i64, i64)> {
+        self.correlations.peek(corr).map(|p| (p.api_key, p.api_version))
     }
 
     /// Frame `data` and handle every complete frame in order; the number handled. Stops at a slow frame.
-    pub fn feed(&mut self, from_client: bool, data: &[u8], wall_ns: i64, mono_ns: i64) -> Result<usize, CoreError> {
+    pub fn feed(
+        &mut self,
+        from_client: bool,
+        data: &[u8],
+        wall_ns: i64,
+        mono_ns: i64,
+        inside_ns: i64,
+    ) -> Result<usize, FrameError> {
         if !data.is_empty() {
-            let queue = &mut self.queues[side(from_client)];
+            let queue = &mut self.queue;
             let before = queue.len();
             let split = if from_client {
                 &mut self.req_split
@@ -256,100 +265,116 @@ impl Core {
             };
             let result = split.feed(data, |frame| {
                 queue.push_back(Queued {
+                    from_client,
                     frame,
                     wall_ns,
                     mono_ns,
+                    inside_ns,
                 })
             });
             if let Err(err) = result {
-                // As the reference: the frames this chunk completed before the bad size are not handled.
+                // As the reference: no frame of a chunk with a bad size is handled.
                 queue.truncate(before);
-                return Err(CoreError::Frame(err));
+                return Err(err);
             }
         }
         let mut handled = 0;
         while self.slow.is_none() {
-            let Some(q) = self.queues[side(from_client)].pop_front() else {
+            let Some(q) = self.queue.pop_front() else {
                 break;
             };
-            if self.handle(from_client, q) {
-                handled += 1;
+            if q.from_client {
+                self.on_request(q);
+            } else {
+                self.on_response(q);
             }
+            handled += 1;
         }
         Ok(handled)
     }
 
-    /// Handle one frame; false when it stopped as the slow frame.
-    fn handle(&mut self, from_client: bool, q: Queued) -> bool {
-        if from_client {
-            self.on_request(q)
-        } else {
-            self.on_response(q)
-        }
-    }
-
     fn count_frame(&mut self, request: bool, api_key: Option<i64>, api_version: Option<i64>, size: i64) {
-        let entry = self.counters.frames.entry((request, api_key, api_version)).or_default();
+        let entry = self
+            .counters
+            .frames
+            .entry((request, api_key, api_version))
+            .or_default();
         entry.0 += 1;
         entry.1 += (size + 4) as u64;
     }
 
-    fn observe(&mut self, api_key: Option<i64>, broker: bool, seconds: f64) {
-        let bounds = &self.tables.latency_buckets;
-        let hist = self.counters.latency.entry((api_key, broker)).or_insert_with(|| Histogram {
-            buckets: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        });
-        let at = bounds.iter().position(|b| seconds <= *b).unwrap_or(bounds.len());
+    fn observe(&mut self, api_key: i64, broker: bool, ns: i64) {
+        let bounds = &self.tables.latency_buckets_ns;
+        let hist = self
+            .counters
+            .latency
+            .entry((api_key, broker))
+            .or_insert_with(|| Histogram {
+                buckets: vec![0; bounds.len() + 1],
+                sum: 0,
+            });
+        let at = bounds.iter().position(|b| ns <= *b).unwrap_or(bounds.len());
         hist.buckets[at] += 1;
-        hist.sum += seconds;
-        hist.count += 1;
+        hist.sum += ns;
     }
 
-    fn on_request(&mut self, q: Queued) -> bool {
+    fn on_request(&mut self, q: Queued) {
         let Queued {
             frame,
             wall_ns,
             mono_ns,
+            inside_ns,
+            ..
         } = q;
         let size = i64::from(frame.size);
         if self.sasl.client_frame_is_token() {
             self.count_frame(true, None, None, size);
             let part = self.token_part("req", size, wall_ns);
             self.write_lone(part, SASL_TOKEN, mono_ns);
-            return true;
+            return;
         }
         let header = match peek::peek_request_header(&frame.head) {
-            Ok(h) => (h.api_key, h.api_version, h.correlation_id, h.client_id.map(<[u8]>::to_vec)),
+            Ok(h) => (
+                h.api_key,
+                h.api_version,
+                h.correlation_id,
+                h.client_id.map(<[u8]>::to_vec),
+            ),
             Err(_) => {
                 self.count_frame(true, None, None, size);
                 let part = self.part(true, &frame.head, size, None, None, None, wall_ns);
                 self.write_lone(part.ok().flatten(), "not_a_request", mono_ns);
-                return true;
+                return;
             }
         };
         let (api_key, api_version, corr, client_id) = header;
         let (api_key, api_version, corr) = (i64::from(api_key), i64::from(api_version), i64::from(corr));
         self.count_frame(true, Some(api_key), Some(api_version), size);
+        self.observe(api_key, false, inside_ns);
         if let Some(raw) = client_id {
             if self.client_name.is_empty() {
                 self.client_name = String::from_utf8_lossy(&raw).into_owned().into_bytes();
             }
         }
-        let tables = &self.tables;
-        let slow = tables.slow.contains(&(api_key, true)) || tables.slow_request_versions.contains(&(api_key, api_version));
+        let slow = self.tables.is_slow(api_key, true, api_version)
+            && (self.settings.mirror || api_key == SASL_HANDSHAKE);
         let part = if slow {
             Err(())
         } else {
-            self.part(true, &frame.head, size, Some(api_key), Some(api_version), Some(corr), wall_ns)
+            self.part(
+                true,
+                &frame.head,
+                size,
+                Some(api_key),
+                Some(api_version),
+                Some(corr),
+                wall_ns,
+            )
         };
         match part {
-            Ok(part) => {
-                self.track_request(&frame.head, api_key, api_version, corr, false, part, mono_ns);
-                true
-            }
+            Ok(part) => self.track_request(&frame.head, api_key, api_version, corr, false, part, mono_ns),
             Err(()) => {
+                self.counters.slow += 1;
                 self.slow = Some(Slow {
                     from_client: true,
                     head: frame.head,
@@ -362,7 +387,6 @@ impl Core {
                     mono_ns,
                     held: None,
                 });
-                false
             }
         }
     }
@@ -378,7 +402,7 @@ impl Core {
         part: Option<OwnedPart>,
         mono_ns: i64,
     ) {
-        if api_key == self.tables.produce_key && !self.tables.produce.expects_response(head, api_key, api_version) {
+        if api_key == PRODUCE && !self.tables.produce.expects_response(head, api_key, api_version) {
             self.write_lone(part, "no_response", mono_ns);
             return;
         }
@@ -397,23 +421,30 @@ impl Core {
         self.write_unpaired(out, mono_ns);
     }
 
-    fn on_response(&mut self, q: Queued) -> bool {
+    fn on_response(&mut self, q: Queued) {
         let Queued {
             frame,
             wall_ns,
             mono_ns,
+            inside_ns,
+            ..
         } = q;
         let size = i64::from(frame.size);
         if self.sasl.server_frame_is_token() {
             self.count_frame(false, None, None, size);
             let part = self.token_part("resp", size, wall_ns);
             self.write_lone(part, SASL_TOKEN, mono_ns);
-            return true;
+            return;
         }
         let mut corr = None;
         let mut pending = None;
         if frame.head.len() >= 4 {
-            let c = i64::from(i32::from_be_bytes([frame.head[0], frame.head[1], frame.head[2], frame.head[3]]));
+            let c = i64::from(i32::from_be_bytes([
+                frame.head[0],
+                frame.head[1],
+                frame.head[2],
+                frame.head[3],
+            ]));
             corr = Some(c);
             let mut orphans = Vec::new();
             pending = self.correlations.match_response(c, &mut orphans);
@@ -423,18 +454,22 @@ impl Core {
             self.count_frame(false, None, None, size);
             let part = self.part(false, &frame.head, size, None, None, corr, wall_ns);
             self.write_lone(part.ok().flatten(), "unknown_request", mono_ns);
-            return true;
+            return;
         };
         let (api_key, api_version) = (pending.api_key, pending.api_version);
         self.count_frame(false, Some(api_key), Some(api_version), size);
-        self.observe(Some(api_key), true, (mono_ns - pending.forwarded_ns) as f64 / 1e9);
+        self.observe(api_key, false, inside_ns);
+        self.observe(api_key, true, mono_ns - pending.forwarded_ns);
         let mut error_code = None;
         if let Some(&(first, offset)) = self.tables.error_offsets.get(&api_key) {
             if api_version >= first {
                 if let Some(end) = self.header_end(&frame.head, false, Some(api_key), Some(api_version)) {
                     let pos = end + offset;
                     if pos + 2 <= frame.head.len() {
-                        error_code = Some(i64::from(i16::from_be_bytes([frame.head[pos], frame.head[pos + 1]])));
+                        error_code = Some(i64::from(i16::from_be_bytes([
+                            frame.head[pos],
+                            frame.head[pos + 1],
+                        ])));
                     }
                 }
                 if let Some(code) = error_code.filter(|c| *c != 0) {
@@ -442,27 +477,37 @@ impl Core {
                 }
             }
         }
-        if api_key == self.tables.sasl_handshake {
+        if api_key == SASL_HANDSHAKE {
             if let Some(mechanism) = self.sasl.pending_mechanism.take() {
                 if error_code == Some(0) {
-                    self.sasl.client_tokens =
-                        *self.tables.sasl_rounds.get(&mechanism.to_uppercase()).unwrap_or(&FOREVER);
+                    self.sasl.client_tokens = *self
+                        .tables
+                        .sasl_rounds
+                        .get(&mechanism.to_uppercase())
+                        .unwrap_or(&FOREVER);
                 }
             }
         }
         let held = pending.held.take();
-        let slow = pending.sensitive || self.tables.slow.contains(&(api_key, false));
+        let slow =
+            self.settings.mirror && (pending.sensitive || self.tables.is_slow(api_key, false, api_version));
         let part = if slow {
             Err(())
         } else {
-            self.part(false, &frame.head, size, Some(api_key), Some(api_version), corr, wall_ns)
+            self.part(
+                false,
+                &frame.head,
+                size,
+                Some(api_key),
+                Some(api_version),
+                corr,
+                wall_ns,
+            )
         };
         match part {
-            Ok(part) => {
-                self.pair(held, part, mono_ns);
-                true
-            }
+            Ok(part) => self.pair(held, part, mono_ns),
             Err(()) => {
+                self.counters.slow += 1;
                 self.slow = Some(Slow {
                     from_client: false,
                     head: frame.head,
@@ -475,7 +520,6 @@ impl Core {
                     mono_ns,
                     held: Some(held),
                 });
-                false
             }
         }
     }
@@ -495,29 +539,38 @@ impl Core {
     }
 
     /// Python's capture of the slow frame (None when mirroring is off); `mechanism`: a SaslHandshake
-    /// v0 request's, `sensitive`: whether a request's response must be hidden (an Envelope).
-    pub fn resolve(&mut self, part: Option<OwnedPart>, sensitive: bool, mechanism: Option<Option<String>>) -> Result<(), CoreError> {
+    /// v0 request's, `sensitive`: whether a request's response must be hidden (an Envelope). False
+    /// when no frame waits.
+    pub fn resolve(&mut self, part: Option<OwnedPart>, mechanism: Option<String>, sensitive: bool) -> bool {
         let Some(slow) = self.slow.take() else {
-            return Err(CoreError::State("no slow frame to resolve"));
+            return false;
         };
         if let Some(p) = &part {
             if p.truncated() {
                 self.counters.truncated += 1;
             }
         }
-        if let Some(m) = mechanism {
-            self.sasl.pending_mechanism = Some(m.unwrap_or_default());
+        if slow.from_client && slow.api_key == Some(SASL_HANDSHAKE) && slow.api_version == Some(0) {
+            self.sasl.pending_mechanism = Some(mechanism.unwrap_or_default());
         }
         let part = if self.settings.mirror { part } else { None };
         match slow.held {
             None => {
                 let (api_key, api_version) = (slow.api_key.unwrap_or(-1), slow.api_version.unwrap_or(-1));
                 let corr = slow.correlation_id.unwrap_or(0);
-                self.track_request(&slow.head, api_key, api_version, corr, sensitive, part, slow.mono_ns);
+                self.track_request(
+                    &slow.head,
+                    api_key,
+                    api_version,
+                    corr,
+                    sensitive,
+                    part,
+                    slow.mono_ns,
+                );
             }
             Some(held) => self.pair(held, part, slow.mono_ns),
         }
-        Ok(())
+        true
     }
 
     fn token_part(&mut self, direction: &'static str, size: i64, wall_ns: i64) -> Option<OwnedPart> {
@@ -537,19 +590,33 @@ impl Core {
     }
 
     /// `tap.capture.header_end`, None where it raises.
-    fn header_end(&self, head: &[u8], request: bool, api_key: Option<i64>, api_version: Option<i64>) -> Option<usize> {
+    fn header_end(
+        &self,
+        head: &[u8],
+        request: bool,
+        api_key: Option<i64>,
+        api_version: Option<i64>,
+    ) -> Option<usize> {
         if head.len() < 4 {
             return None;
         }
         if request {
-            let key = (i64::from(i16::from_be_bytes([head[0], head[1]])), i64::from(i16::from_be_bytes([head[2], head[3]])));
+            let key = (
+                i64::from(i16::from_be_bytes([head[0], head[1]])),
+                i64::from(i16::from_be_bytes([head[2], head[3]])),
+            );
             let version = *self.tables.request_headers.get(&key)?;
             return peek::request_header_end(head, version);
         }
         let (Some(api_key), Some(api_version)) = (api_key, api_version) else {
             return Some(4);
         };
-        let version = self.tables.response_headers.get(&(api_key, api_version)).copied().unwrap_or(0);
+        let version = self
+            .tables
+            .response_headers
+            .get(&(api_key, api_version))
+            .copied()
+            .unwrap_or(0);
         if version == 0 {
             return Some(4);
         }
@@ -652,7 +719,11 @@ impl Core {
         if !self.settings.mirror {
             return;
         }
-        let size = parts.iter().map(|p| p.value.len() as i64 + PART_OVERHEAD).sum::<i64>() + ENTRY_OVERHEAD;
+        let size = parts
+            .iter()
+            .map(|p| p.value.len() as i64 + PART_OVERHEAD)
+            .sum::<i64>()
+            + ENTRY_OVERHEAD;
         if !self.entries.is_empty()
             && (self.entry_bytes + size > self.settings.flush_max_bytes
                 || now_ns >= self.first_ns + self.settings.flush_max_age_ns)
@@ -668,7 +739,9 @@ impl Core {
             parts,
         });
         self.entry_bytes += size;
-        if self.entries.len() >= self.settings.flush_max_entries || self.entry_bytes >= self.settings.flush_max_bytes {
+        if self.entries.len() >= self.settings.flush_max_entries
+            || self.entry_bytes >= self.settings.flush_max_bytes
+        {
             self.take_due();
         }
     }
@@ -681,10 +754,7 @@ impl Core {
 
     /// A lifecycle entry (open, close, blind), its part made in Python (None: mirroring is off).
     pub fn lifecycle(&mut self, kind: String, part: Option<OwnedPart>, mono_ns: i64) {
-        match part {
-            Some(part) if self.settings.mirror => self.write(Cow::Owned(kind), vec![part], mono_ns),
-            _ => self.seq += 1,
-        }
+        self.write(Cow::Owned(kind), part.into_iter().collect(), mono_ns);
     }
 
     /// Held requests past their age bound go out alone.
@@ -729,7 +799,12 @@ impl Core {
     fn pack(&self, entries: &[OwnedEntry], lost: i64, loss_ns: i64) -> Vec<u8> {
         let flags: Vec<Vec<Vec<(&str, &str)>>> = entries
             .iter()
-            .map(|e| e.parts.iter().map(|p| p.flags.iter().map(|(k, v)| (k.as_ref(), v.as_str())).collect()).collect())
+            .map(|e| {
+                e.parts
+                    .iter()
+                    .map(|p| p.flags.iter().map(|(k, v)| (k.as_ref(), v.as_str())).collect())
+                    .collect()
+            })
             .collect();
         let parts: Vec<Vec<msgpack::Part<'_>>> = entries
             .iter()

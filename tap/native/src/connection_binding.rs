@@ -1,18 +1,20 @@
-//! `kpmon_tapcore.TapCore` and `TapTables`: the per-connection core (`core`) exposed to Python. A frame
-//! costs no Python object unless it is slow; Python objects are made only for slow frames, lifecycle
-//! parts, the records handed back and `counters()`.
+//! `kpmon_tapcore.TapCore`: the per-connection core (`connection`) behind `tap.core.TapCore`. A frame
+//! costs no Python object unless it is slow: Python objects are made only for slow frames, the
+//! records handed back and `counters()`.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyMapping, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyMapping, PyTuple};
 
-use crate::binding::{frame_error, with_bytes, PyHeldBudget, PyProduceTable};
-use crate::connection::{Core, CoreError, OwnedPart, Policy, Settings, Tables};
+use crate::binding::{frame_error, with_bytes, PyHeldBudget};
+use crate::connection::{Core, OwnedPart, Policy, Settings, Tables, PRODUCE};
 use crate::correlations::{Budget, Limits};
+use crate::peek::ProduceTable;
 use crate::strip::Step;
 
 fn step(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Step> {
@@ -44,77 +46,80 @@ fn plan(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Vec<Step>> {
     obj.try_iter()?.map(|s| step(&s?, depth)).collect()
 }
 
-/// The core's protocol tables (`tap.native_core.core_tables` builds them from the codec's schema).
-#[pyclass(name = "TapTables", module = "kpmon_tapcore", frozen)]
-pub struct PyTapTables {
-    inner: Arc<Tables>,
-}
+/// `tap.core.CoreTables` read into the core's own tables once per tables object (a process builds
+/// one), so a connection costs no conversion. The object is held with them: its identity is the key.
+static TABLES: Mutex<Vec<(Py<PyAny>, Arc<Tables>)>> = Mutex::new(Vec::new());
+/// Distinct tables objects remembered (tests build a few; the tap one).
+const TABLES_KEPT: usize = 16;
 
-#[pymethods]
-impl PyTapTables {
-    #[new]
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, request_headers, response_headers, produce, error_offsets, strip_plans, records, slow,
-                        slow_request_versions, sasl_rounds, sasl_handshake, produce_key, latency_buckets,
-                        rebalance_waits))]
-    fn new(
-        request_headers: HashMap<(i64, i64), i64>,
-        response_headers: HashMap<(i64, i64), i64>,
-        produce: PyRef<'_, PyProduceTable>,
-        error_offsets: HashMap<i64, (i64, usize)>,
-        strip_plans: &Bound<'_, PyMapping>,
-        records: HashSet<(i64, bool)>,
-        slow: HashSet<(i64, bool)>,
-        slow_request_versions: HashSet<(i64, i64)>,
-        sasl_rounds: HashMap<String, i64>,
-        sasl_handshake: i64,
-        produce_key: i64,
-        latency_buckets: Vec<f64>,
-        rebalance_waits: Vec<i64>,
-    ) -> PyResult<Self> {
-        let mut plans = HashMap::new();
-        for item in strip_plans.items()?.iter() {
-            let (key, value): ((i64, bool, i64), Bound<'_, PyAny>) = item.extract()?;
-            plans.insert(key, plan(&value, 0)?);
+fn tables_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Tables>> {
+    let py = obj.py();
+    {
+        let cache = TABLES.lock().expect("tables lock");
+        if let Some((_, found)) = cache.iter().find(|(o, _)| o.bind(py).is(obj)) {
+            return Ok(found.clone());
         }
-        Ok(PyTapTables {
-            inner: Arc::new(Tables {
-                request_headers,
-                response_headers,
-                produce: produce.inner.clone(),
-                error_offsets,
-                strip_plans: plans,
-                records,
-                slow,
-                slow_request_versions,
-                sasl_rounds,
-                sasl_handshake,
-                produce_key,
-                latency_buckets,
-                rebalance_waits,
-            }),
-        })
     }
-
-    #[getter]
-    fn strip_plans(&self) -> usize {
-        self.inner.strip_plans.len()
+    let request_headers: HashMap<(i64, i64), i64> =
+        obj.getattr(intern!(py, "request_header_versions"))?.extract()?;
+    let produce = ProduceTable {
+        header_versions: request_headers
+            .iter()
+            .filter(|((api, _), _)| *api == PRODUCE)
+            .map(|((_, v), hv)| (*v, *hv))
+            .collect(),
+        acks_layouts: obj.getattr(intern!(py, "produce_acks"))?.extract()?,
+    };
+    let mut plans = HashMap::new();
+    let strip_plans = obj.getattr(intern!(py, "strip_plans"))?;
+    for item in strip_plans.cast::<PyMapping>()?.items()?.iter() {
+        let (key, value): ((i64, bool, i64), Bound<'_, PyAny>) = item.extract()?;
+        plans.insert(key, plan(&value, 0)?);
     }
+    let records: HashSet<(i64, bool)> = plans.keys().map(|(api, request, _)| (*api, *request)).collect();
+    let sasl_rounds: HashMap<String, i64> = match obj.getattr_opt(intern!(py, "sasl_rounds"))? {
+        Some(rounds) => rounds.extract()?,
+        None => py.import("tap.framing")?.getattr("SASL_ROUNDS")?.extract()?,
+    };
+    let tables = Arc::new(Tables {
+        request_headers,
+        response_headers: obj.getattr(intern!(py, "response_header_versions"))?.extract()?,
+        produce,
+        error_offsets: obj.getattr(intern!(py, "error_offsets"))?.extract()?,
+        strip_plans: plans,
+        records,
+        slow: obj.getattr(intern!(py, "slow"))?.extract()?,
+        sasl_rounds,
+        latency_buckets_ns: obj.getattr(intern!(py, "latency_buckets_ns"))?.extract()?,
+        rebalance_waits: obj.getattr(intern!(py, "rebalance_waits"))?.extract()?,
+    });
+    let mut cache = TABLES.lock().expect("tables lock");
+    if cache.len() >= TABLES_KEPT {
+        cache.remove(0);
+    }
+    cache.push((obj.clone().unbind(), tables.clone()));
+    Ok(tables)
 }
 
-/// A frame the core hands to Python (`TapCore.slow()`).
-#[pyclass(name = "SlowFrame", module = "kpmon_tapcore", frozen, get_all)]
-pub struct PySlowFrame {
-    from_client: bool,
-    direction: &'static str,
-    head: Py<PyBytes>,
-    size: i64,
-    complete: bool,
-    api_key: Option<i64>,
-    api_version: Option<i64>,
-    correlation_id: Option<i64>,
-    sensitive: bool,
-    wall_ns: i64,
+fn settings_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Settings> {
+    let hold = obj.getattr("hold_limits")?;
+    let flush = obj.getattr("flush")?;
+    let capture: String = obj.getattr("capture")?.extract()?;
+    Ok(Settings {
+        policy: policy(&capture)?,
+        mirror: obj.getattr("mirror")?.is_truthy()?,
+        max_mirrored: obj.getattr("max_mirrored_frame_bytes")?.extract()?,
+        max_frame: obj.getattr("max_frame_bytes")?.extract()?,
+        hold: Limits {
+            max_in_flight: hold.getattr("max_in_flight")?.extract()?,
+            max_bytes: hold.getattr("max_bytes")?.extract()?,
+            max_age_ns: hold.getattr("max_age_ns")?.extract()?,
+            max_rebalance_age_ns: hold.getattr("max_rebalance_age_ns")?.extract()?,
+        },
+        flush_max_bytes: flush.getattr("max_bytes")?.extract()?,
+        flush_max_entries: flush.getattr("max_entries")?.extract()?,
+        flush_max_age_ns: flush.getattr("max_age_ns")?.extract()?,
+    })
 }
 
 fn part_from_py(obj: &Bound<'_, PyAny>) -> PyResult<OwnedPart> {
@@ -144,13 +149,6 @@ fn part_from_py(obj: &Bound<'_, PyAny>) -> PyResult<OwnedPart> {
     })
 }
 
-fn state_error(err: CoreError, py: Python<'_>) -> PyErr {
-    match err {
-        CoreError::Frame(e) => frame_error(py, &e),
-        CoreError::State(why) => PyRuntimeError::new_err(why),
-    }
-}
-
 fn policy(name: &str) -> PyResult<Policy> {
     match name {
         "full" => Ok(Policy::Full),
@@ -166,88 +164,102 @@ pub struct PyTapCore {
     inner: Core,
 }
 
+type Record<'py> = Option<(Bound<'py, PyBytes>, usize)>;
+
+fn record(py: Python<'_>, found: Option<(Vec<u8>, usize)>) -> Record<'_> {
+    found.map(|(value, n)| (PyBytes::new(py, &value), n))
+}
+
+fn optional_part(part: Option<&Bound<'_, PyAny>>) -> PyResult<Option<OwnedPart>> {
+    match part {
+        Some(p) if !p.is_none() => Ok(Some(part_from_py(p)?)),
+        _ => Ok(None),
+    }
+}
+
 #[pymethods]
 impl PyTapCore {
     #[new]
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (tables, static_, *, policy, mirror, max_mirrored_frame_bytes, max_frame_bytes,
-                        hold_limits, flush_limits, budget = None))]
+    #[pyo3(signature = (tables, settings, static_, budget = None))]
     fn new(
-        tables: PyRef<'_, PyTapTables>,
+        tables: &Bound<'_, PyAny>,
+        settings: &Bound<'_, PyAny>,
         static_: &Bound<'_, PyAny>,
-        policy: &str,
-        mirror: bool,
-        max_mirrored_frame_bytes: i64,
-        max_frame_bytes: i64,
-        hold_limits: (i64, i64, i64, i64),
-        flush_limits: (i64, usize, i64),
         budget: Option<PyRef<'_, PyHeldBudget>>,
     ) -> PyResult<Self> {
-        let settings = Settings {
-            policy: self::policy(policy)?,
-            mirror,
-            max_mirrored: max_mirrored_frame_bytes,
-            max_frame: max_frame_bytes,
-            hold: Limits {
-                max_in_flight: hold_limits.0,
-                max_bytes: hold_limits.1,
-                max_age_ns: hold_limits.2,
-                max_rebalance_age_ns: hold_limits.3,
-            },
-            flush_max_bytes: flush_limits.0,
-            flush_max_entries: flush_limits.1,
-            flush_max_age_ns: flush_limits.2,
-        };
         let budget = match budget {
             Some(b) => b.inner.clone(),
             None => Budget::new(1 << 62),
         };
         let static_ = with_bytes(static_, <[u8]>::to_vec)?;
         Ok(PyTapCore {
-            inner: Core::new(tables.inner.clone(), settings, static_, budget),
+            inner: Core::new(
+                tables_from_py(tables)?,
+                settings_from_py(settings)?,
+                static_,
+                budget,
+            ),
         })
     }
 
     /// Frames `data` completed and the core handled; stops at a slow frame. Raises FrameError.
-    fn feed(&mut self, py: Python<'_>, from_client: bool, data: &Bound<'_, PyAny>, wall_ns: i64, mono_ns: i64) -> PyResult<usize> {
-        let inner = &mut self.inner;
-        with_bytes(data, |bytes| inner.feed(from_client, bytes, wall_ns, mono_ns))?.map_err(|e| state_error(e, py))
-    }
-
-    fn slow(&self, py: Python<'_>) -> Option<PySlowFrame> {
-        self.inner.slow().map(|s| PySlowFrame {
-            from_client: s.from_client,
-            direction: if s.from_client { "req" } else { "resp" },
-            head: PyBytes::new(py, &s.head).unbind(),
-            size: s.size,
-            complete: s.head.len() as i64 == s.size,
-            api_key: s.api_key,
-            api_version: s.api_version,
-            correlation_id: s.correlation_id,
-            sensitive: s.sensitive,
-            wall_ns: s.wall_ns,
-        })
-    }
-
-    /// Python's capture of the slow frame; a SaslHandshake v0 request's mechanism (`has_mechanism`),
-    /// an Envelope request's `sensitive`.
-    #[pyo3(signature = (part, *, sensitive = false, has_mechanism = false, mechanism = None))]
-    fn resolve(
+    fn feed(
         &mut self,
         py: Python<'_>,
-        part: &Bound<'_, PyAny>,
-        sensitive: bool,
-        has_mechanism: bool,
-        mechanism: Option<String>,
-    ) -> PyResult<()> {
-        let part = if part.is_none() { None } else { Some(part_from_py(part)?) };
-        let mechanism = has_mechanism.then_some(mechanism);
-        self.inner.resolve(part, sensitive, mechanism).map_err(|e| state_error(e, py))
+        from_client: bool,
+        data: &Bound<'_, PyAny>,
+        wall_ns: i64,
+        mono_ns: i64,
+        inside_ns: i64,
+    ) -> PyResult<usize> {
+        let inner = &mut self.inner;
+        with_bytes(data, |bytes| {
+            inner.feed(from_client, bytes, wall_ns, mono_ns, inside_ns)
+        })?
+        .map_err(|e| frame_error(py, &e))
     }
 
-    fn lifecycle(&mut self, kind: String, part: &Bound<'_, PyAny>, mono_ns: i64) -> PyResult<()> {
-        let part = if part.is_none() { None } else { Some(part_from_py(part)?) };
-        self.inner.lifecycle(kind, part, mono_ns);
+    /// The frame waiting for `resolve` (a `tap.core.SlowFrame`), or None.
+    fn slow<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(s) = self.inner.slow() else {
+            return Ok(None);
+        };
+        let cls = py
+            .import(intern!(py, "tap.core"))?
+            .getattr(intern!(py, "SlowFrame"))?;
+        let frame = cls.call1((
+            s.from_client,
+            PyBytes::new(py, &s.head),
+            s.size,
+            s.api_key,
+            s.api_version,
+            s.correlation_id,
+            s.sensitive,
+            s.wall_ns,
+        ))?;
+        Ok(Some(frame))
+    }
+
+    #[pyo3(signature = (part, mechanism = None, sensitive = false))]
+    fn resolve(
+        &mut self,
+        part: Option<&Bound<'_, PyAny>>,
+        mechanism: Option<String>,
+        sensitive: bool,
+    ) -> PyResult<()> {
+        if self.inner.resolve(optional_part(part)?, mechanism, sensitive) {
+            Ok(())
+        } else {
+            Err(PyRuntimeError::new_err("no slow frame to resolve"))
+        }
+    }
+
+    fn pending(&self, correlation_id: i64) -> Option<(i64, i64)> {
+        self.inner.pending(correlation_id)
+    }
+
+    fn lifecycle(&mut self, kind: String, part: Option<&Bound<'_, PyAny>>, mono_ns: i64) -> PyResult<()> {
+        self.inner.lifecycle(kind, optional_part(part)?, mono_ns);
         Ok(())
     }
 
@@ -259,35 +271,16 @@ impl PyTapCore {
         self.inner.drain(mono_ns);
     }
 
-    /// The records due by the size or count bound, oldest first: (value, entries) each.
-    fn take_records<'py>(&mut self, py: Python<'py>, lost: i64, loss_ns: i64) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        while let Some((value, n)) = self.inner.take_record(lost, loss_ns) {
-            out.append((PyBytes::new(py, &value), n))?;
-        }
-        Ok(out)
+    fn take_record<'py>(&mut self, py: Python<'py>, lost: i64, loss_ns: i64) -> Record<'py> {
+        record(py, self.inner.take_record(lost, loss_ns))
     }
 
-    /// The next record due, or None.
-    fn take_record<'py>(&mut self, py: Python<'py>, lost: i64, loss_ns: i64) -> Option<(Bound<'py, PyBytes>, usize)> {
-        self.inner.take_record(lost, loss_ns).map(|(v, n)| (PyBytes::new(py, &v), n))
-    }
-
-    #[getter]
-    fn records_due(&self) -> usize {
-        self.inner.records_due()
-    }
-
-    fn flush<'py>(&mut self, py: Python<'py>, lost: i64, loss_ns: i64) -> Option<(Bound<'py, PyBytes>, usize)> {
-        self.inner.flush(lost, loss_ns).map(|(v, n)| (PyBytes::new(py, &v), n))
+    fn flush<'py>(&mut self, py: Python<'py>, lost: i64, loss_ns: i64) -> Record<'py> {
+        record(py, self.inner.flush(lost, loss_ns))
     }
 
     fn due_ns(&self) -> Option<i64> {
         self.inner.due_ns()
-    }
-
-    fn pending_api(&self, corr: i64) -> Option<i64> {
-        self.inner.pending_api(corr)
     }
 
     #[getter]
@@ -305,51 +298,44 @@ impl PyTapCore {
         self.inner.mid_frame()
     }
 
-    #[getter]
-    fn held_bytes(&self) -> i64 {
-        self.inner.held_bytes()
-    }
-
-    #[getter]
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight()
-    }
-
-    /// `{"frames": {(dir, api_key, api_version): (frames, bytes)}, "errors": {(api_key, code): n},
-    /// "lone": {reason: n}, "truncated": n, "latency": {(api_key, broker): (buckets, sum, count)},
-    /// "held_bytes": n}`, buckets not cumulative, the last +Inf.
-    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// A `tap.core.CoreCounters`.
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let c = &self.inner.counters;
-        let out = PyDict::new(py);
         let frames = PyDict::new(py);
         for ((request, api_key, api_version), (n, bytes)) in &c.frames {
-            frames.set_item((if *request { "req" } else { "resp" }, *api_key, *api_version), (*n, *bytes))?;
+            frames.set_item(
+                (if *request { "req" } else { "resp" }, *api_key, *api_version),
+                (*n, *bytes),
+            )?;
         }
-        out.set_item("frames", frames)?;
         let errors = PyDict::new(py);
         for (key, n) in &c.errors {
             errors.set_item(*key, *n)?;
         }
-        out.set_item("errors", errors)?;
         let lone = PyDict::new(py);
         for (reason, n) in &c.lone {
             lone.set_item(*reason, *n)?;
         }
-        out.set_item("lone", lone)?;
-        out.set_item("truncated", c.truncated)?;
         let latency = PyDict::new(py);
         for (key, h) in &c.latency {
-            latency.set_item(*key, (h.buckets.clone(), h.sum, h.count))?;
+            latency.set_item(*key, (PyTuple::new(py, &h.buckets)?, h.sum))?;
         }
-        out.set_item("latency", latency)?;
-        out.set_item("held_bytes", self.inner.held_bytes())?;
-        Ok(out)
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("frames", frames)?;
+        kwargs.set_item("errors", errors)?;
+        kwargs.set_item("lone", lone)?;
+        kwargs.set_item("truncated", c.truncated)?;
+        kwargs.set_item("latency", latency)?;
+        kwargs.set_item("held_bytes", self.inner.held_bytes())?;
+        kwargs.set_item("slow", c.slow)?;
+        let cls = py
+            .import(intern!(py, "tap.core"))?
+            .getattr(intern!(py, "CoreCounters"))?;
+        cls.call((), Some(&kwargs))
     }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyTapTables>()?;
-    m.add_class::<PySlowFrame>()?;
     m.add_class::<PyTapCore>()?;
     Ok(())
 }
