@@ -293,7 +293,8 @@ class TapCore(Protocol):
         ...
 
     def feed(self, from_client: bool, data: bytes, wall_ns: int, mono_ns: int, inside_ns: int) -> int:
-        """Frame ``data`` and handle each frame it completes, in order; returns how many were handled.
+        """Frame ``data`` and handle each frame it completes, in order; returns how many frames it took
+        up (a slow frame it stops at included, so the calls' sum is the frames seen).
 
         Raises ``FrameError`` (the stream is not Kafka framing: size < 0 or > ``max_frame_bytes``)
         before handling any frame of ``data``; the connection is then aborted. Stops at a slow frame
@@ -351,11 +352,6 @@ class TapCore(Protocol):
 
 
 # --- the reference -------------------------------------------------------------------------------
-def _version_in(slow: dict[tuple[int, bool], tuple[int, int]], api: int, request: bool, version: int) -> bool:
-    span = slow.get((api, request))
-    return span is not None and span[0] <= version <= span[1]
-
-
 class PyTapCore:
     """The reference ``TapCore``: ``tap.framing``, ``tap.capture``, ``tap.flush`` and
     ``codec.taprecord`` put together as the tap has always used them."""
@@ -450,6 +446,9 @@ class PyTapCore:
         return None if found is None else (found.api_key, found.api_version)
 
     def lifecycle(self, kind: str, part: Part | None, mono_ns: int) -> None:
+        if part is None:
+            self._seq += 1
+            return
         self._write(kind, (part,), mono_ns)
 
     def expire(self, mono_ns: int) -> None:
@@ -527,8 +526,12 @@ class PyTapCore:
         self._observe(api_key, False, inside)
         if peek.client_id is not None and not self._client_name:
             self._client_name = peek.client_id.encode("utf-8", "replace")
-        slow = _version_in(self._tables.slow, api_key, True, api_version)
-        if slow and (self._mirror or api_key == _SASL_HANDSHAKE):
+        span = self._tables.slow.get((api_key, True))
+        if (
+            span is not None
+            and span[0] <= api_version <= span[1]
+            and (self._mirror or api_key == _SASL_HANDSHAKE)
+        ):
             self._stop(True, frame, api_key, api_version, peek.correlation_id, False, wall, mono)
             return
         part = self._part(_REQ, frame, wall, api_key, api_version, peek.correlation_id)
@@ -543,8 +546,10 @@ class PyTapCore:
             self._write_lone(part, "no_response", mono)
             return
         pending = Pending(api_key, api_version, mono, sensitive, part)
-        self._write_unpaired(self._correlations.add(corr, pending), mono)
-        self._write_unpaired(self._correlations.expire(mono), mono)
+        released = self._correlations.add(corr, pending)
+        released += self._correlations.expire(mono)
+        if released:
+            self._write_unpaired(released, mono)
 
     def _on_response(self, frame: WireFrame, wall: int, mono: int, inside: int) -> None:
         if self._sasl.server_frame_is_token():
@@ -557,7 +562,8 @@ class PyTapCore:
         if len(frame.head) >= 4:
             corr = codec.peek.peek_correlation_id(frame.head)
             pending, orphans = self._correlations.match(corr)
-            self._write_unpaired(orphans, mono)
+            if orphans:
+                self._write_unpaired(orphans, mono)
         if pending is None:
             self._count(_RESP, None, None, frame.size)
             self._write_lone(self._part(_RESP, frame, wall, None, None, corr), "unknown_request", mono)
@@ -580,9 +586,8 @@ class PyTapCore:
                 self._errors[key] = self._errors.get(key, 0) + 1
         if api_key == _SASL_HANDSHAKE:
             self._sasl.on_handshake_response(error_code)
-        if self._mirror and (
-            pending.sensitive or _version_in(self._tables.slow, api_key, False, api_version)
-        ):
+        span = self._tables.slow.get((api_key, False))
+        if self._mirror and (pending.sensitive or (span is not None and span[0] <= api_version <= span[1])):
             self._slow_pending = pending
             self._stop(False, frame, api_key, api_version, corr, pending.sensitive, wall, mono)
             return
@@ -636,12 +641,11 @@ class PyTapCore:
         for item in unpaired:
             self._write_lone(item.held, item.reason, mono)
 
-    def _write(self, kind: str, parts: Sequence[Part | None], mono: int) -> None:
+    def _write(self, kind: str, parts: Sequence[Part], mono: int) -> None:
         self._seq += 1  # taken even when the entry is not written, so a drop leaves a gap
         if not self._mirror:
             return
-        kept = tuple(p for p in parts if p is not None)
-        self._due.extend(self._flush.add(kind, self._seq, kept, mono))
+        self._due.extend(self._flush.add(kind, self._seq, parts, mono))
 
 
 # --- choosing a core -----------------------------------------------------------------------------
@@ -658,8 +662,9 @@ def new_core(
 
     native, _ = native_core.status()
     found = tables() if core_tables is None else core_tables
-    if native is not None:
-        core: TapCore = native.TapCore(found, settings, static, budget)
+    native_class = getattr(native, "TapCore", None)
+    if native_class is not None:
+        core: TapCore = native_class(found, settings, static, budget)
         return core
     return PyTapCore(found, settings, static, budget)
 
@@ -669,7 +674,7 @@ def new_budget(limit: int) -> HeldBudget:
     from tap import native_core
 
     native, _ = native_core.status()
-    if native is not None:
+    if native is not None and hasattr(native, "TapCore"):
         budget: HeldBudget = native.HeldBudget(limit)
         return budget
     return HeldBudget(limit)

@@ -72,8 +72,6 @@ def status() -> tuple[ModuleType | None, str]:
     refused = verdict(str(getattr(module, "SOURCE_DIGEST", "")), source_digest())
     if refused is not None:
         return None, f"{refused}: the Python reference core"
-    if not hasattr(module, "TapCore"):
-        return None, f"{MODULE} {module.__version__} has no TapCore (make setup): the Python reference core"
     # The reference's exception types, so one ``except`` catches what either core raises.
     module.use_errors(FrameError, DecodeError)
     return module, f"native ({MODULE} {module.__version__})"
