@@ -6,6 +6,7 @@ and bounds small enough that every hold and flush limit is hit."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import struct
@@ -68,7 +69,9 @@ def captured() -> Frames:
     return out
 
 
-def _exchange(api_key: int, version: int, corr: int, seed: int, acks: int | None = None) -> tuple[bytes, bytes]:
+def _exchange(
+    api_key: int, version: int, corr: int, seed: int, acks: int | None = None
+) -> tuple[bytes, bytes]:
     rng = random.Random(seed)
     builder = BodyBuilder(rng, unknown_tags=True, records=records_value)
     body = builder.body(request_spec(api_key), version)
@@ -106,7 +109,9 @@ def built() -> list[tuple[int, bytes, bytes]]:
 def _sasl_v0(corr: int) -> Frames:
     """A SaslHandshake v0 for PLAIN: then one raw token each way, no Kafka header on either."""
     request = codec.encode_request(ApiKey.SASL_HANDSHAKE, 0, corr, "c", {"Mechanism": "PLAIN"})
-    response = codec.encode_response(ApiKey.SASL_HANDSHAKE, 0, corr, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]})
+    response = codec.encode_response(
+        ApiKey.SASL_HANDSHAKE, 0, corr, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]}
+    )
     return [(True, request), (False, response), (True, b"\x00user\x00secret"), (False, b"")]
 
 
@@ -142,8 +147,9 @@ def conversation(rng: random.Random, garbage: bool) -> Frames:
                 request = _legacy(request)
             batch.append((request, response))
             out.append((True, request))
-        rng.shuffle(batch) if rng.random() < 0.1 else None
-        for request, response in batch:
+        if rng.random() < 0.1:
+            rng.shuffle(batch)  # answered out of order: the earlier requests become orphans
+        for _, response in batch:
             if rng.random() < 0.85:
                 out.append((False, response))
             if rng.random() < 0.03:
@@ -166,7 +172,11 @@ class Run:
 
 
 def drive(
-    core: TapCore, core_settings: CoreSettings, frames: Frames, cuts: Callable[[int], list[int]], rng_seed: int
+    core: TapCore,
+    core_settings: CoreSettings,
+    frames: Frames,
+    cuts: Callable[[int], list[int]],
+    rng_seed: int,
 ) -> Run:
     """Feed ``frames`` in chunks (``cuts(n)``: where to cut n bytes), resolving each slow frame as the
     adapter does, taking records as they fall due, with the clocks, expiry sweeps and losses a seeded
@@ -186,12 +196,15 @@ def drive(
                 lost += found[1]
         log.append(("due", core.due_ns()))
 
-    core.lifecycle(taprecord.OPEN, taprecord.Part(taprecord.OPEN, wall, None, None, None, b"{}") if core_settings.mirror else None, mono)  # fmt: skip
+    opened = taprecord.Part(taprecord.OPEN, wall, None, None, None, b"{}")
+    core.lifecycle(taprecord.OPEN, opened if core_settings.mirror else None, mono)
+    if rng.random() < 0.2:
+        core.lifecycle(taprecord.BLIND, None, mono)  # a part the adapter did not make: a seq only
     stopped = False
     for from_client, frame in frames:
         data = _framed(frame)
         points = [0, *sorted(cuts(len(data))), len(data)]
-        for a, b in zip(points, points[1:], strict=False):
+        for a, b in itertools.pairwise(points):
             if a == b:
                 continue
             wall += rng.randint(0, 5_000)
@@ -268,7 +281,10 @@ def test_the_cores_agree_on_built_conversations(
 
 
 def assert_alike_both(
-    core_settings: CoreSettings, frames: Frames, fresh_cuts: Callable[[], Callable[[int], list[int]]], seed: int
+    core_settings: CoreSettings,
+    frames: Frames,
+    fresh_cuts: Callable[[], Callable[[int], list[int]]],
+    seed: int,
 ) -> None:
     """``assert_alike`` with a cut source replayed from its start for each core."""
     assert NATIVE is not None

@@ -130,10 +130,13 @@ pub struct Histogram {
     pub sum: i64,
 }
 
+/// (request?, api key, api version) of a frames counter.
+pub type FrameKey = (bool, Option<i64>, Option<i64>);
+
 #[derive(Debug, Default, Clone)]
 pub struct Counters {
     /// (request?, api key, api version) -> (frames, bytes with their size prefix)
-    pub frames: HashMap<(bool, Option<i64>, Option<i64>), (u64, u64)>,
+    pub frames: HashMap<FrameKey, (u64, u64)>,
     pub errors: HashMap<(i64, i64), u64>,
     pub lone: HashMap<&'static str, u64>,
     pub truncated: u64,
@@ -754,7 +757,10 @@ impl Core {
 
     /// A lifecycle entry (open, close, blind), its part made in Python (None: mirroring is off).
     pub fn lifecycle(&mut self, kind: String, part: Option<OwnedPart>, mono_ns: i64) {
-        self.write(Cow::Owned(kind), part.into_iter().collect(), mono_ns);
+        match part {
+            Some(part) => self.write(Cow::Owned(kind), vec![part], mono_ns),
+            None => self.seq += 1,
+        }
     }
 
     /// Held requests past their age bound go out alone.
