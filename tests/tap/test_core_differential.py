@@ -221,6 +221,9 @@ def drive(
                 stopped = True
                 break
             log.append(("fed", handled, core.seq, core.mid_frame, core.client_name))
+            if from_client and len(frame) >= 8:
+                # What address rewriting looks up before a response is fed.
+                log.append(("pending", core.pending(_INT32.unpack_from(frame, 4)[0])))
             take()
             if rng.random() < 0.1:
                 core.expire(mono)
@@ -380,3 +383,20 @@ def test_garbage_raises_alike(stream: bytes, from_client: bool) -> None:
                 seen.append(("raised", type(exc), str(exc)))
         outcomes.append((seen, core.counters(), core.seq))
     assert outcomes[0] == outcomes[1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    client_ids=st.lists(st.binary(max_size=12), min_size=1, max_size=3),
+    policy=POLICIES,
+)
+def test_client_ids_that_are_not_utf8_are_named_alike(
+    client_ids: list[bytes], policy: tuple[str, bool]
+) -> None:
+    """The first client id names the connection, undecodable bytes replaced as Python replaces them."""
+    frames: Frames = []
+    for corr, client_id in enumerate(client_ids):
+        body = b"\x00" * 4  # an ApiVersions v3 request's empty compact strings and tags
+        header = struct.pack(">hhih", ApiKey.API_VERSIONS, 3, corr, len(client_id)) + client_id + b"\x00"
+        frames.append((True, header + body))
+    assert_alike_both(_settings(*policy, small=False), frames, lambda: lambda n: [], 0)
