@@ -345,7 +345,7 @@ impl Core {
             ),
             Err(_) => {
                 self.count_frame(true, None, None, size);
-                let part = self.part(true, &frame.head, size, None, None, None, wall_ns);
+                let part = self.part(true, frame.head, size, None, None, None, wall_ns);
                 self.write_lone(part.ok().flatten(), "not_a_request", mono_ns);
                 return;
             }
@@ -361,12 +361,13 @@ impl Core {
         }
         let slow = self.tables.is_slow(api_key, true, api_version)
             && (self.settings.mirror || api_key == SASL_HANDSHAKE);
+        let answered = self.answered(&frame.head, api_key, api_version);
         let part = if slow {
-            Err(())
+            Err(frame.head)
         } else {
             self.part(
                 true,
-                &frame.head,
+                frame.head,
                 size,
                 Some(api_key),
                 Some(api_version),
@@ -375,12 +376,12 @@ impl Core {
             )
         };
         match part {
-            Ok(part) => self.track_request(&frame.head, api_key, api_version, corr, false, part, mono_ns),
-            Err(()) => {
+            Ok(part) => self.track_request(answered, api_key, api_version, corr, false, part, mono_ns),
+            Err(head) => {
                 self.counters.slow += 1;
                 self.slow = Some(Slow {
                     from_client: true,
-                    head: frame.head,
+                    head,
                     size,
                     api_key: Some(api_key),
                     api_version: Some(api_version),
@@ -394,10 +395,15 @@ impl Core {
         }
     }
 
+    /// Whether the broker answers this request: every request but a Produce with acks=0.
+    fn answered(&self, head: &[u8], api_key: i64, api_version: i64) -> bool {
+        api_key != PRODUCE || self.tables.produce.expects_response(head, api_key, api_version)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn track_request(
         &mut self,
-        head: &[u8],
+        answered: bool,
         api_key: i64,
         api_version: i64,
         corr: i64,
@@ -405,7 +411,7 @@ impl Core {
         part: Option<OwnedPart>,
         mono_ns: i64,
     ) {
-        if api_key == PRODUCE && !self.tables.produce.expects_response(head, api_key, api_version) {
+        if !answered {
             self.write_lone(part, "no_response", mono_ns);
             return;
         }
@@ -455,7 +461,7 @@ impl Core {
         }
         let Some(mut pending) = pending else {
             self.count_frame(false, None, None, size);
-            let part = self.part(false, &frame.head, size, None, None, corr, wall_ns);
+            let part = self.part(false, frame.head, size, None, None, corr, wall_ns);
             self.write_lone(part.ok().flatten(), "unknown_request", mono_ns);
             return;
         };
@@ -495,11 +501,11 @@ impl Core {
         let slow =
             self.settings.mirror && (pending.sensitive || self.tables.is_slow(api_key, false, api_version));
         let part = if slow {
-            Err(())
+            Err(frame.head)
         } else {
             self.part(
                 false,
-                &frame.head,
+                frame.head,
                 size,
                 Some(api_key),
                 Some(api_version),
@@ -509,11 +515,11 @@ impl Core {
         };
         match part {
             Ok(part) => self.pair(held, part, mono_ns),
-            Err(()) => {
+            Err(head) => {
                 self.counters.slow += 1;
                 self.slow = Some(Slow {
                     from_client: false,
-                    head: frame.head,
+                    head,
                     size,
                     api_key: Some(api_key),
                     api_version: Some(api_version),
@@ -561,8 +567,9 @@ impl Core {
             None => {
                 let (api_key, api_version) = (slow.api_key.unwrap_or(-1), slow.api_version.unwrap_or(-1));
                 let corr = slow.correlation_id.unwrap_or(0);
+                let answered = self.answered(&slow.head, api_key, api_version);
                 self.track_request(
-                    &slow.head,
+                    answered,
                     api_key,
                     api_version,
                     corr,
@@ -633,18 +640,19 @@ impl Core {
     }
 
     /// `tap.capture.capture` for the frames the core captures itself, stamped as `_part` does: None
-    /// when mirroring is off, Err when Python must capture it.
+    /// when mirroring is off, Err (the frame given back) when Python must capture it. A frame mirrored
+    /// whole becomes the part's value without a copy.
     #[allow(clippy::too_many_arguments)]
     fn part(
         &mut self,
         request: bool,
-        head: &[u8],
+        head: Vec<u8>,
         size: i64,
         api_key: Option<i64>,
         api_version: Option<i64>,
         corr: Option<i64>,
         wall_ns: i64,
-    ) -> Result<Option<OwnedPart>, ()> {
+    ) -> Result<Option<OwnedPart>, Vec<u8>> {
         if !self.settings.mirror {
             return Ok(None);
         }
@@ -660,10 +668,10 @@ impl Core {
         if !header_only {
             if let (Policy::Headers, Some(key)) = (self.settings.policy, api_key) {
                 if self.tables.records.contains(&(key, request)) {
-                    let version = api_version.ok_or(())?;
-                    let plan = self.tables.strip_plans.get(&(key, request, version)).ok_or(())?;
-                    let body = self.header_end(head, request, api_key, api_version).ok_or(())?;
-                    value = Some(strip::strip_frame(head, body, plan).ok_or(())?);
+                    match self.stripped(&head, request, key, api_version) {
+                        Some(stripped) => value = Some(stripped),
+                        None => return Err(head),
+                    }
                 }
             }
             let len = value.as_ref().map_or(head.len(), Vec::len);
@@ -674,7 +682,7 @@ impl Core {
             }
         }
         let value = if header_only {
-            match self.header_end(head, request, api_key, api_version) {
+            match self.header_end(&head, request, api_key, api_version) {
                 Some(end) => head[..end].to_vec(),
                 None => {
                     flags.push((Cow::Borrowed(HEADER_ERROR), "1".into()));
@@ -682,7 +690,7 @@ impl Core {
                 }
             }
         } else {
-            value.unwrap_or_else(|| head.to_vec())
+            value.unwrap_or(head)
         };
         let part = OwnedPart {
             direction: Cow::Borrowed(if request { "req" } else { "resp" }),
@@ -698,6 +706,20 @@ impl Core {
             self.counters.truncated += 1;
         }
         Ok(Some(part))
+    }
+
+    /// The `headers` policy's value of a record-carrying frame, None where Python must strip it.
+    fn stripped(
+        &self,
+        head: &[u8],
+        request: bool,
+        api_key: i64,
+        api_version: Option<i64>,
+    ) -> Option<Vec<u8>> {
+        let version = api_version?;
+        let plan = self.tables.strip_plans.get(&(api_key, request, version))?;
+        let body = self.header_end(head, request, Some(api_key), api_version)?;
+        strip::strip_frame(head, body, plan)
     }
 
     fn write_unpaired(&mut self, out: Vec<(OwnedPart, Reason)>, mono_ns: i64) {
