@@ -400,3 +400,51 @@ def test_client_ids_that_are_not_utf8_are_named_alike(
         header = struct.pack(">hhih", ApiKey.API_VERSIONS, 3, corr, len(client_id)) + client_id + b"\x00"
         frames.append((True, header + body))
     assert_alike_both(_settings(*policy, small=False), frames, lambda: lambda n: [], 0)
+
+
+def test_counters_read_while_the_core_works_never_find_it_borrowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metrics thread reads ``counters()`` while the event loop feeds: Python code run inside one
+    call (making the counters, reading a part) may let the other in. Here that code calls the other
+    method itself, the worst interleaving, deterministically."""
+    assert NATIVE is not None
+    core_settings = CoreSettings()
+    core = NATIVE.TapCore(tables(), core_settings, STATIC)
+    request, _ = built()[0][1:]
+    seen: list[int] = []
+
+    class Counting(CoreCounters):
+        def __init__(self, **fields: Any) -> None:
+            super().__init__(**fields)
+            seen.append(core.feed(True, _framed(request), 1, 1, 0))  # the loop gets in mid-read
+
+    import tap.core
+
+    monkeypatch.setattr(tap.core, "CoreCounters", Counting)
+    assert isinstance(core.counters(), Counting) and seen == [1]
+    monkeypatch.undo()
+
+    class Flags(dict[str, str]):
+        def items(self) -> Any:
+            seen.append(core.counters().frames[("req", ApiKey.SASL_HANDSHAKE, 0)][0])  # a scrape mid-resolve
+            return super().items()
+
+    handshake = _sasl_v0(5)[0][1]
+    assert core.feed(True, _framed(handshake), 2, 2, 0) == 1
+    frame_slow = core.slow()
+    assert frame_slow is not None
+    part, mechanism, sensitive = capture_slow(frame_slow, core_settings)
+    assert part is not None
+    core.resolve(replace(part, flags=Flags(part.flags)), mechanism, sensitive)
+    assert seen == [1, 1] and core.slow() is None
+
+
+@pytest.mark.parametrize("make", ["reference", "native"])
+def test_resolve_without_a_slow_frame_is_refused_and_any_buffer_feeds(make: str) -> None:
+    assert NATIVE is not None
+    # Any: the protocol takes bytes, as the adapter passes; both cores read any buffer.
+    core: Any = (PyTapCore if make == "reference" else NATIVE.TapCore)(tables(), CoreSettings(), STATIC)
+    with pytest.raises(RuntimeError, match="no slow frame to resolve"):
+        core.resolve(None)
+    request = _framed(built()[0][1])
+    assert core.feed(True, bytearray(request[:5]), 1, 1, 0) == 0
+    assert core.feed(True, memoryview(request)[5:], 1, 1, 0) == 1

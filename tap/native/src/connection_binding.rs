@@ -202,21 +202,23 @@ impl PyTapCore {
         })
     }
 
-    /// Frames `data` completed and the core handled; stops at a slow frame. Raises FrameError.
+    /// Frames `data` completed and the core handled; stops at a slow frame. Raises FrameError (made
+    /// once the core is no longer borrowed: making it runs Python code).
     fn feed(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         from_client: bool,
         data: &Bound<'_, PyAny>,
         wall_ns: i64,
         mono_ns: i64,
         inside_ns: i64,
     ) -> PyResult<usize> {
-        let inner = &mut self.inner;
-        with_bytes(data, |bytes| {
-            inner.feed(from_client, bytes, wall_ns, mono_ns, inside_ns)
-        })?
-        .map_err(|e| frame_error(py, &e))
+        let done = {
+            let mut this = slf.borrow_mut();
+            with_bytes(data, |bytes| {
+                this.inner.feed(from_client, bytes, wall_ns, mono_ns, inside_ns)
+            })?
+        };
+        done.map_err(|e| frame_error(slf.py(), &e))
     }
 
     /// The frame waiting for `resolve` (a `tap.core.SlowFrame`), or None.
@@ -240,14 +242,17 @@ impl PyTapCore {
         Ok(Some(frame))
     }
 
+    /// The part is read before the core is borrowed: reading it may run Python code, and the metrics
+    /// thread may then read `counters()`.
     #[pyo3(signature = (part, mechanism = None, sensitive = false))]
     fn resolve(
-        &mut self,
+        slf: &Bound<'_, Self>,
         part: Option<&Bound<'_, PyAny>>,
         mechanism: Option<String>,
         sensitive: bool,
     ) -> PyResult<()> {
-        if self.inner.resolve(optional_part(part)?, mechanism, sensitive) {
+        let part = optional_part(part)?;
+        if slf.borrow_mut().inner.resolve(part, mechanism, sensitive) {
             Ok(())
         } else {
             Err(PyRuntimeError::new_err("no slow frame to resolve"))
@@ -258,8 +263,14 @@ impl PyTapCore {
         self.inner.pending(correlation_id)
     }
 
-    fn lifecycle(&mut self, kind: String, part: Option<&Bound<'_, PyAny>>, mono_ns: i64) -> PyResult<()> {
-        self.inner.lifecycle(kind, optional_part(part)?, mono_ns);
+    fn lifecycle(
+        slf: &Bound<'_, Self>,
+        kind: String,
+        part: Option<&Bound<'_, PyAny>>,
+        mono_ns: i64,
+    ) -> PyResult<()> {
+        let part = optional_part(part)?;
+        slf.borrow_mut().inner.lifecycle(kind, part, mono_ns);
         Ok(())
     }
 
@@ -298,9 +309,14 @@ impl PyTapCore {
         self.inner.mid_frame()
     }
 
-    /// A `tap.core.CoreCounters`.
-    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let c = &self.inner.counters;
+    /// A `tap.core.CoreCounters`, read on the metrics server's thread: the counts are copied before
+    /// any Python code runs, so the event loop's `feed` never finds the core borrowed.
+    fn counters<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let (c, held_bytes) = {
+            let this = slf.borrow();
+            (this.inner.counters.clone(), this.inner.held_bytes())
+        };
         let frames = PyDict::new(py);
         for ((request, api_key, api_version), (n, bytes)) in &c.frames {
             frames.set_item(
@@ -326,7 +342,7 @@ impl PyTapCore {
         kwargs.set_item("lone", lone)?;
         kwargs.set_item("truncated", c.truncated)?;
         kwargs.set_item("latency", latency)?;
-        kwargs.set_item("held_bytes", self.inner.held_bytes())?;
+        kwargs.set_item("held_bytes", held_bytes)?;
         kwargs.set_item("slow", c.slow)?;
         let cls = py
             .import(intern!(py, "tap.core"))?
