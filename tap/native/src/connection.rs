@@ -884,3 +884,95 @@ fn capture_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
         shift += 7;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tables() -> Arc<Tables> {
+        let mut t = Tables {
+            latency_buckets_ns: vec![1_000, 1_000_000],
+            ..Tables::default()
+        };
+        // Metadata v1 (header v1, response header v0), and SaslHandshake v0 requests go to Python.
+        t.request_headers.insert((3, 1), 1);
+        t.request_headers.insert((SASL_HANDSHAKE, 0), 1);
+        t.slow.insert((SASL_HANDSHAKE, true), (0, 0));
+        Arc::new(t)
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            policy: Policy::Full,
+            mirror: true,
+            max_mirrored: 1_000,
+            max_frame: 1 << 20,
+            hold: Limits {
+                max_in_flight: 10,
+                max_bytes: 1 << 20,
+                max_age_ns: 1_000_000,
+                max_rebalance_age_ns: 1_000_000,
+            },
+            flush_max_bytes: 1 << 20,
+            flush_max_entries: 2,
+            flush_max_age_ns: 1_000,
+        }
+    }
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut out = (body.len() as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn request(api_key: i16, corr: i32) -> Vec<u8> {
+        let mut out = Vec::new();
+        for v in [api_key.to_be_bytes(), [0, if api_key == 3 { 1 } else { 0 }]] {
+            out.extend_from_slice(&v);
+        }
+        out.extend_from_slice(&corr.to_be_bytes());
+        out.extend_from_slice(b"\x00\x01c");
+        out
+    }
+
+    #[test]
+    fn an_exchange_is_one_entry_and_a_slow_frame_waits_for_python() {
+        let mut core = Core::new(tables(), settings(), b"s".to_vec(), Budget::new(1 << 30));
+        // A request and a slow one in one chunk: the core stops at the second.
+        let mut chunk = framed(&request(3, 7));
+        chunk.extend(framed(&request(SASL_HANDSHAKE as i16, 8)));
+        assert_eq!(core.feed(true, &chunk, 1, 10, 0).ok(), Some(2));
+        let slow = core.slow().expect("a slow frame").clone();
+        assert_eq!(
+            (slow.api_key, slow.correlation_id),
+            (Some(SASL_HANDSHAKE), Some(8))
+        );
+        // Nothing more is handled until Python resolves it.
+        assert_eq!(
+            core.feed(false, &framed(&7i32.to_be_bytes()), 2, 20, 0).ok(),
+            Some(0)
+        );
+        assert!(core.resolve(None, Some("PLAIN".into()), false));
+        assert!(!core.resolve(None, None, false));
+        assert_eq!(core.feed(false, b"", 2, 20, 0).ok(), Some(1));
+        assert_eq!(core.pending(8), Some((SASL_HANDSHAKE, 0)));
+        // The Metadata exchange is one entry; the open record (seq 1) is not the core's business.
+        let (value, entries) = core.take_record(0, 0).map_or((Vec::new(), 0), |r| r);
+        assert_eq!(
+            entries, 0,
+            "two entries are due only with the flush bound: {value:?}"
+        );
+        let (value, entries) = core.flush(0, 0).expect("gathered");
+        assert_eq!(entries, 1);
+        assert_eq!(&value[..4], msgpack::MAGIC_3);
+        assert_eq!(core.seq, 1);
+        assert_eq!(core.counters.frames[&(true, Some(3), Some(1))], (1, 4 + 11));
+        assert_eq!(core.counters.latency[&(3, true)].buckets, vec![1, 0, 0]);
+        assert_eq!(core.counters.slow, 1);
+        // A bad size: no frame of the chunk is handled.
+        let mut bad = framed(&request(3, 9));
+        bad.extend_from_slice(&(-1i32).to_be_bytes());
+        assert!(core.feed(true, &bad, 3, 30, 0).is_err());
+        assert_eq!(core.pending(9), None);
+    }
+}
