@@ -54,6 +54,10 @@ pub struct Settings {
     pub mirror: bool,
     pub max_mirrored: i64,
     pub max_frame: i64,
+    /// Bytes the splitter keeps of a frame (`CoreSettings.retain`), and of a larger one at most
+    /// `head_bytes` (`tap.framing.HEAD_BYTES`).
+    pub retain: i64,
+    pub head_bytes: i64,
     pub hold: Limits,
     pub flush_max_bytes: i64,
     pub flush_max_entries: usize,
@@ -74,7 +78,6 @@ pub const PRODUCE: i64 = 0;
 pub const SASL_HANDSHAKE: i64 = 17;
 const ENTRY_OVERHEAD: i64 = 16;
 const PART_OVERHEAD: i64 = 64;
-const HEAD_BYTES: i64 = 65_536;
 
 pub const TRUNCATED: &str = "truncated";
 pub const ORIG_SIZE: &str = "orig_size";
@@ -202,15 +205,10 @@ pub struct Core {
 
 impl Core {
     pub fn new(tables: Arc<Tables>, settings: Settings, static_: Vec<u8>, budget: Arc<Budget>) -> Self {
-        let retain = if !settings.mirror || settings.policy == Policy::Meta {
-            HEAD_BYTES
-        } else {
-            settings.max_mirrored + 1
-        };
         let correlations = Correlations::new(settings.hold, budget, tables.rebalance_waits.clone());
         Core {
-            req_split: Splitter::new(retain, settings.max_frame, HEAD_BYTES),
-            resp_split: Splitter::new(retain, settings.max_frame, HEAD_BYTES),
+            req_split: Splitter::new(settings.retain, settings.max_frame, settings.head_bytes),
+            resp_split: Splitter::new(settings.retain, settings.max_frame, settings.head_bytes),
             tables,
             settings,
             static_,
@@ -238,10 +236,6 @@ impl Core {
 
     pub fn held_bytes(&self) -> i64 {
         self.correlations.held_bytes()
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.correlations.len()
     }
 
     /// (api key, version) of the request `corr` answers, while it waits (address rewriting's look-up).
@@ -803,10 +797,6 @@ impl Core {
         (!self.entries.is_empty()).then(|| self.first_ns + self.settings.flush_max_age_ns)
     }
 
-    pub fn records_due(&self) -> usize {
-        self.due.len()
-    }
-
     /// The next record due by the size or count bound, packed with the loss count as of now, and how
     /// many entries it holds.
     pub fn take_record(&mut self, lost: i64, loss_ns: i64) -> Option<(Vec<u8>, usize)> {
@@ -907,6 +897,8 @@ mod tests {
             mirror: true,
             max_mirrored: 1_000,
             max_frame: 1 << 20,
+            retain: 1_001,
+            head_bytes: 65_536,
             hold: Limits {
                 max_in_flight: 10,
                 max_bytes: 1 << 20,

@@ -110,6 +110,8 @@ fn settings_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Settings> {
         mirror: obj.getattr("mirror")?.is_truthy()?,
         max_mirrored: obj.getattr("max_mirrored_frame_bytes")?.extract()?,
         max_frame: obj.getattr("max_frame_bytes")?.extract()?,
+        retain: obj.getattr("retain")?.extract()?,
+        head_bytes: obj.py().import("tap.framing")?.getattr("HEAD_BYTES")?.extract()?,
         hold: Limits {
             max_in_flight: hold.getattr("max_in_flight")?.extract()?,
             max_bytes: hold.getattr("max_bytes")?.extract()?,
