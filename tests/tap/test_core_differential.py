@@ -448,3 +448,15 @@ def test_resolve_without_a_slow_frame_is_refused_and_any_buffer_feeds(make: str)
     request = _framed(built()[0][1])
     assert core.feed(True, bytearray(request[:5]), 1, 1, 0) == 0
     assert core.feed(True, memoryview(request)[5:], 1, 1, 0) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=12),
+    policy=POLICIES,
+)
+def test_the_cores_agree_on_garbage(chunks: list[tuple[bool, bytes]], policy: tuple[str, bool]) -> None:
+    """Any bytes from either side: frames of junk, sizes past the bound, or a FrameError, alike."""
+    core_settings = replace(_settings(*policy, small=True), max_frame_bytes=64)
+    frames: Frames = [(from_client, Raw(data)) for from_client, data in chunks]
+    assert_alike_both(core_settings, frames, lambda: lambda n: [n // 3], 0)
