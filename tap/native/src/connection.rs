@@ -43,6 +43,8 @@ pub struct Tables {
     pub slow: HashMap<(i64, bool), (i64, i64)>,
     /// Raw tokens per SASL mechanism (upper case) after a SaslHandshake v0 (`tap.framing.SASL_ROUNDS`).
     pub sasl_rounds: HashMap<String, i64>,
+    /// ...and for any other mechanism (`tap.framing.FOREVER`: raw for the rest of the connection).
+    pub sasl_other_rounds: i64,
     /// Latency bucket bounds, ns, ascending.
     pub latency_buckets_ns: Vec<i64>,
     pub rebalance_waits: Vec<i64>,
@@ -72,7 +74,6 @@ impl Tables {
     }
 }
 
-pub const FOREVER: i64 = 1 << 62;
 /// Kafka's API keys the core's own steps name (the SASL handshake's state, Produce's acks).
 pub const PRODUCE: i64 = 0;
 pub const SASL_HANDSHAKE: i64 = 17;
@@ -483,11 +484,11 @@ impl Core {
         if api_key == SASL_HANDSHAKE {
             if let Some(mechanism) = self.sasl.pending_mechanism.take() {
                 if error_code == Some(0) {
-                    self.sasl.client_tokens = *self
-                        .tables
+                    let tables = &self.tables;
+                    self.sasl.client_tokens = *tables
                         .sasl_rounds
                         .get(&mechanism.to_uppercase())
-                        .unwrap_or(&FOREVER);
+                        .unwrap_or(&tables.sasl_other_rounds);
                 }
             }
         }

@@ -77,10 +77,13 @@ fn tables_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Tables>> {
         plans.insert(key, plan(&value, 0)?);
     }
     let records: HashSet<(i64, bool)> = plans.keys().map(|(api, request, _)| (*api, *request)).collect();
+    // The SASL v0 token rounds are `tap.framing.SaslState`'s, read from there unless the tables carry them.
+    let framing = py.import("tap.framing")?;
     let sasl_rounds: HashMap<String, i64> = match obj.getattr_opt(intern!(py, "sasl_rounds"))? {
         Some(rounds) => rounds.extract()?,
-        None => py.import("tap.framing")?.getattr("SASL_ROUNDS")?.extract()?,
+        None => framing.getattr("SASL_ROUNDS")?.extract()?,
     };
+    let sasl_other_rounds: i64 = framing.getattr("FOREVER")?.extract()?;
     let tables = Arc::new(Tables {
         request_headers,
         response_headers: obj.getattr(intern!(py, "response_header_versions"))?.extract()?,
@@ -90,6 +93,7 @@ fn tables_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Tables>> {
         records,
         slow: obj.getattr(intern!(py, "slow"))?.extract()?,
         sasl_rounds,
+        sasl_other_rounds,
         latency_buckets_ns: obj.getattr(intern!(py, "latency_buckets_ns"))?.extract()?,
         rebalance_waits: obj.getattr(intern!(py, "rebalance_waits"))?.extract()?,
     });
