@@ -106,11 +106,12 @@ def built() -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def _sasl_v0(corr: int) -> Frames:
-    """A SaslHandshake v0 for PLAIN: then one raw token each way, no Kafka header on either."""
-    request = codec.encode_request(ApiKey.SASL_HANDSHAKE, 0, corr, "c", {"Mechanism": "PLAIN"})
+def _sasl_v0(corr: int, mechanism: str = "PLAIN", error: int = 0) -> Frames:
+    """A SaslHandshake v0: then, when it succeeded, raw tokens with no Kafka header each way (one
+    round for PLAIN, two for SCRAM, the rest of the connection for a mechanism the tap does not know)."""
+    request = codec.encode_request(ApiKey.SASL_HANDSHAKE, 0, corr, "c", {"Mechanism": mechanism})
     response = codec.encode_response(
-        ApiKey.SASL_HANDSHAKE, 0, corr, {"ErrorCode": 0, "Mechanisms": ["PLAIN"]}
+        ApiKey.SASL_HANDSHAKE, 0, corr, {"ErrorCode": error, "Mechanisms": ["PLAIN"]}
     )
     return [(True, request), (False, response), (True, b"\x00user\x00secret"), (False, b"")]
 
@@ -139,7 +140,8 @@ def conversation(rng: random.Random, garbage: bool) -> Frames:
         for _ in range(rng.randint(1, 4)):
             pick = rng.random()
             if pick < 0.05:
-                out.extend(_sasl_v0(corr))
+                mechanism = rng.choice(("PLAIN", "scram-sha-256", "GSSAPI"))
+                out.extend(_sasl_v0(corr, mechanism, rng.choice((0, 0, 58))))
                 corr += 1
                 continue
             api_key, request, response = rng.choice(pool)
