@@ -1,6 +1,8 @@
-"""Per-frame cost of the tap's Python reference pieces against the native ones (``kpmon_tapcore``), on the
-same captured frames in the same run: framing, header peeks, ``expects_response``, correlation
-(one request held and matched per exchange) and the schema-3 record writer.
+"""Per-frame cost of the tap's Python reference against the native one (``kpmon_tapcore``), on the same
+captured frames in the same run: the whole per-connection core (``tap.core.PyTapCore`` against
+``kpmon_tapcore.TapCore``, per capture policy and with mirroring off), then its pieces one by one:
+framing, header peeks, ``expects_response``, correlation (one request held and matched per exchange)
+and the schema-3 record writer.
 
 Frames: every capture of the test corpus (tests/data/tap_frames.jsonl, tests/data/golden), repeated.
 Each piece runs over all of them a few times, best of ``--repeat``; figures are ns per frame (per
@@ -29,6 +31,7 @@ import codec.taprecord as taprecord  # noqa: E402
 from benchmarks.results_file import header, write  # noqa: E402
 from codec.taprecord import Connection, Part  # noqa: E402
 from tap import native_core  # noqa: E402
+from tap.core import CoreSettings, PyTapCore, TapCore, capture_slow, tables  # noqa: E402
 from tap.framing import Correlations, FrameSplitter, HoldLimits, Pending, expects_response  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -136,13 +139,58 @@ def pieces(
             native.pack_flush(static, flush)
         return len(entries)
 
+    cores = {
+        f"core_{name}": core_pieces(frames, native, settings) for name, settings in CORE_SETTINGS.items()
+    }
     return {
+        **cores,
         "framing": (split_py, split_native),
         "peek_headers": (peek_py, peek_native),
         "expects_response": (expects_py, expects_native),
         "pairing": (pair_py, pair_native),
         "pack_flush_per_entry": (flush_py, flush_native),
     }
+
+
+#: The whole per-connection core under each capture policy, and with mirroring off.
+CORE_SETTINGS: dict[str, CoreSettings] = {
+    "headers": CoreSettings(capture="headers"),
+    "full": CoreSettings(capture="full"),
+    "meta": CoreSettings(capture="meta"),
+    "off": CoreSettings(mirror=False),
+}
+
+
+def core_pieces(
+    frames: list[tuple[str, int, int, bytes]], native: Any, settings: CoreSettings
+) -> tuple[Callable[[], int], Callable[[], int]]:
+    """A connection's core fed the captured frames in their order, a chunk per frame, as the adapter
+    drives it (slow frames resolved, records taken as they fall due, the rest flushed): per frame."""
+    chunks = [(d == "req", struct.pack(">i", len(f)) + f) for d, _, _, f in frames]
+    static = taprecord.pack_static(Connection("c-1", "127.0.0.1:5000", "127.0.0.1:9092", 1, "L", "tap"))
+    core_tables = tables()
+
+    def drive(core: TapCore) -> int:
+        mono = 0
+        for from_client, chunk in chunks:
+            mono += 1_000
+            core.feed(from_client, chunk, mono, mono, 0)
+            while (slow := core.slow()) is not None:
+                core.resolve(*capture_slow(slow, settings))
+                core.feed(slow.from_client, b"", mono, mono, 0)
+            while core.take_record(0, 0) is not None:
+                pass
+        core.flush(0, 0)
+        return len(chunks)
+
+    def python_core() -> int:
+        return drive(PyTapCore(core_tables, settings, static))
+
+    def native_core_() -> int:
+        core: TapCore = native.TapCore(core_tables, settings, static)
+        return drive(core)
+
+    return python_core, native_core_
 
 
 def run(times: int, repeat: int) -> dict[str, Any]:

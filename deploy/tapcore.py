@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from codec.native import ENV, ROOT, disabled
@@ -50,8 +51,19 @@ def _run(command: list[str], env: dict[str, str], what: str) -> None:
         raise TapcoreBuildError(f"{what} failed (exit {done.returncode}):\n{tail}")
 
 
-def build(cargo: str) -> Path:
-    """Build the wheel with ``cargo`` and install it; return the wheel's path."""
+def unpack(wheel: Path, into: Path) -> None:
+    """Put the wheel's extension module into ``into`` (a directory put first on ``PYTHONPATH``)
+    instead of installing it: a git worktree tests its own build beside a shared environment's."""
+    into.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith(f"{MODULE}/") and name.endswith((".so", ".pyd")):
+                (into / Path(name).name).write_bytes(zf.read(name))
+
+
+def build(cargo: str, into: Path | None = None) -> Path:
+    """Build the wheel with ``cargo`` and install it (or unpack it into ``into``); return the wheel's
+    path."""
     digest = source_digest()
     if digest is None:
         raise TapcoreBuildError(f"no crate sources in {CRATE}")
@@ -74,13 +86,17 @@ def build(cargo: str) -> Path:
             raise TapcoreBuildError(
                 f"expected one {MODULE} wheel in {work}, found {[w.name for w in wheels]}"
             )
-        _run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheels[0])],
-            env, "pip install",
-        )  # fmt: skip
+        if into is not None:
+            unpack(wheels[0], into)
+        else:
+            _run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheels[0])],
+                env, "pip install",
+            )  # fmt: skip
         shutil.rmtree(WHEELS, ignore_errors=True)
         work.rename(WHEELS)
-        STAMP.write_text(digest + "\n")
+        if into is None:
+            STAMP.write_text(digest + "\n")
         return WHEELS / wheels[0].name
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -100,8 +116,11 @@ def check() -> tuple[bool, str]:
     return done.returncode == 0, lines[-1] if lines else f"unknown (exit {done.returncode})"
 
 
-def run() -> int:
-    """Build and install (``make tapcore``); the exit code. A missing cargo is not a failure."""
+def run(argv: list[str] | None = None) -> int:
+    """Build and install (``make tapcore``); the exit code. A missing cargo is not a failure.
+    ``--into DIR``: unpack the module into DIR instead of installing it."""
+    args = argv if argv is not None else sys.argv[1:]
+    into = Path(args[args.index("--into") + 1]).resolve() if "--into" in args else None
     if disabled():
         print(f"kpmon: {ENV}={os.environ[ENV]}: not building the tap's native core (Python reference)")
         return 0
@@ -115,11 +134,12 @@ def run() -> int:
     print(f"kpmon: building the tap's native core ({MODULE}) with {cargo}", flush=True)
     started = time.monotonic()
     try:
-        wheel = build(cargo)
+        wheel = build(cargo, into)
     except TapcoreBuildError as exc:
         print(f"kpmon: {exc}", file=sys.stderr)
         return 1
-    print(f"kpmon: built and installed {wheel.relative_to(ROOT)} in {time.monotonic() - started:.0f} s")
+    done = "installed" if into is None else f"unpacked into {into}"
+    print(f"kpmon: built and {done} {wheel.relative_to(ROOT)} in {time.monotonic() - started:.0f} s")
     return 0
 
 

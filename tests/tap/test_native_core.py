@@ -154,6 +154,23 @@ def test_a_build_is_refused_beside_other_sources(tmp_path: Path) -> None:
     assert native_core.source_digest(tmp_path) != one
 
 
+def test_a_build_unpacks_into_a_directory_of_its_own(tmp_path: Path) -> None:
+    """``deploy.tapcore --into DIR``: a second checkout runs its own build without touching the
+    environment it shares."""
+    import zipfile
+
+    from deploy.tapcore import unpack
+
+    wheel = tmp_path / "kpmon_tapcore-0.1.0-cp311-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("kpmon_tapcore/kpmon_tapcore.abi3.so", b"module")
+        zf.writestr("kpmon_tapcore/__init__.py", b"")
+        zf.writestr("kpmon_tapcore-0.1.0.dist-info/RECORD", b"")
+    unpack(wheel, tmp_path / "native")
+    assert [p.name for p in (tmp_path / "native").iterdir()] == ["kpmon_tapcore.abi3.so"]
+    assert (tmp_path / "native" / "kpmon_tapcore.abi3.so").read_bytes() == b"module"
+
+
 # ----- framing ---------------------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ fn error_types(py: Python<'_>) -> (Bound<'_, PyType>, Bound<'_, PyType>) {
     }
 }
 
-fn frame_error(py: Python<'_>, err: &framing::FrameError) -> PyErr {
+pub(crate) fn frame_error(py: Python<'_>, err: &framing::FrameError) -> PyErr {
     let cls = error_types(py).0;
     match cls.call1((err.to_string(),)) {
         Ok(value) => PyErr::from_value(value),
@@ -66,7 +66,7 @@ fn decode_error(py: Python<'_>, err: &peek::PeekError) -> PyErr {
 }
 
 /// `bytes` are read in place; a `bytearray` or `memoryview` is copied first (its owner may change it).
-fn with_bytes<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
+pub(crate) fn with_bytes<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(f(b.as_bytes()));
     }
@@ -158,8 +158,8 @@ fn peek_correlation_id(py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<i32> 
 /// `header_versions` {version: request header version} and `acks_layouts` {version: (compact,
 /// strings before Acks) or None}.
 #[pyclass(name = "ProduceTable", module = "kpmon_tapcore", frozen)]
-struct PyProduceTable {
-    inner: peek::ProduceTable,
+pub(crate) struct PyProduceTable {
+    pub(crate) inner: peek::ProduceTable,
 }
 
 #[pymethods]
@@ -198,8 +198,8 @@ impl PyProduceTable {
 
 /// `tap.framing.HeldBudget`: held bytes shared by a tap's connections.
 #[pyclass(name = "HeldBudget", module = "kpmon_tapcore", frozen)]
-struct PyHeldBudget {
-    inner: Arc<Budget>,
+pub(crate) struct PyHeldBudget {
+    pub(crate) inner: Arc<Budget>,
 }
 
 #[pymethods]
@@ -780,5 +780,6 @@ fn kpmon_tapcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packb, m)?)?;
     m.add_function(wrap_pyfunction!(pack_static, m)?)?;
     m.add_function(wrap_pyfunction!(pack_flush, m)?)?;
+    crate::connection_binding::register(m)?;
     Ok(())
 }

@@ -4,10 +4,14 @@
 //! per-connection core can compose them without a Python object per frame; `binding` (the default
 //! `python` feature) exposes them one by one. `cargo test --no-default-features` tests them alone.
 
+pub mod connection;
 pub mod correlations;
 pub mod framing;
 pub mod msgpack;
 pub mod peek;
+pub mod strip;
 
 #[cfg(feature = "python")]
 mod binding;
+#[cfg(feature = "python")]
+mod connection_binding;
