@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -80,6 +79,7 @@ from benchmarks.tap_bench import (  # noqa: E402
     _cpu_seconds,
     _free_port,
     tap_counters,
+    wait_listening,
     wait_mirror_drained,
 )
 from deploy.local.stack import LocalStack  # noqa: E402
@@ -294,16 +294,7 @@ class RelayProcess:
     def __init__(self, listen: int, broker: str) -> None:
         script = ROOT / "benchmarks" / "bare_relay.py"
         self.proc = subprocess.Popen([sys.executable, str(script), str(listen), broker], cwd=ROOT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", listen), 0.5).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("the bare relay did not start") from None
-                time.sleep(0.1)
+        wait_listening(self, listen, "the bare relay")
 
     def cpu(self) -> float:
         return _cpu_seconds(self.proc.pid)

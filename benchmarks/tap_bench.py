@@ -314,6 +314,21 @@ def wait_mirror_drained(
     return ends
 
 
+def wait_listening(server: Any, port: int, what: str, timeout: float = 30.0) -> None:
+    """Wait until ``server`` (with ``proc`` and ``stop()``) accepts on ``port``; stop it and raise if
+    it exits or does not listen in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or server.proc.poll() is not None:
+                server.stop()
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.1)
+
+
 class TapProcess:
     def __init__(
         self,
@@ -341,16 +356,7 @@ class TapProcess:
         # ``cpus``: the tap (and its workers, which inherit the mask) runs on these CPUs only.
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL, preexec_fn=pin)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", listen), 0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("tap did not start") from None
-                time.sleep(0.1)
+        wait_listening(self, listen, "tap")
 
     def cpu(self) -> float:
         """CPU seconds of the tap and its worker processes."""
