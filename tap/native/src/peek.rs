@@ -178,7 +178,7 @@ fn index(pos: i64, len: i64) -> Option<usize> {
 }
 
 /// `codec.wire.read_uvarint`: at most 5 bytes.
-fn read_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
+pub fn read_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
     let mut result: u64 = 0;
     let mut shift = 0u32;
     loop {

@@ -4,6 +4,8 @@
 //! section holds anything but magic-2 batches, the native walk returns None and the frame goes to
 //! Python, which then falls back to the codec exactly as today.
 
+use crate::peek::read_uvarint;
+
 /// One step of a plan (`tap.strip` `_FIXED`, `_SIZED`, `_RECORDS`, `_ARRAY`, `_STRUCT`, `_TAGS`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -31,24 +33,6 @@ fn i16_at(buf: &[u8], pos: usize) -> Option<i16> {
 fn i32_at(buf: &[u8], pos: usize) -> Option<i32> {
     let b = buf.get(pos..pos.checked_add(4)?)?;
     Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// `codec.wire.read_uvarint`: at most 5 bytes.
-pub fn read_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
-    let mut result: u64 = 0;
-    let mut shift = 0u32;
-    loop {
-        let byte = *buf.get(pos)?;
-        pos += 1;
-        result |= u64::from(byte & 0x7F) << shift;
-        if byte < 0x80 {
-            return Some((result, pos));
-        }
-        shift += 7;
-        if shift > 28 {
-            return None;
-        }
-    }
 }
 
 fn walk(buf: &[u8], mut pos: usize, steps: &[Step], spans: &mut Vec<Span>) -> Option<usize> {
