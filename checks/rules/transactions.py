@@ -22,8 +22,13 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
   Reported when the transaction ends (EndTxn, a new InitProducerId) or hangs, with the Produce's time
   and evidence: incomplete and ``info`` when a frame of the transaction carried a tap loss later than
-  its start (``RuleContext.tap_loss``), as the add may be among the records lost. ``boundary`` in the
-  state is when it began, ``loss`` the newest tap loss seen since, ``outside`` the writes waiting.
+  its start (``RuleContext.tap_loss``), as the add may be among the records lost; likewise when the
+  transaction asked to add the partition but the answer never reached the rule (``asked``): the tap
+  writes an answer apart from its request when it held the request past its age bound, and a reader
+  pairs them only within one micro-batch or not at all (a ``lone`` answer), so the add may well have
+  succeeded. A partition never asked for, or refused, stays a warning. ``boundary`` in the state is when
+  it began, ``loss`` the newest tap loss seen since, ``asked`` the adds requested and not answered,
+  ``outside`` the writes waiting.
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
@@ -123,8 +128,14 @@ class TxnRule(Rule):
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key == END_TXN and not self._zombie(state, ex):
             state["ending"] = True
-        elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
-            state["explicit"] = True
+        elif ex.api_key == ADD_PARTITIONS_TO_TXN:
+            if ex.api_version <= 3:
+                state["explicit"] = True
+            # Until its answer comes, whether these partitions were added is unknown.
+            asked: dict[str, list[Any]] = state.setdefault("asked", {})
+            for tp in _requested_partitions(key, ex):
+                asked[tp] = [ex.conn, ex.req.correlation_id]
+            ctx.trim(asked)
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
@@ -167,6 +178,10 @@ class TxnRule(Rule):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
                 ctx.set_timer(int(state["deadline"]))
         elif api == ADD_PARTITIONS_TO_TXN:
+            asked = state.get("asked")
+            if asked:
+                for tp in _requested_partitions(key, ex):
+                    asked.pop(tp, None)
             added = self._added_partitions(key, ex)
             if added:
                 self._open(state, ex, ctx)
@@ -246,7 +261,7 @@ class TxnRule(Rule):
             ctx.resolve("txn.hanging", f"txn:{key}", ts)
         if state.get("open"):
             ctx.cancel_timer()
-        state.update(open=False, hanging=False, explicit=False, added={}, conns=[])
+        state.update(open=False, hanging=False, explicit=False, added={}, asked={}, conns=[])
         state.pop("open_evidence", None)
 
     @staticmethod
@@ -279,7 +294,8 @@ class TxnRule(Rule):
         current_epoch = int(state.get("epoch", -1))
         explicit = ex.api_version < PRODUCE_TXN_V2 or bool(state.get("explicit"))
         added: dict[str, int] = state.get("added", {})
-        outside: list[tuple[str, int, Any, int | None]] = []
+        asked: dict[str, list[Any]] = state.get("asked") or {}
+        outside: list[tuple[str, int, Any, int | None, list[Any] | None]] = []
         for topic, partition, _index, batch, _pid, epoch, _base, _count in produce_batches(ex):
             if not getattr(batch, "is_transactional", False):
                 continue
@@ -290,7 +306,7 @@ class TxnRule(Rule):
             tp = f"{topic}|{partition}"
             # Topic ids (Produce v13) cannot be matched with the names AddPartitionsToTxn carries.
             if explicit and state.get("boundary") and tp not in added and not topic.startswith("id:"):
-                outside.append((topic, partition, batch, error))
+                outside.append((topic, partition, batch, error, asked.get(tp)))
             if error == 0:
                 self._open(state, ex, ctx)
                 if ex.api_version >= PRODUCE_TXN_V2:
@@ -299,31 +315,42 @@ class TxnRule(Rule):
                     state["added"] = added
                     ctx.trim(added)
         conns = (ex.conn, *state.get("conns", []))
-        for topic, partition, batch, error in outside:
+        for topic, partition, batch, error, request in outside:
             outcome = (
                 "the broker appended it: the partition can hold an open transaction its coordinator "
                 "never commits or aborts (a hanging transaction)"
                 if error == 0
                 else f"the broker refused it (error {error})"
             )
+            evidence = {
+                **ex.evidence(),
+                "transactional_id": key,
+                "producer_id": int(batch.producer_id),
+                "producer_epoch": int(batch.producer_epoch),
+                "topic": topic,
+                "partition": partition,
+                "base_sequence": int(batch.base_sequence),
+                "broker_error": error,
+                "added_partitions": list(added)[:20],
+            }
+            if request is None:
+                what = "which its transaction never added with AddPartitionsToTxn"
+            else:
+                # ``_report_outside`` reports it as info: the add may have succeeded.
+                evidence["unanswered_add"] = {"conn": request[0], "correlation_id": request[1]}
+                what = (
+                    f"which its transaction asked to add (AddPartitionsToTxn, correlation id {request[1]} "
+                    f"on connection {request[0]}) but whose answer the monitor never paired with it "
+                    "(incomplete: the add may have succeeded, so this is not evidence against the client "
+                    "or the broker)"
+                )
             suspects: list[list[Any]] = state.setdefault("outside", [])
             suspects.append(
                 [
-                    f"transactional producer {key!r} wrote to {topic}-{partition}, which its transaction "
-                    f"never added with AddPartitionsToTxn; {outcome}",
+                    f"transactional producer {key!r} wrote to {topic}-{partition}, {what}; {outcome}",
                     ex.ts_ns,
-                    {
-                        **ex.evidence(),
-                        "transactional_id": key,
-                        "producer_id": int(batch.producer_id),
-                        "producer_epoch": int(batch.producer_epoch),
-                        "topic": topic,
-                        "partition": partition,
-                        "base_sequence": int(batch.base_sequence),
-                        "broker_error": error,
-                        "added_partitions": list(added)[:20],
-                    },
-                    ctx.incomplete(conns),
+                    evidence,
+                    ctx.incomplete(conns) or request is not None,
                 ]
             )
             ctx.trim(suspects)
@@ -341,7 +368,7 @@ class TxnRule(Rule):
         for summary, ts_ns, evidence, incomplete in suspects:
             ctx.emit(
                 "txn.produce_outside_txn",
-                Severity.WARNING,
+                Severity.INFO if "unanswered_add" in evidence else Severity.WARNING,
                 f"txn:{key}",
                 summary,
                 int(ts_ns),
@@ -349,6 +376,21 @@ class TxnRule(Rule):
                 tap_loss=tap_loss,
                 incomplete=bool(incomplete),
             )
+
+
+def _requested_partitions(key: str, ex: Exchange) -> list[str]:
+    """The "topic|partition"s an AddPartitionsToTxn request asks to add to the transaction ``key``."""
+    body = ex.req.body
+    if ex.api_version <= 3:
+        topics = body.get("V3AndBelowTopics") or []
+    else:
+        topics = [
+            topic
+            for txn in body.get("Transactions") or []
+            if txn.get("TransactionalId") == key
+            for topic in txn.get("Topics") or []
+        ]
+    return [f"{topic.get('Name')}|{p}" for topic in topics for p in topic.get("Partitions") or []]
 
 
 def _answered_ns(ex: Exchange) -> int:

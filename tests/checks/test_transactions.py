@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -674,3 +675,26 @@ def test_a_write_outside_whose_add_the_tap_may_have_lost_is_incomplete_info() ->
         ("txn.produce_outside_txn", "info", True)
     ]
     assert "tap may have lost records" in findings[0].summary
+
+
+def test_a_write_after_an_add_whose_answer_was_never_paired_is_incomplete_info() -> None:
+    """The tap held the AddPartitionsToTxn past its age bound and wrote it alone, so its answer came as
+    a ``lone`` record no reader pairs: the add may have succeeded, and the write to that partition is
+    incomplete ``info``. A partition the transaction never asked for is still a warning."""
+    p = Producer()
+    frames = p.init(0, epoch=0)
+    add_request, add_answer = p.add(SECOND, [2])
+    frames += [add_request, replace(add_answer, lone=True)]
+    frames += [*p.produce(SECOND + 10 * MS, 2), *p.produce(SECOND + 20 * MS, 1), *p.end(SECOND + 30 * MS)]
+    findings, _ = run(frames)
+    assert sorted((f.evidence["partition"], f.severity.value, f.incomplete) for f in findings) == [
+        (1, "warning", False),
+        (2, "info", True),
+    ]
+    unanswered = next(f for f in findings if f.evidence["partition"] == 2)
+    assert unanswered.evidence["unanswered_add"] == {"conn": "app-coord", "correlation_id": 2}
+    assert "never paired" in unanswered.summary
+    # The answer seen (here: refusing the partition) settles it: the write is a warning again.
+    q = Producer()
+    frames = [*q.init(0, epoch=0), *q.add(SECOND, [2], error=51), *q.produce(SECOND + 10 * MS, 2)]
+    assert summary(run([*frames, *q.end(SECOND + 30 * MS)])[0]) == [("txn.produce_outside_txn", "warning")]
