@@ -22,13 +22,14 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
   Reported when the transaction ends (EndTxn, a new InitProducerId) or hangs, with the Produce's time
   and evidence: incomplete and ``info`` when a frame of the transaction carried a tap loss later than
-  its start (``RuleContext.tap_loss``), as the add may be among the records lost; likewise when the
-  transaction asked to add the partition but the answer never reached the rule (``asked``): the tap
-  writes an answer apart from its request when it held the request past its age bound, and a reader
-  pairs them only within one micro-batch or not at all (a ``lone`` answer), so the add may well have
-  succeeded. A partition never asked for, or refused, stays a warning. ``boundary`` in the state is when
-  it began, ``loss`` the newest tap loss seen since, ``asked`` the adds requested and not answered,
-  ``outside`` the writes waiting.
+  its start (``RuleContext.tap_loss``), as the add may be among the records lost. A write to a partition
+  the transaction asked to add, made before that add was answered, is a warning when the answer comes
+  later (the client did not wait for it) and incomplete ``info`` when it never reaches the rule by the
+  transaction's end: the tap writes an answer apart from its request when it held the request past its
+  age bound, a reader pairs the two only within one micro-batch or not at all (a ``lone`` answer), so
+  the add may have succeeded first. A partition never asked for, or refused, stays a warning.
+  ``boundary`` in the state is when it began, ``loss`` the newest tap loss seen since, ``asked`` the
+  adds requested and not answered yet, ``outside`` the writes waiting.
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
@@ -336,13 +337,11 @@ class TxnRule(Rule):
             if request is None:
                 what = "which its transaction never added with AddPartitionsToTxn"
             else:
-                # ``_report_outside`` reports it as info: the add may have succeeded.
-                evidence["unanswered_add"] = {"conn": request[0], "correlation_id": request[1]}
+                # Whether that answer ever comes is known when the transaction ends (``_report_outside``).
+                evidence["add_request"] = {"conn": request[0], "correlation_id": request[1]}
                 what = (
-                    f"which its transaction asked to add (AddPartitionsToTxn, correlation id {request[1]} "
-                    f"on connection {request[0]}) but whose answer the monitor never paired with it "
-                    "(incomplete: the add may have succeeded, so this is not evidence against the client "
-                    "or the broker)"
+                    f"before the AddPartitionsToTxn that asks to add it (correlation id {request[1]} on "
+                    f"connection {request[0]}) was answered"
                 )
             suspects: list[list[Any]] = state.setdefault("outside", [])
             suspects.append(
@@ -350,7 +349,7 @@ class TxnRule(Rule):
                     f"transactional producer {key!r} wrote to {topic}-{partition}, {what}; {outcome}",
                     ex.ts_ns,
                     evidence,
-                    ctx.incomplete(conns) or request is not None,
+                    ctx.incomplete(conns),
                 ]
             )
             ctx.trim(suspects)
@@ -365,10 +364,25 @@ class TxnRule(Rule):
         if not suspects:
             return
         tap_loss = (conn, loss) if loss > int(state.get("boundary") or 0) else None
+        asked: dict[str, list[Any]] = state.get("asked") or {}
         for summary, ts_ns, evidence, incomplete in suspects:
+            severity = Severity.WARNING
+            request = evidence.get("add_request")
+            if request is not None:
+                tp = f"{evidence.get('topic')}|{evidence.get('partition')}"
+                unanswered = asked.get(tp) == [request.get("conn"), request.get("correlation_id")]
+                evidence = {**evidence, "add_request": {**request, "answered": not unanswered}}
+                if unanswered:
+                    # The answer never reached this rule (written apart from its request, and not
+                    # paired): the add may have succeeded before the write.
+                    severity, incomplete = Severity.INFO, True
+                    summary += (
+                        " (incomplete: the monitor never saw that answer, so the partition may have been "
+                        "added before the write: not evidence against the client or the broker)"
+                    )
             ctx.emit(
                 "txn.produce_outside_txn",
-                Severity.INFO if "unanswered_add" in evidence else Severity.WARNING,
+                severity,
                 f"txn:{key}",
                 summary,
                 int(ts_ns),

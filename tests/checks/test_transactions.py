@@ -692,9 +692,13 @@ def test_a_write_after_an_add_whose_answer_was_never_paired_is_incomplete_info()
         (2, "info", True),
     ]
     unanswered = next(f for f in findings if f.evidence["partition"] == 2)
-    assert unanswered.evidence["unanswered_add"] == {"conn": "app-coord", "correlation_id": 2}
-    assert "never paired" in unanswered.summary
-    # The answer seen (here: refusing the partition) settles it: the write is a warning again.
+    assert unanswered.evidence["add_request"] == {"conn": "app-coord", "correlation_id": 2, "answered": False}
+    assert "never saw that answer" in unanswered.summary
+    # An answer that comes after the write: the client did not wait for its add, a warning.
     q = Producer()
-    frames = [*q.init(0, epoch=0), *q.add(SECOND, [2], error=51), *q.produce(SECOND + 10 * MS, 2)]
-    assert summary(run([*frames, *q.end(SECOND + 30 * MS)])[0]) == [("txn.produce_outside_txn", "warning")]
+    frames = q.init(0, epoch=0)
+    add_request, add_answer = q.add(SECOND, [2])
+    frames += [add_request, *q.produce(SECOND + 10 * MS, 2), replace(add_answer, ts_ns=SECOND + 20 * MS)]
+    findings, _ = run([*frames, *q.end(SECOND + 30 * MS)])
+    assert summary(findings) == [("txn.produce_outside_txn", "warning")]
+    assert findings[0].evidence["add_request"]["answered"] is True
