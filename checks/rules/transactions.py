@@ -183,6 +183,14 @@ class TxnRule(Rule):
             if asked:
                 for tp in _requested_partitions(key, ex):
                     asked.pop(tp, None)
+            for suspect in state.get("outside") or []:
+                # A write made before this add was answered: the client did not wait for it.
+                request = suspect[2].get("add_request")
+                if request is not None and [request.get("conn"), request.get("correlation_id")] == [
+                    ex.conn,
+                    ex.req.correlation_id,
+                ]:
+                    request["answered"] = True
             added = self._added_partitions(key, ex)
             if added:
                 self._open(state, ex, ctx)
@@ -338,7 +346,11 @@ class TxnRule(Rule):
                 what = "which its transaction never added with AddPartitionsToTxn"
             else:
                 # Whether that answer ever comes is known when the transaction ends (``_report_outside``).
-                evidence["add_request"] = {"conn": request[0], "correlation_id": request[1]}
+                evidence["add_request"] = {
+                    "conn": request[0],
+                    "correlation_id": request[1],
+                    "answered": False,
+                }
                 what = (
                     f"before the AddPartitionsToTxn that asks to add it (correlation id {request[1]} on "
                     f"connection {request[0]}) was answered"
@@ -358,28 +370,24 @@ class TxnRule(Rule):
     def _report_outside(state: State, key: str, conn: str, ctx: RuleContext) -> None:
         """Report the transaction's writes outside it, now that it ended (or hangs): incomplete and
         ``info`` when a frame of it since it began carried a tap loss (``loss``), as the add may be
-        among the records lost. ``conn``: the connection of the frame that ended it."""
+        among the records lost, or when the add it was written ahead of was never seen answered.
+        ``conn``: the connection of the frame that ended it."""
         suspects = state.pop("outside", None)
         loss = int(state.pop("loss", 0))
         if not suspects:
             return
         tap_loss = (conn, loss) if loss > int(state.get("boundary") or 0) else None
-        asked: dict[str, list[Any]] = state.get("asked") or {}
         for summary, ts_ns, evidence, incomplete in suspects:
             severity = Severity.WARNING
             request = evidence.get("add_request")
-            if request is not None:
-                tp = f"{evidence.get('topic')}|{evidence.get('partition')}"
-                unanswered = asked.get(tp) == [request.get("conn"), request.get("correlation_id")]
-                evidence = {**evidence, "add_request": {**request, "answered": not unanswered}}
-                if unanswered:
-                    # The answer never reached this rule (written apart from its request, and not
-                    # paired): the add may have succeeded before the write.
-                    severity, incomplete = Severity.INFO, True
-                    summary += (
-                        " (incomplete: the monitor never saw that answer, so the partition may have been "
-                        "added before the write: not evidence against the client or the broker)"
-                    )
+            if request is not None and not request.get("answered"):
+                # The answer never reached this rule (written apart from its request, and not paired):
+                # the add may have succeeded before the write.
+                severity, incomplete = Severity.INFO, True
+                summary += (
+                    " (incomplete: the monitor never saw that answer, so the partition may have been "
+                    "added before the write: not evidence against the client or the broker)"
+                )
             ctx.emit(
                 "txn.produce_outside_txn",
                 severity,
