@@ -57,6 +57,13 @@ _ADD_PARTITIONS_REQUEST = (
     "Transactions.ProducerEpoch",
     "Transactions.VerifyOnly",
 )
+#: The partitions an AddPartitionsToTxn asks for (the txn rule tells an unanswered add from a missing one).
+_ADD_PARTITIONS_ASKED = (
+    "V3AndBelowTopics.Name",
+    "V3AndBelowTopics.Partitions",
+    "Transactions.Topics.Name",
+    "Transactions.Topics.Partitions",
+)
 _ADD_PARTITIONS_ANSWERS = (
     "ErrorCode",
     "ResultsByTopicV3AndBelow.Name",
@@ -113,7 +120,10 @@ READS: Final[Mapping[str, Mapping[int, Reads]]] = {
             ("TransactionalId", "TransactionTimeoutMs"),
             ("ErrorCode", "ProducerId", "ProducerEpoch"),
         ),
-        ApiKey.ADD_PARTITIONS_TO_TXN: (_ADD_PARTITIONS_REQUEST, _ADD_PARTITIONS_ANSWERS),
+        ApiKey.ADD_PARTITIONS_TO_TXN: (
+            (*_ADD_PARTITIONS_REQUEST, *_ADD_PARTITIONS_ASKED),
+            _ADD_PARTITIONS_ANSWERS,
+        ),
         ApiKey.ADD_OFFSETS_TO_TXN: (_TXN_CLAIM, ("ErrorCode",)),
         ApiKey.END_TXN: (_TXN_CLAIM, ("ErrorCode", "ProducerId", "ProducerEpoch")),
         ApiKey.TXN_OFFSET_COMMIT: (_TXN_CLAIM, _TXN_OFFSET_ANSWERS),

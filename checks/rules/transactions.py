@@ -22,8 +22,14 @@ TxnOffsetCommit / transactional Produce -> EndTxn, and reports
   with AddPartitionsToTxn's names; such partitions are not judged (v13 implies implicit adds anyway).
   Reported when the transaction ends (EndTxn, a new InitProducerId) or hangs, with the Produce's time
   and evidence: incomplete and ``info`` when a frame of the transaction carried a tap loss later than
-  its start (``RuleContext.tap_loss``), as the add may be among the records lost. ``boundary`` in the
-  state is when it began, ``loss`` the newest tap loss seen since, ``outside`` the writes waiting.
+  its start (``RuleContext.tap_loss``), as the add may be among the records lost. A write to a partition
+  the transaction asked to add, made before that add was answered, is a warning when the answer comes
+  later (the client did not wait for it) and incomplete ``info`` when it never reaches the rule by the
+  transaction's end: the tap writes an answer apart from its request when it held the request past its
+  age bound, a reader pairs the two only within one micro-batch or not at all (a ``lone`` answer), so
+  the add may have succeeded first. A partition never asked for, or refused, stays a warning.
+  ``boundary`` in the state is when it began, ``loss`` the newest tap loss seen since, ``asked`` the
+  adds requested and not answered yet, ``outside`` the writes waiting.
 - ``txn.hanging`` (warning): a transaction still open past its timeout in event time. It opens with the
   first successful add, offsets add, transactional offset commit or transactional Produce (at that
   request's ``ts_ns``); the deadline is the TransactionTimeoutMs of the last InitProducerId (60 s when
@@ -123,8 +129,14 @@ class TxnRule(Rule):
     def on_request(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         if ex.api_key == END_TXN and not self._zombie(state, ex):
             state["ending"] = True
-        elif ex.api_key == ADD_PARTITIONS_TO_TXN and ex.api_version <= 3:
-            state["explicit"] = True
+        elif ex.api_key == ADD_PARTITIONS_TO_TXN:
+            if ex.api_version <= 3:
+                state["explicit"] = True
+            # Until its answer comes, whether these partitions were added is unknown.
+            asked: dict[str, list[Any]] = state.setdefault("asked", {})
+            for tp in _requested_partitions(key, ex):
+                asked[tp] = [ex.conn, ex.req.correlation_id]
+            ctx.trim(asked)
 
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
@@ -167,6 +179,18 @@ class TxnRule(Rule):
                 # The transaction is still open: re-arm a deadline the in-flight EndTxn deferred.
                 ctx.set_timer(int(state["deadline"]))
         elif api == ADD_PARTITIONS_TO_TXN:
+            asked = state.get("asked")
+            if asked:
+                for tp in _requested_partitions(key, ex):
+                    asked.pop(tp, None)
+            for suspect in state.get("outside") or []:
+                # A write made before this add was answered: the client did not wait for it.
+                request = suspect[2].get("add_request")
+                if request is not None and [request.get("conn"), request.get("correlation_id")] == [
+                    ex.conn,
+                    ex.req.correlation_id,
+                ]:
+                    request["answered"] = True
             added = self._added_partitions(key, ex)
             if added:
                 self._open(state, ex, ctx)
@@ -246,7 +270,7 @@ class TxnRule(Rule):
             ctx.resolve("txn.hanging", f"txn:{key}", ts)
         if state.get("open"):
             ctx.cancel_timer()
-        state.update(open=False, hanging=False, explicit=False, added={}, conns=[])
+        state.update(open=False, hanging=False, explicit=False, added={}, asked={}, conns=[])
         state.pop("open_evidence", None)
 
     @staticmethod
@@ -279,7 +303,8 @@ class TxnRule(Rule):
         current_epoch = int(state.get("epoch", -1))
         explicit = ex.api_version < PRODUCE_TXN_V2 or bool(state.get("explicit"))
         added: dict[str, int] = state.get("added", {})
-        outside: list[tuple[str, int, Any, int | None]] = []
+        asked: dict[str, list[Any]] = state.get("asked") or {}
+        outside: list[tuple[str, int, Any, int | None, list[Any] | None]] = []
         for topic, partition, _index, batch, _pid, epoch, _base, _count in produce_batches(ex):
             if not getattr(batch, "is_transactional", False):
                 continue
@@ -290,7 +315,7 @@ class TxnRule(Rule):
             tp = f"{topic}|{partition}"
             # Topic ids (Produce v13) cannot be matched with the names AddPartitionsToTxn carries.
             if explicit and state.get("boundary") and tp not in added and not topic.startswith("id:"):
-                outside.append((topic, partition, batch, error))
+                outside.append((topic, partition, batch, error, asked.get(tp)))
             if error == 0:
                 self._open(state, ex, ctx)
                 if ex.api_version >= PRODUCE_TXN_V2:
@@ -299,30 +324,43 @@ class TxnRule(Rule):
                     state["added"] = added
                     ctx.trim(added)
         conns = (ex.conn, *state.get("conns", []))
-        for topic, partition, batch, error in outside:
+        for topic, partition, batch, error, request in outside:
             outcome = (
                 "the broker appended it: the partition can hold an open transaction its coordinator "
                 "never commits or aborts (a hanging transaction)"
                 if error == 0
                 else f"the broker refused it (error {error})"
             )
+            evidence = {
+                **ex.evidence(),
+                "transactional_id": key,
+                "producer_id": int(batch.producer_id),
+                "producer_epoch": int(batch.producer_epoch),
+                "topic": topic,
+                "partition": partition,
+                "base_sequence": int(batch.base_sequence),
+                "broker_error": error,
+                "added_partitions": list(added)[:20],
+            }
+            if request is None:
+                what = "which its transaction never added with AddPartitionsToTxn"
+            else:
+                # Whether that answer ever comes is known when the transaction ends (``_report_outside``).
+                evidence["add_request"] = {
+                    "conn": request[0],
+                    "correlation_id": request[1],
+                    "answered": False,
+                }
+                what = (
+                    f"before the AddPartitionsToTxn that asks to add it (correlation id {request[1]} on "
+                    f"connection {request[0]}) was answered"
+                )
             suspects: list[list[Any]] = state.setdefault("outside", [])
             suspects.append(
                 [
-                    f"transactional producer {key!r} wrote to {topic}-{partition}, which its transaction "
-                    f"never added with AddPartitionsToTxn; {outcome}",
+                    f"transactional producer {key!r} wrote to {topic}-{partition}, {what}; {outcome}",
                     ex.ts_ns,
-                    {
-                        **ex.evidence(),
-                        "transactional_id": key,
-                        "producer_id": int(batch.producer_id),
-                        "producer_epoch": int(batch.producer_epoch),
-                        "topic": topic,
-                        "partition": partition,
-                        "base_sequence": int(batch.base_sequence),
-                        "broker_error": error,
-                        "added_partitions": list(added)[:20],
-                    },
+                    evidence,
                     ctx.incomplete(conns),
                 ]
             )
@@ -332,16 +370,27 @@ class TxnRule(Rule):
     def _report_outside(state: State, key: str, conn: str, ctx: RuleContext) -> None:
         """Report the transaction's writes outside it, now that it ended (or hangs): incomplete and
         ``info`` when a frame of it since it began carried a tap loss (``loss``), as the add may be
-        among the records lost. ``conn``: the connection of the frame that ended it."""
+        among the records lost, or when the add it was written ahead of was never seen answered.
+        ``conn``: the connection of the frame that ended it."""
         suspects = state.pop("outside", None)
         loss = int(state.pop("loss", 0))
         if not suspects:
             return
         tap_loss = (conn, loss) if loss > int(state.get("boundary") or 0) else None
         for summary, ts_ns, evidence, incomplete in suspects:
+            severity = Severity.WARNING
+            request = evidence.get("add_request")
+            if request is not None and not request.get("answered"):
+                # The answer never reached this rule (written apart from its request, and not paired):
+                # the add may have succeeded before the write.
+                severity, incomplete = Severity.INFO, True
+                summary += (
+                    " (incomplete: the monitor never saw that answer, so the partition may have been "
+                    "added before the write: not evidence against the client or the broker)"
+                )
             ctx.emit(
                 "txn.produce_outside_txn",
-                Severity.WARNING,
+                severity,
                 f"txn:{key}",
                 summary,
                 int(ts_ns),
@@ -349,6 +398,21 @@ class TxnRule(Rule):
                 tap_loss=tap_loss,
                 incomplete=bool(incomplete),
             )
+
+
+def _requested_partitions(key: str, ex: Exchange) -> list[str]:
+    """The "topic|partition"s an AddPartitionsToTxn request asks to add to the transaction ``key``."""
+    body = ex.req.body
+    if ex.api_version <= 3:
+        topics = body.get("V3AndBelowTopics") or []
+    else:
+        topics = [
+            topic
+            for txn in body.get("Transactions") or []
+            if txn.get("TransactionalId") == key
+            for topic in txn.get("Topics") or []
+        ]
+    return [f"{topic.get('Name')}|{p}" for topic in topics for p in topic.get("Partitions") or []]
 
 
 def _answered_ns(ex: Exchange) -> int:

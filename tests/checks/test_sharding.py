@@ -261,6 +261,37 @@ def test_a_tap_loss_makes_keyed_findings_incomplete_in_every_micro_batching() ->
         assert summary(sharded_run(frames, cuts)) == summary(single)
 
 
+def test_an_add_answered_in_a_later_micro_batch_than_its_request_blames_nobody() -> None:
+    """A request and its answer in two records (schema 1, one frame a record) that the job reads in two
+    micro-batches: the router pairs only within a batch, so the transaction's key never sees the
+    AddPartitionsToTxn answer. The write after it is incomplete ``info``, not a client's fault; read
+    whole, the same frames raise nothing."""
+    p = tx.Producer()
+    frames = [*p.init(0, epoch=0), *p.add(SECOND, [0]), *p.produce(SECOND + 10_000_000, 0)]
+    frames += [*p.end(SECOND + 20_000_000), *p.add(2 * SECOND, [2]), *p.produce(2 * SECOND + 10_000_000, 2)]
+    frames += p.end(2 * SECOND + 20_000_000)
+    records = flatten_to_frames(exchange_records(frames))
+    assert [f.rule for f in single_records(records) if f.rule.startswith("txn")] == []
+    answer = max(
+        i
+        for i, r in enumerate(records)
+        if r[0].api_key == ApiKey.ADD_PARTITIONS_TO_TXN and r[0].direction == "resp"
+    )
+    assert records[answer - 1][0].direction == "req"  # the second add's request: the cut falls between
+    found = [f for f in sharded_records(records, [answer]) if f.rule.startswith("txn")]
+    assert [(f.rule, f.severity.value, f.incomplete, f.evidence["partition"]) for f in found] == [
+        ("txn.produce_outside_txn", "info", True, 2)
+    ]
+    for cut in range(len(records)):
+        found = sharded_records(records, [cut])
+        assert all(f.incomplete for f in found if f.rule.startswith("txn")), cut
+
+
+def flatten_to_frames(records: list[list[TapFrame]]) -> list[list[TapFrame]]:
+    """Each frame of ``records`` as a record of its own, as schema 1 writes them."""
+    return [[frame] for record in records for frame in record]
+
+
 def test_requests_known_by_their_header_reach_the_cluster_shard_once() -> None:
     """Undecodable and header-only requests: the connection shard reports the decode errors, the
     cluster shard judges their headers (KIP-896 removals) without a decode error of its own."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -674,3 +675,30 @@ def test_a_write_outside_whose_add_the_tap_may_have_lost_is_incomplete_info() ->
         ("txn.produce_outside_txn", "info", True)
     ]
     assert "tap may have lost records" in findings[0].summary
+
+
+def test_a_write_after_an_add_whose_answer_was_never_paired_is_incomplete_info() -> None:
+    """The tap held the AddPartitionsToTxn past its age bound and wrote it alone, so its answer came as
+    a ``lone`` record no reader pairs: the add may have succeeded, and the write to that partition is
+    incomplete ``info``. A partition the transaction never asked for is still a warning."""
+    p = Producer()
+    frames = p.init(0, epoch=0)
+    add_request, add_answer = p.add(SECOND, [2])
+    frames += [add_request, replace(add_answer, lone=True)]
+    frames += [*p.produce(SECOND + 10 * MS, 2), *p.produce(SECOND + 20 * MS, 1), *p.end(SECOND + 30 * MS)]
+    findings, _ = run(frames)
+    assert sorted((f.evidence["partition"], f.severity.value, f.incomplete) for f in findings) == [
+        (1, "warning", False),
+        (2, "info", True),
+    ]
+    unanswered = next(f for f in findings if f.evidence["partition"] == 2)
+    assert unanswered.evidence["add_request"] == {"conn": "app-coord", "correlation_id": 2, "answered": False}
+    assert "never saw that answer" in unanswered.summary
+    # An answer that comes after the write: the client did not wait for its add, a warning.
+    q = Producer()
+    frames = q.init(0, epoch=0)
+    add_request, add_answer = q.add(SECOND, [2])
+    frames += [add_request, *q.produce(SECOND + 10 * MS, 2), replace(add_answer, ts_ns=SECOND + 20 * MS)]
+    findings, _ = run([*frames, *q.end(SECOND + 30 * MS)])
+    assert summary(findings) == [("txn.produce_outside_txn", "warning")]
+    assert findings[0].evidence["add_request"]["answered"] is True

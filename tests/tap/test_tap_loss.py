@@ -31,7 +31,7 @@ from checks.model import Severity
 from checks.settings import ChecksSettings
 from codec.protocol import ApiKey
 from codec.records import build_record_batch
-from codec.taprecord import TAP_EVENTS, headers_dict, parse_records
+from codec.taprecord import TAP_EVENTS, frames_from_record, headers_dict, parse_records
 from kpmon.traffic.raw_client import RawKafkaClient
 from streaming.frames import record_rows
 from streaming.stages import LocalStages
@@ -287,16 +287,47 @@ def check_the_aftermath(
     cluster: TappedCluster, tap_topic: str, pid: int, tmp: Path, event: str
 ) -> list[dict[str, Any]]:
     """What ``kpmon report`` and the job's stages make of the tap topic: the same verdicts. Returns
-    the report's findings."""
+    the job's findings."""
     records = read_topic_range(cluster.mirror_bootstrap, tap_topic)
-    for findings in (report(cluster, tap_topic, tmp), job_findings(records)):
+    readers = (("kpmon report", report(cluster, tap_topic, tmp)), ("the job's stages", job_findings(records)))
+    for reader, findings in readers:
         rules = {f["rule"] for f in findings}
-        assert f"tap.{event}" in rules, f"the loss left no trace: {sorted(rules)}"
+        assert f"tap.{event}" in rules, f"{reader}: the loss left no trace: {sorted(rules)}"
         real = [f for f in blaming(findings) if f["subject"] == f"producer:{pid}"]
-        assert [f["rule"] for f in real] == ["producer.sequence_gap"], "the raw client's gap is a warning"
+        assert [f["rule"] for f in real] == ["producer.sequence_gap"], f"{reader}: the raw client's gap"
         others = [f for f in blaming(findings) if f not in real]
-        assert not others, f"a tap loss blamed on a client or broker: {others[:3]}"
-    return findings
+        assert not others, (
+            f"{reader}: a tap loss blamed on a client or broker: {others[:3]}\n"
+            + frames_around(records, others[0])
+        )
+    return readers[-1][1]
+
+
+#: The transactional requests whose answers the txn rule waits for.
+TXN_CONTROL = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.END_TXN)
+
+
+def frames_around(records: list[TapRecord], finding: dict[str, Any], window_ns: int = 400_000_000) -> str:
+    """The frames of the finding's connection and the tap's events, and every transactional request
+    and answer (InitProducerId, AddPartitionsToTxn, EndTxn), within ``window_ns`` of it: what a failure
+    needs to tell a lost record from a rule's mistake."""
+    at, conn = int(finding["ts_ns"]), finding["evidence"].get("conn")
+    lines = []
+    for record in records:
+        frames = frames_from_record(
+            headers_dict(record.headers), record.value, record.partition, record.offset
+        )
+        for f in frames:
+            wanted = f.conn == conn or f.direction in TAP_EVENTS or f.api_key in TXN_CONTROL
+            if wanted and abs(f.ts_ns - at) <= window_ns:
+                lines.append(
+                    (
+                        f.ts_ns,
+                        f"{(f.ts_ns - at) / 1e6:+9.1f} ms {f.direction:11} api={f.api_key} {f.conn} "
+                        f"corr={f.correlation_id} loss_ns={f.loss_ns} at={f.at()} lone={f.lone}",
+                    )
+                )
+    return "\n".join(line for _, line in sorted(lines))
 
 
 def excused_gaps(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
