@@ -517,7 +517,7 @@ def measure_workload(
         life = tap_counters(tap.metrics_port)
     finally:
         tap.stop()
-    if args.floor:
+    if args.floor and workload.name == "frame_heavy":
         phases += measure_floor(workload, args, stack, tap_port, broker_pid)
     topic = {
         "name": tap_topic,
@@ -668,8 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also rounds of a bare relay (benchmarks/bare_relay.py) and the tap with its mirror off, "
-        "for each workload: the relay floor (docs/decisions.md)",
+        help="frame_heavy: also rounds of a bare relay (benchmarks/bare_relay.py) and of the tap with its "
+        "mirror off: the relay floor (docs/decisions.md)",
     )
     parser.add_argument(
         "--quick",
