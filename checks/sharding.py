@@ -25,20 +25,24 @@ header-only) goes on as it came, with its decode error and bytes, to the keyed r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import msgpack
 
 from checks.codes import ENVELOPE
 from checks.engine import Dispatched, Monitor, StateFormatError
 from checks.model import Exchange, Finding
-from checks.projections import ANSWER_KEYED, project_frame
+from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
+from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
+from codec.messages import Request, Response
 from codec.protocol import ApiKey
 from codec.taprecord import RESP, TapFrame
 
@@ -118,9 +122,33 @@ class _Catalogue:
     kind_rule_objects: dict[str, tuple[Rule, ...]]
 
 
+class UndeclaredTransitions(ValueError):
+    """A rule of the catalogue does not declare its transitions (``checks.projections.TRANSITIONS``)."""
+
+
+def check_transitions(rules: Iterable[Rule]) -> None:
+    """Refuse rules that do not declare their transitions (``checks.projections.TRANSITIONS``): the
+    stages would never send them a frame, a rule that cannot fire."""
+    for rule in rules:
+        declared = TRANSITIONS.get(rule.name)
+        if declared is None:
+            raise UndeclaredTransitions(
+                f"rule {rule.name!r} declares no transitions: name the exchanges that can change its state "
+                "in checks/projections.py TRANSITIONS, or the stages never send it any"
+            )
+        if rule.api_keys is not None and not declared.first_use and not rule.api_keys <= declared.apis:
+            missing = sorted(int(k) for k in rule.api_keys - declared.apis)
+            raise UndeclaredTransitions(f"rule {rule.name!r} looks at APIs {missing} it does not declare")
+        if rule.api_keys is None and not (declared.headers or declared.first_use):
+            raise UndeclaredTransitions(
+                f"rule {rule.name!r} looks at every API but does not declare headers or first uses"
+            )
+
+
 @cache
 def _catalogue() -> _Catalogue:
     rules = all_rules()
+    check_transitions(rules)
     keyed_rules = tuple(r for r in rules if not is_connection_scoped(r))
     kind_rules: dict[str, tuple[Rule, ...]] = {}
     for rule in keyed_rules:
@@ -174,6 +202,8 @@ def _route_plan(
             continue
         if api_key is not None and rule.api_keys is not None and api_key not in rule.api_keys:
             continue
+        if api_key is not None and not TRANSITIONS[rule.name].names_api(api_key):
+            continue
         if answered and api_key not in ANSWER_KEYED.get(rule.name, ()):
             continue
         first_use_only = rule.key_kind in FIRST_USE_ONLY and outer != ApiKey.API_VERSIONS
@@ -184,6 +214,186 @@ def _route_plan(
     if api_key is None or api_key in _PLANNED_APIS:
         _PLANS[plan_key] = plan
     return plan
+
+
+class HeaderExchange(NamedTuple):
+    """An exchange no connection-scoped rule's transitions name whole (``checks.projections``): what its
+    connection's key needs of it is its headers, times and place, packed without its bodies. The tap
+    wrote the pair as one entry (``seq`` and ``index`` are both frames'), so nothing pairs it again. ``frames`` makes the two header-level frames the connection's rules read."""
+
+    seq: int
+    request_ts_ns: int
+    response_ts_ns: int
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    request_header_version: int
+    response_header_version: int
+    request_offset: int
+    response_offset: int
+    entry: int
+    loss_ns: int
+
+    def frames(self, meta: ConnectionMeta) -> tuple[TapFrame, TapFrame]:
+        conn, client, broker, broker_id, listener, partition, capture = meta
+        api, version, corr = self.api_key, self.api_version, self.correlation_id
+        request = Request(api, version, corr, self.client_id, {}, {}, self.request_header_version, False)
+        response = Response(api, version, corr, {}, {}, self.response_header_version, -1, False)
+        return (
+            TapFrame(
+                conn, self.seq, self.request_ts_ns, "req", api, version, corr, client, broker, broker_id,
+                listener, partition, self.request_offset, request, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+            TapFrame(
+                conn, self.seq, self.response_ts_ns, "resp", api, version, corr, client, broker, broker_id,
+                listener, partition, self.response_offset, response, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+        )  # fmt: skip
+
+
+class ConnectionMeta(NamedTuple):
+    """What every frame of one connection shares (its header exchanges carry it once)."""
+
+    conn: str
+    client: str
+    broker: str
+    broker_id: int | None
+    listener: str | None
+    partition: int
+    capture: str
+
+
+def _meta(frame: TapFrame) -> ConnectionMeta:
+    return ConnectionMeta(
+        frame.conn,
+        frame.client,
+        frame.broker,
+        frame.broker_id,
+        frame.listener,
+        frame.partition,
+        frame.capture,
+    )
+
+
+@dataclass
+class ConnectionRow:
+    """What one batch sends a connection's own key: the frames some connection-scoped rule's
+    transitions name (projected for the connection, ``project_for_connection``) and every other
+    exchange by its headers, each list in seq order."""
+
+    frames: list[TapFrame] = field(default_factory=list)
+    exchanges: list[HeaderExchange] = field(default_factory=list)
+    #: The connection the exchanges belong to (None: no exchanges).
+    meta: ConnectionMeta | None = None
+
+    def extend(self, other: ConnectionRow) -> None:
+        """Add another batch part's row of the same connection (the stage gets one per source batch)."""
+        self.frames += other.frames
+        if other.exchanges:
+            if self.meta is None:
+                self.meta = other.meta
+            if other.meta == self.meta:
+                self.exchanges += other.exchanges
+            else:  # never from one tap: the frames themselves, then
+                assert other.meta is not None
+                for exchange in other.exchanges:
+                    self.frames.extend(exchange.frames(other.meta))
+
+    def feed_order(self) -> Iterator[TapFrame]:
+        """Every frame of the row in seq order, header exchanges made into their two frames."""
+        frames = sorted(self.frames, key=_SEQ)
+        if not self.exchanges:
+            yield from frames
+            return
+        meta = self.meta
+        assert meta is not None
+        made = (f for ex in sorted(self.exchanges, key=_SEQ) for f in ex.frames(meta))
+        yield from heapq.merge(frames, made, key=_SEQ)
+
+
+_SEQ = attrgetter("seq")
+
+
+@cache
+def _connection_transitions() -> Transitions:
+    """The union of the connection-scoped rules' transitions."""
+    own = [TRANSITIONS[rule.name] for rule in _catalogue().own_rules]
+    return Transitions(
+        apis=frozenset().union(*(t.apis for t in own)),
+        removed_versions=any(t.removed_versions for t in own),
+        tag_evidence=any(t.tag_evidence for t in own),
+        headers=any(t.headers for t in own),
+    )
+
+
+def _plain(frame: TapFrame) -> bool:
+    """A decoded frame with no tagged-field evidence, no bytes left over, no loss stamped on it."""
+    message = frame.message
+    return (
+        message is not None
+        and frame.error is None
+        and frame.lost == 0
+        and message.tag_extras is False
+        and "_trailing" not in message.body
+    )
+
+
+def connection_row(frames: Sequence[TapFrame]) -> ConnectionRow:
+    """One connection's frames of a batch (seq order) as its key's row: an exchange the tap wrote as
+    one entry (a request and its answer with one seq and entry index) that no connection-scoped rule
+    names whole becomes a ``HeaderExchange``; every other frame goes as it is, projected."""
+    # An exchange is the tap's pair: its request and answer come next to each other in seq order with
+    # one seq and entry index (schemas 2 and 3); schema-1 frames have a seq each and go as they are.
+    wanted = _connection_transitions()
+    row = ConnectionRow()
+    kept = row.frames
+    i, count = 0, len(frames)
+    while i < count:
+        frame = frames[i]
+        if (
+            wanted.headers
+            and i + 1 < count
+            and frame.direction == "req"
+            and frame.api_key not in wanted.apis
+            and _plain(frame)
+        ):
+            answer = frames[i + 1]
+            request = frame.message
+            assert isinstance(request, Request)
+            if (
+                answer.direction == RESP
+                and not answer.lone
+                and answer.seq == frame.seq
+                and answer.index == frame.index
+                and answer.loss_ns == frame.loss_ns
+                and answer.api_key == frame.api_key
+                and answer.api_version == frame.api_version
+                and answer.correlation_id == frame.correlation_id
+                and (frame.api_key, frame.api_version, frame.correlation_id)
+                == (request.api_key, request.api_version, request.correlation_id)
+                and _plain(answer)
+                and not (wanted.removed_versions and removed_in_4_0(request.api_key, request.api_version))
+            ):
+                meta = _meta(frame)
+                if row.meta is None:
+                    row.meta = meta
+                if meta == row.meta and _meta(answer) == meta:
+                    response = answer.message
+                    assert response is not None
+                    exchange = HeaderExchange(
+                        frame.seq, frame.ts_ns, answer.ts_ns, request.api_key, request.api_version,
+                        request.correlation_id, request.client_id, request.header_version,
+                        response.header_version, frame.offset, answer.offset, frame.index, frame.loss_ns,
+                    )  # fmt: skip
+                    row.exchanges.append(exchange)
+                    i += 2
+                    continue
+        kept.append(project_for_connection(frame))
+        i += 1
+    return row
 
 
 class ConnectionShard:
@@ -208,6 +418,11 @@ class ConnectionShard:
         for frame in frames:
             findings.extend(feed(frame))
         return findings
+
+    def feed_row(self, row: ConnectionRow) -> list[Finding]:
+        """The connection's row of a batch (``connection_row``): its frames and header exchanges in seq
+        order, exactly as the frames they came from."""
+        return self.feed(row.feed_order())
 
     def export(self) -> bytes:
         return _pack({"monitor": self.monitor.to_state()})

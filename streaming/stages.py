@@ -39,8 +39,7 @@ from typing import Any, Final, Protocol
 import msgpack
 
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route, forms_route_key
-from codec.taprecord import frame_from_packed
+from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, Route, forms_route_key
 from streaming.router import INCOMPLETE, REQUEST_ONLY, Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
@@ -49,6 +48,7 @@ from streaming.rows import (
     bucket_index,
     finding_row,
     is_conn_key,
+    read_connection_row,
     resolve_rows,
     stat_row,
     unpack_frame,
@@ -222,12 +222,15 @@ def _connection_entry(
     packed: list[list[Any]],
     watermark_ms: int,
 ) -> StepResult:
-    """A connection's frames of this batch (packed lists, seq order) through its own entry, at once.
+    """A connection's rows of this batch (``streaming.rows.pack_connection_row``, one per source batch)
+    through its own entry, at once, in seq order.
 
     Entries are ``(shard state, expiry ms)``."""
     saved = store.get(key)
-    frames = [frame_from_packed(values) for values in packed]
-    frames.sort(key=attrgetter("seq"))
+    row = ConnectionRow()
+    for values in packed:
+        row.extend(read_connection_row(values))
+    frames = list(row.feed_order())
     shard = ConnectionShard(config, saved[0] if saved else None)
     findings = shard.feed(frames)
     result = StepResult([finding_row(f) for f in findings])
@@ -333,7 +336,7 @@ def monitor_bucket(
     routes: dict[str, list[list[Any]]] = {}
     for bundle in bundles:
         for key, packed in bundle.conns.items():
-            conns.setdefault(key, []).extend(packed)
+            conns.setdefault(key, []).append(packed)
         for key, entries in bundle.routes.items():
             routes.setdefault(key, []).extend(entries)
     for key, packed in conns.items():
