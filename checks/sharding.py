@@ -35,13 +35,14 @@ from typing import Any, NamedTuple
 import msgpack
 
 from checks.codes import ENVELOPE
-from checks.engine import Dispatched, Monitor, StateFormatError
+from checks.engine import Dispatched, Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
 from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
+from codec.api import expand_response
 from codec.messages import Request, Response
 from codec.protocol import ApiKey
 from codec.taprecord import RESP, TapFrame
@@ -329,6 +330,31 @@ def _connection_transitions() -> Transitions:
     )
 
 
+def tap_answer(frames: Sequence[TapFrame], i: int) -> TapFrame | None:
+    """The answer the tap wrote in one entry with the request ``frames[i]`` (schemas 2 and 3: the two
+    come next to each other in seq order with one seq and entry index), or None. Reading the pair as
+    the tap wrote it is the only pairing the stateless router does; frames written alone (schema 1, a
+    bound hit) are paired by the engine (``checks.engine.Monitor``)."""
+    if i + 1 >= len(frames):
+        return None
+    request, answer = frames[i], frames[i + 1]
+    if request.direction != "req" or answer.direction != RESP or answer.lone:
+        return None
+    sent, got = request.message, answer.message
+    if (
+        not isinstance(sent, Request)
+        or not isinstance(got, Response)
+        or request.error is not None
+        or answer.error is not None
+        or answer.seq != request.seq
+        or answer.index != request.index
+        or answer.conn != request.conn
+        or got.correlation_id != sent.correlation_id
+    ):
+        return None
+    return answer
+
+
 def _plain(frame: TapFrame) -> bool:
     """A decoded frame with no tagged-field evidence, no bytes left over, no loss stamped on it."""
     message = frame.message
@@ -353,22 +379,12 @@ def connection_row(frames: Sequence[TapFrame]) -> ConnectionRow:
     i, count = 0, len(frames)
     while i < count:
         frame = frames[i]
-        if (
-            wanted.headers
-            and i + 1 < count
-            and frame.direction == "req"
-            and frame.api_key not in wanted.apis
-            and _plain(frame)
-        ):
-            answer = frames[i + 1]
+        answer = tap_answer(frames, i) if wanted.headers and frame.api_key not in wanted.apis else None
+        if answer is not None and _plain(frame):
             request = frame.message
             assert isinstance(request, Request)
             if (
-                answer.direction == RESP
-                and not answer.lone
-                and answer.seq == frame.seq
-                and answer.index == frame.index
-                and answer.loss_ns == frame.loss_ns
+                answer.loss_ns == frame.loss_ns
                 and answer.api_key == frame.api_key
                 and answer.api_version == frame.api_version
                 and answer.correlation_id == frame.correlation_id
@@ -457,10 +473,19 @@ class Router:
         #: record, or a response the tap wrote alone): the entity keys never see them.
         self.unrouted_responses = 0
 
-    def route(self, frames: Iterable[TapFrame]) -> list[Route]:
-        """The routes of one connection's frames (seq order); a router serves one batch."""
+    def route(self, frames: Sequence[TapFrame]) -> list[Route]:
+        """The routes of one connection's frames (seq order); a router serves one batch. An exchange
+        the tap wrote as one entry is routed as the tap paired it (``tap_answer``); the engine pairs
+        only the frames the tap wrote alone."""
         monitor = self.monitor
-        for frame in frames:
+        i, count = 0, len(frames)
+        while i < count:
+            frame = frames[i]
+            answer = tap_answer(frames, i)
+            if answer is not None and self._route_pair(frame, answer):
+                i += 2
+                continue
+            i += 1
             monitor.feed(frame)
             answered = False
             # Route what the frame dispatched (nothing a rule does changes where an exchange goes).
@@ -472,6 +497,37 @@ class Router:
         self.ctx.findings.clear()
         out, self.routes = self.routes, []
         return out
+
+    def _route_pair(self, request: TapFrame, response: TapFrame) -> bool:
+        """Route an exchange the tap wrote as one entry, as the engine would dispatch it (request, then
+        request and answer), without holding the request for its answer. False (nothing done) where
+        the engine's pairing could tell otherwise: an acks=0 Produce (complete with no answer), or a
+        connection with as many requests waiting as a key keeps (its trim would drop one)."""
+        sent = request.message
+        assert isinstance(sent, Request) and isinstance(response.message, Response)
+        if sent.api_key == ApiKey.PRODUCE and sent.body.get("Acks") == 0:
+            return False
+        limit = self.ctx.config.max_entries_per_key
+        held = self.monitor.conns.get(request.conn)
+        if (held is not None and len(held.pending) >= limit) or len(self.sent) >= limit:
+            return False
+        incomplete = self.ctx.incomplete_conns
+        if request.lost > 0:
+            incomplete.add(request.conn)
+        # A request of the same correlation id the engine holds would have been replaced by this one.
+        self.monitor.forget_request(request.conn, sent.correlation_id)
+        asked = Exchange(request, None)
+        kept = self._observe_request(
+            Dispatched("on_request", asked, unwrap_envelope(asked) if asked.api_key == ENVELOPE else None)
+        )
+        if response.lost > 0:
+            incomplete.add(response.conn)
+        expand_response(response.message, sent)
+        ex = Exchange(request, response)
+        inner = unwrap_envelope(ex) if ex.api_key == ENVELOPE else None
+        self._projected.clear()
+        self._observe_answer(ex, inner, kept, response.conn in incomplete)
+        return True
 
     def _keys(
         self,
@@ -518,15 +574,29 @@ class Router:
         self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
 
     def _observe(self, event: Dispatched) -> None:
+        """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
+        if event.hook == "on_response":
+            ex = event.exchange
+            sent_key = f"{ex.conn}|{ex.request.correlation_id}"
+            # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
+            self._projected.clear()
+            self._observe_answer(
+                ex, event.inner, self.sent.pop(sent_key, None), ex.conn in self.ctx.incomplete_conns
+            )
+            return
+        paired = self._observe_request(event)
+        if paired:
+            ex = event.exchange
+            self.sent[f"{ex.conn}|{ex.request.correlation_id}"] = paired
+            self.ctx.trim(self.sent)
+
+    def _observe_request(self, event: Dispatched) -> list[str] | None:
+        """Route a request (``on_request``) or a request known by its header (``on_header``); the route
+        keys its answer goes to as well (None: the answer goes nowhere the request went)."""
         hook, ex, inner = event.hook, event.exchange, event.inner
-        # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
         self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
-        sent_key = f"{conn}|{ex.request.correlation_id}"
-        if hook == "on_response":
-            self._observe_answer(ex, inner, sent_key, incomplete)
-            return
         use = f"{conn}|{ex.api_key}|{ex.api_version}"
         first_use = use not in self.used
         if first_use:
@@ -539,7 +609,7 @@ class Router:
             frame = replace(ex.request, message=None)
             for key, step in self._keys(ex, inner, first_use, header_only=True).items():
                 route(key, step[2], frame, ex.ts_ns, incomplete, request_only=True)
-            return
+            return None
         paired: list[str] = []
         request, ts_ns = ex.request, ex.ts_ns
         for key, step in self._keys(ex, inner, first_use).items():
@@ -547,12 +617,12 @@ class Router:
             route(key, step[2], request, ts_ns, incomplete, first_use_only)
             if not first_use_only:
                 paired.append(key)
-        if paired:
-            self.sent[sent_key] = paired
-            self.ctx.trim(self.sent)
+        return paired or None
 
-    def _observe_answer(self, ex: Exchange, inner: Exchange | None, sent_key: str, incomplete: bool) -> None:
-        kept = self.sent.pop(sent_key, None)
+    def _observe_answer(
+        self, ex: Exchange, inner: Exchange | None, kept: list[str] | None, incomplete: bool
+    ) -> None:
+        """Route an answer: to the keys its request went to (``kept``), and to those the answer adds."""
         response = ex.response
         if response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.

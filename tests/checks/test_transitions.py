@@ -21,7 +21,14 @@ from checks.projections import TRANSITIONS, project_for_connection
 from checks.rule import Rule
 from checks.rules import all_rules
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, UndeclaredTransitions, check_transitions, connection_row
+from checks.sharding import (
+    ConnectionShard,
+    Route,
+    Router,
+    UndeclaredTransitions,
+    check_transitions,
+    connection_row,
+)
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 from streaming.rows import pack_frame, unpack_frame
@@ -29,6 +36,8 @@ from tests.checks import test_apiversions as av
 from tests.checks import test_flexible as fl
 from tests.checks.builders import SECOND, Conversation
 from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.test_sharding import CONFIG, with_headers_only
+from tests.checks.test_sharding import tap_loss as tap_loss_frames
 
 
 def test_every_rule_declares_its_transitions() -> None:
@@ -85,8 +94,8 @@ def _event(conv: Conversation, kind: str, arg: int, ts: int) -> list[TapFrame]:
     return [conv.close(ts)]
 
 
-KINDS = ("open", "handshake", "metadata", "metadata", "metadata", "unanswered", "removed", "tags")
-KINDS += ("undecodable", "lose", "close")
+KINDS: tuple[str, ...] = ("open", "handshake", "metadata", "metadata", "metadata", "unanswered", "removed")
+KINDS += ("tags", "undecodable", "lose", "close")
 EVENTS = st.lists(
     st.tuples(
         st.integers(0, 1),
@@ -158,3 +167,31 @@ def test_most_exchanges_travel_by_their_headers() -> None:
     assert [f.direction for f in row.frames] == ["open", "req", "resp"]
     assert len(row.exchanges) == 20
     assert list(row.feed_order()) != [] and len(list(row.feed_order())) == len(mine)
+
+
+def _routes(routes: list[Route]) -> list[tuple[object, ...]]:
+    return [(r.key, pack_frame(r.frame), r.at_ns, r.incomplete, r.request_only) for r in routes]
+
+
+@given(data=st.data(), events=EVENTS)
+@settings(max_examples=40, deadline=None)
+def test_the_router_reads_the_taps_pairs_as_the_engine_pairs_them(
+    data: st.DataObject, events: list[tuple[int, str, int, int]]
+) -> None:
+    """The router routes an exchange the tap wrote as one entry as the engine, pairing the two frames
+    it is fed one at a time, routes it: same routes, same projected facts, same order."""
+    frames = sorted(
+        with_headers_only() + _traffic(events) + tap_loss_frames(), key=lambda f: (f.ts_ns, f.conn, f.seq)
+    )
+    records = exchange_records(frames)
+    cut = data.draw(st.integers(0, len(records)))
+    for part in (records[:cut], records[cut:]):
+        per_conn: dict[str, list[TapFrame]] = {}
+        for frame in flatten(part):
+            per_conn.setdefault(frame.conn, []).append(frame)
+        for mine in per_conn.values():
+            mine.sort(key=lambda f: f.seq)
+            paired = Router(CONFIG).route(mine)
+            one_by_one = Router(CONFIG)
+            alone = [r for f in mine for r in one_by_one.route([f])]
+            assert _routes(paired) == _routes(alone)
