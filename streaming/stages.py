@@ -40,6 +40,7 @@ import msgpack
 
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, Route, forms_route_key
+from streaming.pages import earliest, split_due
 from streaming.router import INCOMPLETE, REQUEST_ONLY, Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
@@ -157,22 +158,6 @@ class BucketStore(Protocol):
         ...
 
 
-def split_due(
-    entries: Iterable[tuple[str, tuple[Any, ...]]], watermark_ms: int
-) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
-    """``BucketStore.due`` over entries: an entry is due when its last field (its next call, event-time
-    ms) is at or before the watermark, or unset."""
-    due: list[tuple[str, tuple[Any, ...]]] = []
-    later: int | None = None
-    for key, value in entries:
-        at = value[-1]
-        if at is not None and at > watermark_ms:
-            later = _earliest(later, at)
-        else:
-            due.append((key, value))
-    return due, later
-
-
 class DictBucketStore:
     """A ``BucketStore`` in memory."""
 
@@ -207,12 +192,6 @@ class BucketResult:
     #: The bucket's one timer (event-time ms): never later than the earliest entry that needs a call,
     #: so it may fire early (a call that finds nothing due re-arms it). None: no entry needs a timer.
     timer_ms: int | None
-
-
-def _earliest(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 def _connection_entry(
@@ -308,7 +287,7 @@ class _Call:
         self.rows.extend(result.rows)
         for name, value in result.counts.items():
             self.counts[name] = self.counts.get(name, 0) + value
-        self.timer = _earliest(self.timer, result.next_timer_ms)
+        self.timer = earliest(self.timer, result.next_timer_ms)
 
     def result(self, ts_ns: int) -> BucketResult:
         stat = stat_row(self.counts, ts_ns)
@@ -359,7 +338,7 @@ def monitor_bucket_expired(config: ChecksSettings, store: BucketStore, watermark
 
 def _sweep(config: ChecksSettings, store: BucketStore, watermark_ms: int, call: _Call) -> None:
     ready, later = store.due(watermark_ms)
-    call.timer = _earliest(call.timer, later)
+    call.timer = earliest(call.timer, later)
     for key, saved in ready:
         if is_conn_key(key):
             # Idle past its TTL (counted, never silent).
