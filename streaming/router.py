@@ -68,6 +68,13 @@ class Bundle:
     routes: dict[str, list[list[Any]]] = field(default_factory=dict)
 
 
+def stage_rows(bundle: Bundle) -> int:
+    """How many rows the bundle hands the stateful stage's entries: each connection's kept frames and
+    header exchanges (``checks.sharding.ConnectionRow``), each routed frame."""
+    conns = sum(len(frames) + len(exchanges) for _, frames, exchanges in bundle.conns.values())
+    return conns + sum(len(entries) for entries in bundle.routes.values())
+
+
 def pack_bundle(bundle: Bundle) -> bytes:
     return facts.packb([bundle.newest_ms, bundle.conns, bundle.routes])
 
