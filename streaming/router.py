@@ -51,12 +51,12 @@ from streaming.rows import (
     pack_connection_row,
     pack_frame,
     resolve_rows,
+    route_entry,
     stat_row,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
 PASS_BUCKET: Final = -1
-INCOMPLETE, REQUEST_ONLY = 1, 2
 
 
 @dataclass
@@ -68,8 +68,8 @@ class Bundle:
     #: Connection key -> its row of the batch (``checks.sharding.connection_row``: the frames its rules'
     #: transitions name, every other exchange by its headers), as ``streaming.rows.pack_connection_row``.
     conns: dict[str, list[Any]] = field(default_factory=dict)
-    #: Route key -> its routed frames: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each, in routing order.
-    routes: dict[str, list[list[Any]]] = field(default_factory=dict)
+    #: Route key -> its routed frames (``streaming.rows.RouteEntry``, read back as lists), in routing order.
+    routes: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def stage_rows(bundle: Bundle) -> int:
@@ -171,7 +171,6 @@ def _route(
         data = packed.get(id(frame))
         if data is None:
             data = packed[id(frame)] = pack_frame(frame)
-        flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:
@@ -179,5 +178,5 @@ def _route(
         entries = bundles[bucket].routes.get(key)
         if entries is None:
             entries = bundles[bucket].routes[key] = []
-        entries.append([-(-route.at_ns // NS_PER_MS), frame.ts_ns, frame.conn, frame.seq, data, flags])
+        entries.append(route_entry(route, data))
     return router
