@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -446,8 +446,27 @@ class ConnectionShard:
 
     def feed_row(self, row: ConnectionRow) -> list[Finding]:
         """The connection's row of a batch (``connection_row``): its frames and header exchanges in seq
-        order, exactly as the frames they came from."""
-        return self.feed(row.feed_order())
+        order, exactly as the frames they came from (``Monitor.feed_header_exchange``)."""
+        if not row.exchanges:
+            return self.feed(sorted(row.frames, key=_SEQ))
+        meta = row.meta
+        assert meta is not None
+        monitor = self.monitor
+        findings: list[Finding] = []
+        frames: list[TapFrame | HeaderExchange] = sorted(row.frames, key=_SEQ)
+        exchanges: list[TapFrame | HeaderExchange] = sorted(row.exchanges, key=_SEQ)
+        for item in heapq.merge(frames, exchanges, key=_SEQ):
+            if isinstance(item, TapFrame):
+                findings += monitor.feed(item)
+                continue
+            findings += monitor.feed_header_exchange(
+                meta.conn,
+                item.seq,
+                (item.request_ts_ns, item.response_ts_ns),
+                (item.api_key, item.api_version, item.correlation_id),
+                partial(item.frames, meta),
+            )
+        return findings
 
     def export(self) -> bytes:
         return _pack({"monitor": self.monitor.to_state()})
