@@ -312,6 +312,22 @@ class ConnectionRow:
                 for exchange in other.exchanges:
                     self.frames.extend(exchange.frames(other.meta))
 
+    @property
+    def closed(self) -> bool:
+        """Whether the row ends with the connection's close record (the last the tap writes)."""
+        frames = sorted(self.frames, key=_SEQ)
+        if not frames or frames[-1].direction != "close":
+            return False
+        # In feed order a header exchange of the same seq comes after the frame.
+        return not self.exchanges or max(e.seq for e in self.exchanges) < frames[-1].seq
+
+    @property
+    def newest_ns(self) -> int | None:
+        """The newest event time among the row's frames (None: an empty row)."""
+        times = [f.ts_ns for f in self.frames]
+        times += [max(e.request_ts_ns, e.response_ts_ns) for e in self.exchanges]
+        return max(times, default=None)
+
     def feed_order(self) -> Iterator[TapFrame]:
         """Every frame of the row in seq order, header exchanges made into their two frames."""
         frames = sorted(self.frames, key=_SEQ)

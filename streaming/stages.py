@@ -181,18 +181,18 @@ def _connection_entry(
     row = ConnectionRow()
     for values in packed:
         row.extend(read_connection_row(values))
-    frames = list(row.feed_order())
     shard = ConnectionShard(config, saved[0] if saved else None)
-    findings = shard.feed(frames)
+    findings = shard.feed_row(row)
     result = StepResult([finding_row(f) for f in findings])
     result.rows.extend(resolve_rows(shard.ctx.resolved))
     add_stats(result.counts, shard.ctx.stats)
-    if frames and frames[-1].direction == "close":
+    if row.closed:
         if saved is not None:
             store.remove(key)
         return result
     # A connection that vanished without a close record (a tap restart) expires after its TTL.
-    newest = max(f.ts_ns for f in frames) // NS_PER_MS if frames else watermark_ms
+    newest_ns = row.newest_ns
+    newest = newest_ns // NS_PER_MS if newest_ns is not None else watermark_ms
     expiry = max(newest, watermark_ms) + int(config.connection_ttl_seconds * 1000)
     store.put(key, (shard.export(), expiry))
     result.next_timer_ms = expiry
