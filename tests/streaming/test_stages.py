@@ -12,9 +12,8 @@ from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, p
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.router import route_rows
-from streaming.rows import OutputRow, conn_key
+from streaming.rows import OutputRow, RouteEntry, conn_key, read_connection_row
 from streaming.stages import (
-    Buffered,
     DictBucketStore,
     LocalStages,
     keyed_step,
@@ -283,7 +282,7 @@ def test_a_closed_connection_leaves_no_state() -> None:
 
 
 def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
-    buffered = [Buffered(1, 1, "c", 1, b"{}", 0)]
+    buffered = [RouteEntry(1, 1, "c", 1, b"{}", 0)]
     result = keyed_step(CONFIG, "apiversions.cluster|cluster", b"{}", buffered, 10)
     assert result.state is None and result.buffer == [] and result.next_timer_ms is None
     assert result.rows == [] and result.counts == {"unknown_route_keys": 1, "dropped_routes": 1}
@@ -346,7 +345,10 @@ def test_a_source_batch_sends_one_bundle_per_bucket_and_one_row_per_aggregate() 
     assert {b.newest_ms for b in routed.bundles.values()} == {max(f.ts_ns for f in frames) // NS_PER_MS}
     conns = [key for b in routed.bundles.values() for key in b.conns]
     assert sorted(conns) == sorted(conn_key(c) for c in {f.conn for f in frames})
-    assert sum(len(packed) for b in routed.bundles.values() for packed in b.conns.values()) == len(frames)
+    rows = [read_connection_row(packed) for b in routed.bundles.values() for packed in b.conns.values()]
+    assert sum(len(list(row.feed_order())) for row in rows) == len(frames)
+    # The exchanges no connection-scoped rule names whole travel by their headers only.
+    assert sum(len(row.exchanges) for row in rows) > 0
     route_keys = [key for b in routed.bundles.values() for key in b.routes]
     assert len(route_keys) == len(set(route_keys)) > 4
     aggs = payloads(routed.passed, "agg")
