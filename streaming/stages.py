@@ -30,7 +30,7 @@ this way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
@@ -204,7 +204,7 @@ def _keyed_entry(
     store: BucketStore,
     key: str,
     saved: tuple[Any, ...] | None,
-    arrived: list[list[Any]],
+    arrived: list[Sequence[Any]],
     watermark_ms: int,
 ) -> StepResult:
     """One entity key's call: its saved entry and the routed frames that ``arrived`` (packed entries).
@@ -284,7 +284,7 @@ def monitor_bucket(
     watermark = batch_watermark(config, watermark_ms, bundles)
     call = _Call(armed_ms)
     conns: dict[str, list[list[Any]]] = {}
-    routes: dict[str, list[list[Any]]] = {}
+    routes: dict[str, list[Sequence[Any]]] = {}
     for bundle in bundles:
         for key, packed in bundle.conns.items():
             conns.setdefault(key, []).append(packed)
