@@ -13,10 +13,10 @@ with ``sys.setprofile`` (``threading.setprofile`` for the hook's thread). No bro
   the group or the member id the exchanges were built with (``MARKERS``), found in it at any depth
   (bytes and text, containers, the attributes of the project's objects). A key or an id made from the
   frame carries it too.
-- A **hop** is a distinct (calling function, called function) pair, the two in different modules of
-  the project's packages (``PACKAGES``), where an argument other than the receiver, or the returned
-  (or yielded) value, carries the frame; a returned tuple is that many values. A function called many
-  times, or from a loop, is one hop.
+- A **hop** is a module of the project's packages (``PACKAGES``) calling another (``A -> B``) with the
+  frame: an argument other than the receiver, or the returned (or yielded) value, carries it; a
+  returned tuple is that many values. However many calls, of however many functions, cross from A to B,
+  that is one hop (the list names them).
 - A **back-and-forth** is a pair of modules with hops both ways: A hands the frame to B, and B hands
   it (or what it made of it) back to A, as a callback, a generator A lends B, or a call back.
 - A **shape** is the type of a value that carries the frame across a hop: its class (qualified name,
@@ -246,12 +246,12 @@ def job(records: list[bytes], state_dir: Path) -> list[BatchResult]:
 class Figures:
     """What one traced run measured."""
 
-    #: ``caller -> callee`` (module-qualified function names), in the order first crossed (the main
-    #: thread's, then the hook thread's).
-    hops: list[str] = field(default_factory=list)
+    #: ``A -> B`` (modules) -> the calls crossing it (``caller -> callee``, qualified names), in the
+    #: order first crossed (the main thread's, then the hook thread's).
+    hops: dict[str, list[str]] = field(default_factory=dict)
     #: ``A <-> B``: module pairs with hops both ways.
     back_and_forth: list[str] = field(default_factory=list)
-    #: Shape -> the first hop it crossed.
+    #: Shape -> the first call it crossed.
     shapes: dict[str, str] = field(default_factory=dict)
     #: The rules whose alerts reached the hook.
     rules: list[str] = field(default_factory=list)
@@ -349,8 +349,8 @@ class _Thread:
     """One thread's crossings, in order."""
 
     def __init__(self) -> None:
-        self.hops: dict[tuple[str, str], None] = {}
-        self.modules: dict[tuple[str, str], None] = {}
+        #: (caller module, callee module) -> the calls crossing it.
+        self.hops: dict[tuple[str, str], dict[str, None]] = {}
         self.shapes: dict[str, str] = {}
 
 
@@ -399,25 +399,23 @@ class _Tracer:
         thread = self.threads.get(threading.get_ident())
         if thread is None:
             thread = self.threads[threading.get_ident()] = _Thread()
-        hop = (f"{caller[0]}.{caller[1]}", f"{callee[0]}.{callee[1]}")
-        thread.hops.setdefault(hop, None)
-        thread.modules.setdefault((caller[0], callee[0]), None)
+        call = f"{caller[0]}.{caller[1]} -> {callee[0]}.{callee[1]}"
+        thread.hops.setdefault((caller[0], callee[0]), {}).setdefault(call, None)
         for shape in shapes:
-            thread.shapes.setdefault(shape, f"{hop[0]} -> {hop[1]}")
+            thread.shapes.setdefault(shape, call)
 
     def figures(self, main: int) -> Figures:
         ordered = sorted(self.threads.items(), key=lambda item: item[0] != main)
-        hops: dict[tuple[str, str], None] = {}
-        modules: dict[tuple[str, str], None] = {}
+        hops: dict[tuple[str, str], dict[str, None]] = {}
         shapes: dict[str, str] = {}
         for _, thread in ordered:
-            hops.update(thread.hops)
-            modules.update(thread.modules)
-            for shape, hop in thread.shapes.items():
-                shapes.setdefault(shape, hop)
-        both = sorted({(min(a, b), max(a, b)) for a, b in modules if (b, a) in modules})
+            for hop, calls in thread.hops.items():
+                hops.setdefault(hop, {}).update(calls)
+            for shape, call in thread.shapes.items():
+                shapes.setdefault(shape, call)
+        both = sorted({(min(a, b), max(a, b)) for a, b in hops if (b, a) in hops})
         return Figures(
-            hops=[f"{a} -> {b}" for a, b in hops],
+            hops={f"{a} -> {b}": list(calls) for (a, b), calls in hops.items()},
             back_and_forth=[f"{a} <-> {b}" for a, b in both],
             shapes=shapes,
         )
@@ -473,21 +471,38 @@ def render(figures: Figures) -> str:
         f"{len(figures.shapes)} shapes** (targets: at most {MAX_HOPS} hops, none back and forth, "
         f"at most {MAX_SHAPES} shapes).",
         "",
-        "<details><summary>The hops, in the order the frames first cross them</summary>",
+        "<details><summary>The hops, in the order the frames first cross them, each with the calls that "
+        "cross it</summary>",
         "",
-        *[f"{n}. `{hop}`" for n, hop in enumerate(figures.hops, 1)],
+        *[
+            f"{n}. `{hop}`: " + ", ".join(f"`{_short(call)}`" for call in calls)
+            for n, (hop, calls) in enumerate(figures.hops.items(), 1)
+        ],
         "",
         "</details>",
         "",
         "Back and forth: " + (", ".join(f"`{pair}`" for pair in figures.back_and_forth) or "none") + ".",
         "",
-        "| shape | first crosses |",
+        "| shape | first crosses with |",
         "|---|---|",
         *[f"| `{shape}` | `{hop}` |" for shape, hop in figures.shapes.items()],
         "",
         END,
     ]
     return "\n".join(lines)
+
+
+def _short(call: str) -> str:
+    """``a.b.f -> c.d.g`` as ``f -> g``: the hop it belongs to names the modules."""
+    caller, callee = call.split(" -> ")
+    return f"{_function(caller)} -> {_function(callee)}"
+
+
+def _function(name: str) -> str:
+    module = name
+    while module not in sys.modules and "." in module:
+        module = module.rsplit(".", 1)[0]
+    return name[len(module) + 1 :]
 
 
 def documented(text: str) -> str:
