@@ -62,6 +62,7 @@ from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.paths import StreamPaths
 from streaming.sink import BatchResult, BatchSink
 from streaming.stages import LocalStages
+from tap import native_core as tap_native
 from tap.flush import FlushLimits
 from tap.mirror import MemoryMirror
 from tap.proxy import ListenerSpec, Tap, TapSettings
@@ -421,12 +422,18 @@ class _Tracer:
         )
 
 
+def _reference_cores() -> bool:
+    """Whether this process runs the plain-Python cores: the codec's and the checks' (not their mypyc
+    build) and the tap's reference core (``tap.core.PyTapCore``, not ``kpmon_tapcore.TapCore``)."""
+    return not native.status()[0] and not hasattr(tap_native.status()[0], "TapCore")
+
+
 @functools.cache
 def measure() -> Figures:
-    """The figures, counted on the plain-Python cores: compiled code (the mypyc build of the cores)
-    runs the same source but hides its calls from the profiler. Traced in this process when it runs
-    them, else in a fresh interpreter with ``KPMON_NATIVE=0``."""
-    if not native.status()[0]:
+    """The figures, counted on the plain-Python cores: compiled code (the mypyc build of the cores, the
+    native tap core) hides its calls from the profiler. Traced in this process when it runs them, else
+    in a fresh interpreter with ``KPMON_NATIVE=0``."""
+    if _reference_cores():
         return measure_here()
     env = {**os.environ, ENV: "0"}
     root = Path(__file__).resolve().parents[1]
