@@ -1,5 +1,10 @@
 """Prometheus metrics for the tap.
 
+Per-frame counts (frames, bytes, response errors, lone frames, truncations, latencies) are kept by
+each connection's core (``tap.core``) as plain integers and read here at scrape time
+(``CoreCollector``): the live connections' ``counters()`` plus the totals of those that closed. Nothing
+on the per-frame path calls into prometheus_client.
+
 Traffic series are labelled by API name (``api``, ``codec.protocol.ApiKey``: ``PRODUCE``, ``FETCH``...),
 the broker the listener forwards to (``broker_id``) and its ``listener`` name, as Kroxylicious and Envoy
 label theirs. Every label value comes from a bounded set: API names of the schema table (anything else
@@ -9,31 +14,16 @@ listeners add at most ``max_dynamic_listeners``), fixed directions, reasons and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from codec.protocol import ApiKey
 from tap import native_core
-
-#: 2 ms is the issue's budget for latency the tap adds (docs/tap.md "Measured"): a bucket edge there
-#: lets the histogram say on which side a tap's own time falls.
-_LATENCY_BUCKETS = (
-    0.00001,
-    0.00005,
-    0.0001,
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.05,
-    0.1,
-    0.5,
-    1.0,
-    5.0,
-    30.0,
-)
+from tap.core import LATENCY_BUCKETS, LATENCY_BUCKETS_NS, CoreCounters
 
 #: Why the tap closes a connection (``kpmon_tap_closed_connections_total{reason}``).
 CLOSE_REASONS = ("broker_unreachable", "bad_request_frame", "bad_response_frame", "no_broker_identity")
@@ -61,21 +51,6 @@ class TapMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         where = list(LISTENER_LABELS)
-        self.frames = Counter(
-            "kpmon_tap_frames", "Frames forwarded", ["dir", "api", "api_version", *where], registry=r
-        )
-        self.bytes = Counter(
-            "kpmon_tap_bytes",
-            "Frame bytes forwarded (incl. size prefix)",
-            ["dir", "api", "api_version", *where],
-            registry=r,
-        )
-        self.errors = Counter(
-            "kpmon_tap_response_errors",
-            "Non-zero response error codes",
-            ["api", "error_code", *where],
-            registry=r,
-        )
         self.connections = Gauge("kpmon_tap_active_connections", "Open client connections", where, registry=r)
         self.connections_total = Counter(
             "kpmon_tap_connections", "Accepted client connections", where, registry=r
@@ -111,29 +86,6 @@ class TapMetrics:
             ["result"],
             registry=r,
         )
-        self.lone_frames = Counter(
-            "kpmon_tap_lone_frames",
-            "Frames mirrored as a record of their own instead of in a request/response exchange, by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.truncated = Counter(
-            "kpmon_tap_mirror_truncated", "Frames mirrored truncated to their header", registry=r
-        )
-        self.tap_latency = Histogram(
-            "kpmon_tap_inside_seconds",
-            "Time a frame's bytes spend inside the tap before being written on",
-            ["api", *where],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.broker_latency = Histogram(
-            "kpmon_tap_broker_seconds",
-            "Request forwarded to response received",
-            ["api", *where],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
         self.core = Gauge(
             "kpmon_tap_core_info",
             "Tap processes running each core: native (kpmon_tapcore) or python (the reference)",
@@ -142,6 +94,7 @@ class TapMetrics:
         )
         self.core.labels(native_core.core_name()).set(1)
         self._listeners: dict[tuple[str, str], ListenerMetrics] = {}
+        r.register(CoreCollector(self))
 
     def set_depth_source(self, fn: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(fn()))
@@ -158,9 +111,67 @@ class TapMetrics:
         start_http_server(port, addr=addr, registry=self.registry)
 
 
+class CounterSource(Protocol):
+    """What a live connection's counts are read from (a ``tap.core.TapCore``)."""
+
+    def counters(self) -> CoreCounters: ...
+
+
+class Totals:
+    """Per-frame counts summed over cores (``CoreCounters`` as mutable plain data)."""
+
+    __slots__ = ("errors", "frames", "latency", "lone", "truncated")
+
+    def __init__(self) -> None:
+        self.frames: dict[tuple[str, int | None, int | None], list[int]] = {}
+        self.errors: dict[tuple[int, int], int] = {}
+        self.lone: dict[str, int] = {}
+        self.truncated = 0
+        #: (api_key, broker) -> per-bucket counts (the last one +Inf), then the sum in ns.
+        self.latency: dict[tuple[int, bool], list[int]] = {}
+
+    def add(self, c: CoreCounters) -> None:
+        for key, (n, nbytes) in c.frames.items():
+            found = self.frames.setdefault(key, [0, 0])
+            found[0] += n
+            found[1] += nbytes
+        for ekey, n in c.errors.items():
+            self.errors[ekey] = self.errors.get(ekey, 0) + n
+        for reason, n in c.lone.items():
+            self.lone[reason] = self.lone.get(reason, 0) + n
+        self.truncated += c.truncated
+        for lkey, (buckets, total_ns) in c.latency.items():
+            into = self.latency.setdefault(lkey, [0] * (len(LATENCY_BUCKETS_NS) + 2))
+            for i, n in enumerate(buckets):
+                into[i] += n
+            into[-1] += total_ns
+
+    def merge(self, other: Totals) -> None:
+        for key, (n, nbytes) in other.frames.items():
+            found = self.frames.setdefault(key, [0, 0])
+            found[0] += n
+            found[1] += nbytes
+        for ekey, n in other.errors.items():
+            self.errors[ekey] = self.errors.get(ekey, 0) + n
+        for reason, n in other.lone.items():
+            self.lone[reason] = self.lone.get(reason, 0) + n
+        self.truncated += other.truncated
+        for lkey, values in other.latency.items():
+            into = self.latency.setdefault(lkey, [0] * len(values))
+            for i, n in enumerate(values):
+                into[i] += n
+
+
+def _bucket(ns: int) -> int:
+    for i, bound in enumerate(LATENCY_BUCKETS_NS):
+        if ns <= bound:
+            return i
+    return len(LATENCY_BUCKETS_NS)
+
+
 class ListenerMetrics:
-    """One listener's view of :class:`TapMetrics`: its labels bound, and label children cached (the hot
-    path does a dict lookup per frame, not a ``labels()`` call)."""
+    """One listener's view of :class:`TapMetrics`: its labels bound, the cores of its live
+    connections (``attach``) and the per-frame totals of those that closed (``retire``)."""
 
     def __init__(self, metrics: TapMetrics, broker_id: str, listener: str) -> None:
         self.metrics = metrics
@@ -174,32 +185,42 @@ class ListenerMetrics:
         self._closed = {
             reason: metrics.bad_connections.labels(reason, *self.where) for reason in CLOSE_REASONS
         }
-        self._frame_children: dict[tuple[str, int | None, int | None], tuple[Counter, Counter]] = {}
-        self._latency_children: dict[tuple[int | None, bool], Histogram] = {}
+        self._live: dict[bytes, CounterSource] = {}
+        self.retired = Totals()
 
+    def attach(self, key: bytes, core: CounterSource) -> None:
+        """Count ``core``'s frames from now on (read at scrape time)."""
+        self._live[key] = core
+
+    def retire(self, key: bytes) -> None:
+        """The connection closed: its counts join the listener's totals."""
+        core = self._live.pop(key, None)
+        if core is not None:
+            self.retired.add(core.counters())
+
+    def totals(self) -> Totals:
+        """The retired totals plus every live core's counts, now."""
+        out = Totals()
+        out.merge(self.retired)
+        for core in list(self._live.values()):
+            out.add(core.counters())
+        return out
+
+    # Counts that did not go through a core (tools and tests that feed the series directly).
     def frame(self, direction: str, api_key: int | None, api_version: int | None, nbytes: int) -> None:
-        key = (direction, api_key, api_version)
-        children = self._frame_children.get(key)
-        if children is None:
-            labels = (direction, api_label(api_key), version_label(api_version), *self.where)
-            children = (self.metrics.frames.labels(*labels), self.metrics.bytes.labels(*labels))
-            self._frame_children[key] = children
-        children[0].inc()
-        children[1].inc(nbytes)
+        found = self.retired.frames.setdefault((direction, api_key, api_version), [0, 0])
+        found[0] += 1
+        found[1] += nbytes
 
-    def latency(self, api_key: int | None, broker: bool, seconds: float) -> None:
-        key = (api_key, broker)
-        child = self._latency_children.get(key)
-        if child is None:
-            hist = self.metrics.broker_latency if broker else self.metrics.tap_latency
-            child = hist.labels(api_label(api_key), *self.where)
-            self._latency_children[key] = child
-        child.observe(seconds)
+    def latency(self, api_key: int, broker: bool, seconds: float) -> None:
+        ns = round(seconds * 1e9)
+        into = self.retired.latency.setdefault((api_key, broker), [0] * (len(LATENCY_BUCKETS_NS) + 2))
+        into[_bucket(ns)] += 1
+        into[-1] += ns
 
     def response_error(self, api_key: int, code: int) -> None:
-        # Error codes are Kafka's small, fixed set; clamp anything else.
-        label = str(code) if -1 <= code < 256 else "other"
-        self.metrics.errors.labels(api_label(api_key), label, *self.where).inc()
+        key = (api_key, code)
+        self.retired.errors[key] = self.retired.errors.get(key, 0) + 1
 
     def blind(self, side: str) -> None:
         self.metrics.blind_connections.labels(side, *self.where).inc()
@@ -207,3 +228,80 @@ class ListenerMetrics:
     def closed(self, reason: str) -> None:
         child = self._closed.get(reason)
         (child or self.metrics.bad_connections.labels(reason, *self.where)).inc()
+
+
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+
+class CoreCollector:
+    """The per-frame series, from the listeners' totals at scrape time."""
+
+    def __init__(self, metrics: TapMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        where = list(LISTENER_LABELS)
+        frames = CounterMetricFamily(
+            "kpmon_tap_frames", "Frames forwarded", labels=["dir", "api", "api_version", *where]
+        )
+        nbytes = CounterMetricFamily(
+            "kpmon_tap_bytes",
+            "Frame bytes forwarded (incl. size prefix)",
+            labels=["dir", "api", "api_version", *where],
+        )
+        errors = CounterMetricFamily(
+            "kpmon_tap_response_errors", "Non-zero response error codes", labels=["api", "error_code", *where]
+        )
+        inside = HistogramMetricFamily(
+            "kpmon_tap_inside_seconds",
+            "Time a frame's bytes spend inside the tap before being written on",
+            labels=["api", *where],
+        )
+        broker = HistogramMetricFamily(
+            "kpmon_tap_broker_seconds", "Request forwarded to response received", labels=["api", *where]
+        )
+        lone: dict[str, int] = {}
+        truncated = 0
+        for listener in list(self.metrics._listeners.values()):
+            t = listener.totals()
+            w = listener.where
+            traffic: dict[tuple[str, ...], list[int]] = {}
+            for (direction, api, version), (n, size) in t.frames.items():
+                sums = traffic.setdefault((direction, api_label(api), version_label(version)), [0, 0])
+                sums[0] += n
+                sums[1] += size
+            for labels, (n, size) in traffic.items():
+                frames.add_metric([*labels, *w], n)
+                nbytes.add_metric([*labels, *w], size)
+            codes: dict[tuple[str, str], int] = {}
+            for (api, code), n in t.errors.items():
+                # Error codes are Kafka's small, fixed set; clamp anything else.
+                elabels = (api_label(api), str(code) if -1 <= code < 256 else "other")
+                codes[elabels] = codes.get(elabels, 0) + n
+            for elabels, n in codes.items():
+                errors.add_metric([*elabels, *w], n)
+            hists: dict[tuple[str, bool], list[int]] = {}
+            for (api, is_broker), values in t.latency.items():
+                into = hists.setdefault((api_label(api), is_broker), [0] * len(values))
+                for i, n in enumerate(values):
+                    into[i] += n
+            for (label, is_broker), values in hists.items():
+                cumulative, running = [], 0
+                for le, n in zip(_LE, values[:-1], strict=True):
+                    running += n
+                    cumulative.append((le, float(running)))
+                (broker if is_broker else inside).add_metric([label, *w], cumulative, values[-1] / 1e9)
+            for reason, n in t.lone.items():
+                lone[reason] = lone.get(reason, 0) + n
+            truncated += t.truncated
+        lone_family = CounterMetricFamily(
+            "kpmon_tap_lone_frames",
+            "Frames mirrored as a record of their own instead of in a request/response exchange, by reason",
+            labels=["reason"],
+        )
+        for reason, n in lone.items():
+            lone_family.add_metric([reason], n)
+        yield from (frames, nbytes, errors, inside, broker, lone_family)
+        yield CounterMetricFamily(
+            "kpmon_tap_mirror_truncated", "Frames mirrored truncated to their header", value=truncated
+        )

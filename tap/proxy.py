@@ -1,7 +1,7 @@
 """The asyncio adapter: one listening port per broker, bytes forwarded unchanged both ways.
 
 Uses the Protocol/Transport API (no StreamReader): every chunk is written on to the other side
-before anything else happens to it, then the sans-I/O splitter notes frame boundaries. Mirroring
+before anything else happens to it, then the connection's sans-I/O core (tap/core.py) frames it. Mirroring
 only ever *offers* a record to a bounded sink, so a slow or dead tap-topic cluster cannot slow
 the traffic. Backpressure is end to end: when one side's write buffer passes its high-water mark,
 the other side stops reading until it drains.
@@ -24,26 +24,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import codec
 from codec import taprecord
-from codec.protocol import ApiKey
 from codec.taprecord import Header
-from tap.capture import FrameInfo, Policy, capture, header_end, request_is_sensitive_envelope
-from tap.flush import FlushBuffer, FlushLimits
-from tap.framing import (
-    DEFAULT_MAX_FRAME,
-    Correlations,
-    FrameError,
-    FrameSplitter,
-    HeldBudget,
-    HoldLimits,
-    Pending,
-    SaslState,
-    Unpaired,
-    WireFrame,
-    expects_response,
-    starts_with_tls,
-)
+from tap.capture import Policy
+from tap.core import CoreSettings, TapCore, capture_slow, new_budget, new_core
+from tap.flush import FlushLimits
+from tap.framing import DEFAULT_MAX_FRAME, FrameError, HoldLimits, starts_with_tls
 from tap.listeners import (
     DynamicListeners,
     ListenerSpec,
@@ -58,27 +44,9 @@ from tap.rewrite import ENDPOINT_APIS, ENDPOINT_MAX_HELD, held_apis, rewrite_res
 
 log = logging.getLogger("kpmon.tap")
 
-# Plain ints for the per-frame comparisons: an IntEnum member lookup costs ~100 ns each on this path.
-_ENVELOPE, _SASL_HANDSHAKE, _PRODUCE = int(ApiKey.ENVELOPE), int(ApiKey.SASL_HANDSHAKE), int(ApiKey.PRODUCE)
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 #: Rewritten responses are held whole; anything bigger than this is forwarded untouched.
 _MAX_HELD = 16 * 1024 * 1024
-
-#: APIs whose response error code sits at a fixed offset after the response header, from a version
-#: on: (first version, offset into the body). Cheap to read on the hot path; others are skipped.
-_ERROR_OFFSETS: dict[int, tuple[int, int]] = {
-    ApiKey.SASL_HANDSHAKE: (0, 0),
-    ApiKey.API_VERSIONS: (0, 0),
-    ApiKey.SASL_AUTHENTICATE: (0, 0),
-    ApiKey.INIT_PRODUCER_ID: (0, 4),  # ThrottleTimeMs, ErrorCode
-    ApiKey.JOIN_GROUP: (2, 4),
-    ApiKey.HEARTBEAT: (1, 4),
-    ApiKey.LEAVE_GROUP: (1, 4),
-    ApiKey.SYNC_GROUP: (1, 4),
-    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
-    ApiKey.END_TXN: (0, 4),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +77,17 @@ class TapSettings:
     max_held_bytes: int = 256 * 1024 * 1024
     #: When a connection's gathered entries are written as one tap record (schema 3).
     flush: FlushLimits = field(default_factory=FlushLimits)
+
+    def core(self) -> CoreSettings:
+        """What each connection's core (``tap.core``) needs of these settings."""
+        return CoreSettings(
+            self.capture,
+            self.mirror,
+            self.max_mirrored_frame_bytes,
+            self.max_frame_bytes,
+            self.hold_limits,
+            self.flush,
+        )
 
 
 def _tls_info(transport: asyncio.BaseTransport) -> dict[str, object] | None:
@@ -170,19 +149,14 @@ class TapConnection:
         self.conn_id = conn_id
         self.key = conn_id.encode()
         settings = tap.settings
-        retain = settings.max_mirrored_frame_bytes + 1 if settings.capture != "meta" else 65_536
-        if not settings.mirror:
-            retain = 65_536
-        self.req_split = FrameSplitter(retain, settings.max_frame_bytes)
-        self.resp_split = FrameSplitter(retain, settings.max_frame_bytes)
-        self.correlations = Correlations(settings.hold_limits, tap.held)
-        self.sasl = SaslState()
-        self.seq = 0
+        self.mirror = settings.mirror
+        #: The connection's framing, pairing, capture and record gathering (made in ``client_made``,
+        #: when the connection's metadata is known).
+        self.core: TapCore
         #: This connection's entries the tap lost so far (its sink refused their record, or its
         #: delivery failed), stamped on every record it writes after them.
         self.records_lost = 0
-        #: Entries gathered for the connection's next record, and the timer of its age bound.
-        self.flush = FlushBuffer(settings.flush)
+        #: The timer of the age bound of the entries gathered for the connection's next record.
         self._flush_timer: asyncio.TimerHandle | None = None
         #: The tap's incarnation when it opened this connection (its id carries it): a later one is
         #: stamped on the records it writes (``TapFrame.loss_ns``).
@@ -201,11 +175,7 @@ class TapConnection:
         #: The side that sent TLS the tap cannot read (``client`` or ``broker``): from then on the
         #: connection is relayed as opaque bytes, unframed.
         self.blind: str | None = None
-        #: The tap clock when the chunk being read arrived: the time its frames are mirrored with.
-        self.arrived_ns = 0
         self.client_addr = "?"
-        self.client_name: bytes = b""
-        self._static = b""
         # Response rewriting (opt-in): frames of these APIs are held whole, rewritten, re-framed.
         self.hold_apis = held_apis(settings.rewrite_broker_addresses, settings.clamp_api_versions)
         self._resolve = (
@@ -230,7 +200,7 @@ class TapConnection:
             except OSError:
                 pass
         spec = self.spec
-        self._static = taprecord.pack_static(
+        static = taprecord.pack_static(
             taprecord.Connection(
                 self.conn_id,
                 self.client_addr,
@@ -241,6 +211,8 @@ class TapConnection:
                 self.tap.settings.capture,
             )
         )
+        self.core = new_core(self.tap.core_settings, static, self.tap.held)
+        self.metrics.attach(self.key, self.core)
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
         self.tap.connections[self.key] = self
@@ -335,16 +307,17 @@ class TapConnection:
         self.metrics.connections.dec()
         self.tap.connections.pop(self.key, None)
         # Requests still waiting for their responses go out alone, before the close record.
-        self._write_unpaired(self.correlations.drain())
-        info: dict[str, object] = {"reason": self.close_reason, "frames": self.seq}
+        self.core.drain(time.monotonic_ns())
+        info: dict[str, object] = {"reason": self.close_reason, "frames": self.core.seq}
         if self.close_error:
             info["error"] = self.close_reason
         if self.blind is not None:
             info["blind"] = self.blind
-        elif self.req_split.mid_frame or self.resp_split.mid_frame:
+        elif self.core.mid_frame:
             info["mid_frame"] = True
         self._mirror_lifecycle(taprecord.CLOSE, info)
         self._flush_now()
+        self.metrics.retire(self.key)
         self.tap.log_event("close", conn=self.conn_id, **info)
 
     def _abort(self, reason: str, label: str) -> None:
@@ -387,6 +360,17 @@ class TapConnection:
         self.metrics.blind(side)
         self._mirror_lifecycle(taprecord.BLIND, {"side": side})
 
+    @property
+    def seq(self) -> int:
+        """Entries numbered so far on this connection."""
+        return self.core.seq
+
+    @property
+    def client_name(self) -> bytes:
+        return self.core.client_name
+
+    # The per-chunk path: stamp, forward, feed the core, offer what is due. It makes no Python call
+    # of its own unless a frame is slow, a record is due or the flush timer must be armed.
     def client_data(self, data: bytes) -> None:
         if not self.client_started:
             self.client_started = True
@@ -398,23 +382,29 @@ class TapConnection:
             else:
                 self.broker_t.write(data)
             return
-        t0 = time.perf_counter_ns()
         # Frames are stamped with when their bytes reached the tap, before they are forwarded: the
         # answer a client then sends through another worker is always stamped later.
-        self.arrived_ns = time.time_ns()
-        try:
-            frames = self.req_split.feed(data)
-        except FrameError as exc:
-            self._abort(f"client sent garbage: {exc}", "bad_request_frame")
-            return
+        wall = time.time_ns()
+        t0 = time.monotonic_ns()
         if self.broker_t is None:
             self.pending.append(data)
         else:
             self.broker_t.write(data)
-        if frames:
-            inside = (time.perf_counter_ns() - t0) / 1e9
-            for frame in frames:
-                self._on_request(frame, inside)
+        mono = time.monotonic_ns()
+        core = self.core
+        try:
+            core.feed(True, data, wall, mono, mono - t0)
+        except FrameError as exc:
+            self._abort(f"client sent garbage: {exc}", "bad_request_frame")
+            return
+        if core.slow() is not None:
+            self._resolve_slow(True, wall, mono, mono - t0)
+        since = self.tap.incarnation_ns
+        record = core.take_record(self.records_lost, since if since > self.incarnation_ns else 0)
+        if record is not None:
+            self._offer(record)
+        if self._flush_timer is None and self.mirror and not self.closed:
+            self._arm_due(mono)
 
     def broker_data(self, data: bytes) -> None:
         if not self.broker_started:
@@ -425,22 +415,36 @@ class TapConnection:
             assert self.client_t is not None
             self.client_t.write(data)
             return
-        t0 = time.perf_counter_ns()
-        self.arrived_ns = time.time_ns()
-        try:
-            frames = self.resp_split.feed(data)
-        except FrameError as exc:
-            self._abort(f"broker sent garbage: {exc}", "bad_response_frame")
-            return
+        wall = time.time_ns()
+        t0 = time.monotonic_ns()
         assert self.client_t is not None
         if self.hold_apis:
             self._forward_responses(data)
         else:
             self.client_t.write(data)
-        if frames:
-            inside = (time.perf_counter_ns() - t0) / 1e9
-            for frame in frames:
-                self._on_response(frame, inside)
+        mono = time.monotonic_ns()
+        core = self.core
+        try:
+            core.feed(False, data, wall, mono, mono - t0)
+        except FrameError as exc:
+            self._abort(f"broker sent garbage: {exc}", "bad_response_frame")
+            return
+        if core.slow() is not None:
+            self._resolve_slow(False, wall, mono, mono - t0)
+        since = self.tap.incarnation_ns
+        record = core.take_record(self.records_lost, since if since > self.incarnation_ns else 0)
+        if record is not None:
+            self._offer(record)
+        if self._flush_timer is None and self.mirror and not self.closed:
+            self._arm_due(mono)
+
+    def _resolve_slow(self, from_client: bool, wall: int, mono: int, inside: int) -> None:
+        """Capture in Python the frames the core stops at (redaction, SASL handshakes, Envelopes)."""
+        core = self.core
+        settings = self.tap.core_settings
+        while (frame := core.slow()) is not None:
+            core.resolve(*capture_slow(frame, settings))
+            core.feed(from_client, b"", wall, mono, inside)
 
     def _forward_responses(self, data: bytes) -> None:
         """Stream responses through, except frames of ``hold_apis``: those are held and rewritten."""
@@ -473,13 +477,11 @@ class TapConnection:
                 break
             size = _INT32.unpack_from(self._rbuf, 0)[0]
             if size < 4 or len(self._rbuf) == 8:
-                pending = self.correlations.peek(_INT32.unpack_from(self._rbuf, 4)[0]) if size >= 4 else None
+                pending = self.core.pending(_INT32.unpack_from(self._rbuf, 4)[0]) if size >= 4 else None
                 limit = (
-                    ENDPOINT_MAX_HELD
-                    if pending is not None and pending.api_key in ENDPOINT_APIS
-                    else _MAX_HELD
+                    ENDPOINT_MAX_HELD if pending is not None and pending[0] in ENDPOINT_APIS else _MAX_HELD
                 )
-                if pending is not None and pending.api_key in self.hold_apis and size <= limit:
+                if pending is not None and pending[0] in self.hold_apis and size <= limit:
                     self._rhold = 4 + size
                 else:
                     out.write(bytes(self._rbuf))
@@ -487,13 +489,13 @@ class TapConnection:
                     self._rbuf.clear()
 
     def _rewrite(self, framed: bytes) -> bytes:
-        pending = self.correlations.peek(_INT32.unpack_from(framed, 4)[0])
+        pending = self.core.pending(_INT32.unpack_from(framed, 4)[0])
         if pending is None:
             return framed
         new = rewrite_response(
             framed[4:],
-            pending.api_key,
-            pending.api_version,
+            pending[0],
+            pending[1],
             self.tap.addresses,
             self.tap.settings.clamp_api_versions,
             self._resolve,
@@ -503,161 +505,37 @@ class TapConnection:
         self.tap.metrics.rewritten.inc()
         return _INT32.pack(len(new)) + new
 
-    def _on_request(self, frame: WireFrame, inside: float) -> None:
-        metrics = self.metrics
-        if self.sasl.client_frame_is_token():
-            metrics.frame("req", None, None, frame.size + 4)
-            self._write_lone(
-                self._part(taprecord.REQ, frame, None, None, None, sasl_token=True), taprecord.SASL_TOKEN
-            )
-            return
-        try:
-            peek = codec.peek.peek_request_header(frame.head)
-        except codec.DecodeError:
-            # Not a Kafka request; the broker will judge it. Mirror it so checks can see it.
-            metrics.frame("req", None, None, frame.size + 4)
-            self._write_lone(self._part(taprecord.REQ, frame, None, None, None), "not_a_request")
-            return
-        api_key, api_version = peek.api_key, peek.api_version
-        metrics.frame("req", api_key, api_version, frame.size + 4)
-        metrics.latency(api_key, False, inside)
-        if peek.client_id is not None and not self.client_name:
-            self.client_name = peek.client_id.encode("utf-8", "replace")
-        sensitive = False
-        if api_key == _SASL_HANDSHAKE and api_version == 0:
-            mechanism: str | None = None
-            try:
-                mechanism = codec.decode_request(frame.head).body.get("Mechanism")
-            except Exception:
-                mechanism = None
-            self.sasl.on_handshake_v0(mechanism)
-        elif api_key == _ENVELOPE:
-            sensitive = not frame.complete or request_is_sensitive_envelope(frame.head)
-        part = self._part(taprecord.REQ, frame, api_key, api_version, peek.correlation_id)
-        if api_key == _PRODUCE and not expects_response(frame.head, api_key, api_version):
-            # acks=0: the broker never answers, so the request is a record of its own at once.
-            self._write_lone(part, "no_response")
-            return
-        now = time.monotonic_ns()
-        pending = Pending(api_key, api_version, now, sensitive, part)
-        self._write_unpaired(self.correlations.add(peek.correlation_id, pending))
-        self._write_unpaired(self.correlations.expire(now))
-
-    def _on_response(self, frame: WireFrame, inside: float) -> None:
-        metrics = self.metrics
-        if self.sasl.server_frame_is_token():
-            metrics.frame("resp", None, None, frame.size + 4)
-            self._write_lone(
-                self._part(taprecord.RESP, frame, None, None, None, sasl_token=True), taprecord.SASL_TOKEN
-            )
-            return
-        corr: int | None = None
-        pending: Pending | None = None
-        held: taprecord.Part | None = None
-        if len(frame.head) >= 4:
-            corr = codec.peek.peek_correlation_id(frame.head)
-            pending, orphans = self.correlations.match(corr)
-            self._write_unpaired(orphans)
-            if pending is not None:
-                held = pending.held
-        if pending is None:
-            metrics.frame("resp", None, None, frame.size + 4)
-            self._write_lone(self._part(taprecord.RESP, frame, None, None, corr), "unknown_request")
-            return
-        api_key, api_version = pending.api_key, pending.api_version
-        metrics.frame("resp", api_key, api_version, frame.size + 4)
-        metrics.latency(api_key, False, inside)
-        metrics.latency(api_key, True, (time.monotonic_ns() - pending.forwarded_ns) / 1e9)
-        spot = _ERROR_OFFSETS.get(api_key)
-        error_code: int | None = None
-        if spot is not None and api_version >= spot[0]:
-            try:
-                pos = header_end(frame.head, FrameInfo("resp", frame.size, api_key, api_version)) + spot[1]
-                if pos + 2 <= len(frame.head):
-                    error_code = _INT16.unpack_from(frame.head, pos)[0]
-            except codec.DecodeError:
-                error_code = None
-            if error_code:
-                metrics.response_error(api_key, error_code)
-        if api_key == _SASL_HANDSHAKE:
-            self.sasl.on_handshake_response(error_code)
-        part = self._part(taprecord.RESP, frame, api_key, api_version, corr, sensitive=pending.sensitive)
-        if held is None or part is None:
-            # Its request already went out alone (a bound was hit): the response follows it alone.
-            self._write_lone(part, "request_written")
-        elif len(held.value or b"") + len(part.value or b"") > self.tap.settings.max_mirrored_frame_bytes:
-            # Each frame fits a tap record; the two together might not.
-            self._write_lone(held, "exchange_too_large")
-            self._write_lone(part, "exchange_too_large")
-        else:
-            self._write(taprecord.EXCHANGE, (held, part))
-
     # --- mirroring -------------------------------------------------------------------------
-    def _part(
-        self,
-        direction: str,
-        frame: WireFrame,
-        api_key: int | None,
-        api_version: int | None,
-        corr: int | None,
-        sasl_token: bool = False,
-        sensitive: bool = False,
-    ) -> taprecord.Part | None:
-        """The frame as it will be mirrored (None when mirroring is off): captured by the policy,
-        redacted, stamped with the tap's clock."""
-        tap = self.tap
-        if not tap.settings.mirror:
-            return None
-        info = FrameInfo(
-            "req" if direction == "req" else "resp", frame.size, api_key, api_version, sasl_token, sensitive
-        )
-        cap = capture(frame.head, info, tap.settings.capture, tap.settings.max_mirrored_frame_bytes)
-        if Header.TRUNCATED in cap.flags:
-            tap.metrics.truncated.inc()
-        return taprecord.Part(
-            direction, self.arrived_ns, api_key, api_version, corr, cap.value, cap.redacted, cap.flags
-        )
-
-    def _write_lone(self, part: taprecord.Part | None, reason: str) -> None:
-        """A frame that is a record of its own (no partner to wait for, or none will come); None when
-        mirroring is off."""
-        if part is None:
-            self.seq += 1
-            return
-        self.tap.metrics.lone_frames.labels(reason).inc()
-        self._write(part.direction, (part,))
-
     def expire_held(self, now_ns: int) -> None:
         """Write alone the requests held past the age bound (``Tap``'s sweep, for quiet connections)."""
-        self._write_unpaired(self.correlations.expire(now_ns))
+        self.core.expire(now_ns)
+        self._take_due(now_ns)
 
-    def _write_unpaired(self, unpaired: list[Unpaired]) -> None:
-        for item in unpaired:
-            self._write_lone(item.held, item.reason)
-
-    def _write(self, kind: str, parts: tuple[taprecord.Part | None, ...]) -> None:
-        self.seq += 1  # assigned even when the record is dropped, so drops leave a gap
-        if not self.tap.settings.mirror:
-            return
-        kept = tuple(p for p in parts if p is not None)
-        now = time.monotonic_ns()
-        self._offer(self.flush.add(kind, self.seq, kept, now))
-        if self._flush_timer is None and not self.closed:
-            due = self.flush.due_ns
-            if due is not None:
-                self._arm_flush(due - now)
-
-    def _offer(self, batches: list[list[taprecord.Entry]]) -> None:
+    def _loss_ns(self) -> int:
         since = self.tap.incarnation_ns
-        loss_ns = since if since > self.incarnation_ns else 0
-        for entries in batches:
-            value = taprecord.pack_flush(self._static, entries, self.records_lost, loss_ns)
+        return since if since > self.incarnation_ns else 0
+
+    def _offer(self, record: tuple[bytes, int] | None) -> None:
+        """Offer ``record`` and every other one due to the sink; a refused one loses its entries."""
+        while record is not None:
+            value, entries = record
             if not self.tap.offer(MirrorRecord(self.key, value)):
-                self.records_lost += len(entries)
+                self.records_lost += entries
+            record = self.core.take_record(self.records_lost, self._loss_ns())
+
+    def _take_due(self, now_ns: int) -> None:
+        self._offer(self.core.take_record(self.records_lost, self._loss_ns()))
+        if self._flush_timer is None and self.mirror and not self.closed:
+            self._arm_due(now_ns)
+
+    def _arm_due(self, now_ns: int) -> None:
+        due = self.core.due_ns()
+        if due is not None:
+            self._arm_flush(due - now_ns)
 
     def _flush_due(self) -> None:
         self._flush_timer = None
-        due = self.flush.due_ns
+        due = self.core.due_ns()
         if due is None:
             return
         wait = due - time.monotonic_ns()
@@ -665,7 +543,7 @@ class TapConnection:
             # Records went out since the timer was armed: wait for the oldest entry gathered after them.
             self._arm_flush(wait)
             return
-        self._offer([self.flush.take()])
+        self._offer(self.core.flush(self.records_lost, self._loss_ns()))
 
     def _arm_flush(self, wait_ns: int) -> None:
         self._flush_timer = asyncio.get_running_loop().call_later(max(wait_ns, 0) / 1e9, self._flush_due)
@@ -675,19 +553,18 @@ class TapConnection:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        entries = self.flush.take()
-        if entries:
-            self._offer([entries])
+        self._offer(self.core.take_record(self.records_lost, self._loss_ns()))
+        self._offer(self.core.flush(self.records_lost, self._loss_ns()))
 
     def _mirror_lifecycle(self, direction: str, info: dict[str, object]) -> None:
-        if not self.tap.settings.mirror:
-            self.seq += 1
-            return
-        flags = {Header.ERROR: str(info["error"])} if info.get("error") else {}
-        value = json.dumps({"client": self.client_addr, "broker": self.spec.broker, **info}).encode()
-        self._write(
-            direction, (taprecord.Part(direction, time.time_ns(), None, None, None, value, (), flags),)
-        )
+        part: taprecord.Part | None = None
+        if self.mirror:
+            flags = {Header.ERROR: str(info["error"])} if info.get("error") else {}
+            value = json.dumps({"client": self.client_addr, "broker": self.spec.broker, **info}).encode()
+            part = taprecord.Part(direction, time.time_ns(), None, None, None, value, (), flags)
+        now = time.monotonic_ns()
+        self.core.lifecycle(direction, part, now)
+        self._take_due(now)
 
 
 class Tap:
@@ -712,7 +589,8 @@ class Tap:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sink.watch_failures(self._delivery_failed)
         #: Bytes of requests held for their exchange records, over every connection.
-        self.held = HeldBudget(self.settings.max_held_bytes)
+        self.held = new_budget(self.settings.max_held_bytes)
+        self.core_settings = self.settings.core()
         #: Configured broker id -> the tap's address for it (for address rewriting).
         self.addresses: dict[int, tuple[str, int]] = {}
         #: Listeners opened on the fly for broker ids with no configured one (rewriting only).
