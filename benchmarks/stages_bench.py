@@ -52,7 +52,7 @@ from kpmon.config import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
-from streaming.router import PASS_BUCKET, Bundle, read_bundle  # noqa: E402
+from streaming.router import PASS_BUCKET, Bundle, read_bundle, stage_rows  # noqa: E402
 from streaming.stages import BucketStore, DictBucketStore, LocalStages  # noqa: E402
 from streaming.workergc import tune_worker_gc  # noqa: E402
 
@@ -111,6 +111,10 @@ def source_batches(records: list[tuple[dict[str, str], bytes, int, int]]) -> lis
 BUCKET_OF_LABEL = {label: index for index, label in enumerate(LABELS)}
 
 
+#: Rows the bundles handed the stateful stage's entries so far (``streaming.router.stage_rows``).
+STAGE_ROWS = [0]
+
+
 def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
     """The job's ``mapInArrow`` stage, then the stage reading what it made: each bucket's bundles (the
     passed aggregates are read too, as the stage passes them on)."""
@@ -121,7 +125,9 @@ def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
             bundled.column("bucket").to_pylist(), bundled.column("bundle").to_pylist(), strict=True
         ):
             if label != PASS_BUCKET:
-                out.setdefault(BUCKET_OF_LABEL[label], []).append(read_bundle(data))
+                bundle = read_bundle(data)
+                STAGE_ROWS[0] += stage_rows(bundle)
+                out.setdefault(BUCKET_OF_LABEL[label], []).append(bundle)
     return out
 
 
@@ -241,6 +247,7 @@ def run(
 ) -> dict[str, float]:
     stages = LocalStages(SETTINGS, StreamConfig().buckets, trips.store)
     seconds = {"route": 0.0, "stage": 0.0}
+    STAGE_ROWS[0] = 0
     profiler = cProfile.Profile() if profile else None
 
     def timed(part: str, work: Callable[..., Any], *args: Any) -> Any:
@@ -298,6 +305,7 @@ def main() -> int:
     decode_s = full_decode(records)
     trips = RoundTrips(args.store == "paged")
     seconds = run(records, args.batch, args.profile, trips)
+    rows_per_frame = STAGE_ROWS[0] / frames
     load_after = os.getloadavg()
     round_trips = None
     if trips.paged:
@@ -329,6 +337,7 @@ def main() -> int:
             f"  state round trips per 1k frames: pages {per_1k['paged']:.1f}, "
             f"an entry per key {per_1k['per_key']:.1f} ({round_trips['per_key'] / max(round_trips['paged'], 1):.1f}x)"
         )
+    print(f"  rows into the stateful stage     {rows_per_frame:7.3f} per wire frame")
     print(f"  load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     if args.profile:
         # The profiler's own cost inflates every figure above: a profiled run is never the record.
@@ -348,6 +357,7 @@ def main() -> int:
             buckets=StreamConfig().buckets,
             worker_gc=worker_gc,
             us_per_frame={**us, "route_and_stage": stages_us, "full_decode_comparison": floor_us},
+            stage={"rows_per_wire_frame": rows_per_frame},
             target_us_route_and_stage=TARGET_US,
             verdict=verdict,
         )

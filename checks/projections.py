@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import linecache
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final, TypeVar
 
@@ -187,6 +188,50 @@ ANSWER_KEYED: Final[Mapping[str, frozenset[int]]] = {
     "producer": frozenset({ApiKey.INIT_PRODUCER_ID, ApiKey.END_TXN}),
     "txn_pid": frozenset({ApiKey.INIT_PRODUCER_ID}),
 }
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """The exchanges that can change a rule's state or make it report: its *transitions*. The router
+    sends the stateful stage only what some rule declares here (``checks.sharding``); a frame no rule
+    names never reaches it."""
+
+    #: Every exchange of these APIs, with its body as ``READS`` (keyed rules) or ``CONNECTION_BODIES``
+    #: (connection-scoped ones) keep it.
+    apis: frozenset[int] = frozenset()
+    #: Requests at a version Kafka 4.0 removed (KIP-896), and their answers.
+    removed_versions: bool = False
+    #: Frames that carry tagged-field evidence or bytes left over after the body (KIP-482), and
+    #: undecodable ones.
+    tag_evidence: bool = False
+    #: Of every other exchange, its headers only (api, version, correlation id, client id, header
+    #: versions, times and place): connection-scoped rules that judge every request by its header
+    #: get such an exchange as a ``checks.sharding.HeaderExchange``, packed without its bodies.
+    headers: bool = False
+    #: Of every other request, a connection's first use of each (api, version) in a batch (the
+    #: first-use-only key kinds, ``checks.sharding.FIRST_USE_ONLY``).
+    first_use: bool = False
+
+    def names_api(self, api_key: int) -> bool:
+        """Whether every exchange of ``api_key`` is a transition of the rule (or may be: first uses)."""
+        return api_key in self.apis or self.first_use
+
+
+#: Rule name -> its transitions. Every rule of the catalogue declares them (``checks.sharding``
+#: refuses a catalogue with a rule that does not, and tests/checks/test_projections.py fails): a rule
+#: whose frames were silently never sent would be a rule that cannot fire.
+TRANSITIONS: Final[Mapping[str, Transitions]] = {
+    # Connection-scoped: the whole exchange where a rule reads its body, the headers of the rest.
+    "apiversions": Transitions(apis=frozenset({ApiKey.API_VERSIONS}), removed_versions=True, headers=True),
+    "flex": Transitions(tag_evidence=True, headers=True),
+    "envelope": Transitions(apis=frozenset({ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION})),
+    "txn_read": Transitions(apis=frozenset({ApiKey.FETCH})),
+    # Keyed: the exchanges of the APIs whose fields they read.
+    **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("producer", "txn_pid", "txn")},
+    **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("group", "group_protocol")},
+    "apiversions.cluster": Transitions(apis=frozenset({ApiKey.API_VERSIONS}), first_use=True),
+}
+
 
 #: What the engine reads of a body whatever the rules: a Produce's acks (acks=0 completes the
 #: exchange at once) and an Envelope's inner request and response (it unwraps them for the rules).

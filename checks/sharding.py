@@ -25,20 +25,25 @@ header-only) goes on as it came, with its decode error and bytes, to the keyed r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import msgpack
 
 from checks.codes import ENVELOPE
-from checks.engine import Dispatched, Monitor, StateFormatError
+from checks.engine import Dispatched, Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
-from checks.projections import ANSWER_KEYED, project_frame
+from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
+from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
+from codec.api import expand_response
+from codec.messages import Request, Response
 from codec.protocol import ApiKey
 from codec.taprecord import RESP, TapFrame
 
@@ -118,9 +123,33 @@ class _Catalogue:
     kind_rule_objects: dict[str, tuple[Rule, ...]]
 
 
+class UndeclaredTransitions(ValueError):
+    """A rule of the catalogue does not declare its transitions (``checks.projections.TRANSITIONS``)."""
+
+
+def check_transitions(rules: Iterable[Rule]) -> None:
+    """Refuse rules that do not declare their transitions (``checks.projections.TRANSITIONS``): the
+    stages would never send them a frame, a rule that cannot fire."""
+    for rule in rules:
+        declared = TRANSITIONS.get(rule.name)
+        if declared is None:
+            raise UndeclaredTransitions(
+                f"rule {rule.name!r} declares no transitions: name the exchanges that can change its state "
+                "in checks/projections.py TRANSITIONS, or the stages never send it any"
+            )
+        if rule.api_keys is not None and not declared.first_use and not rule.api_keys <= declared.apis:
+            missing = sorted(int(k) for k in rule.api_keys - declared.apis)
+            raise UndeclaredTransitions(f"rule {rule.name!r} looks at APIs {missing} it does not declare")
+        if rule.api_keys is None and not (declared.headers or declared.first_use):
+            raise UndeclaredTransitions(
+                f"rule {rule.name!r} looks at every API but does not declare headers or first uses"
+            )
+
+
 @cache
 def _catalogue() -> _Catalogue:
     rules = all_rules()
+    check_transitions(rules)
     keyed_rules = tuple(r for r in rules if not is_connection_scoped(r))
     kind_rules: dict[str, tuple[Rule, ...]] = {}
     for rule in keyed_rules:
@@ -174,6 +203,8 @@ def _route_plan(
             continue
         if api_key is not None and rule.api_keys is not None and api_key not in rule.api_keys:
             continue
+        if api_key is not None and not TRANSITIONS[rule.name].names_api(api_key):
+            continue
         if answered and api_key not in ANSWER_KEYED.get(rule.name, ()):
             continue
         first_use_only = rule.key_kind in FIRST_USE_ONLY and outer != ApiKey.API_VERSIONS
@@ -184,6 +215,201 @@ def _route_plan(
     if api_key is None or api_key in _PLANNED_APIS:
         _PLANS[plan_key] = plan
     return plan
+
+
+class HeaderExchange(NamedTuple):
+    """An exchange no connection-scoped rule's transitions name whole (``checks.projections``): what its
+    connection's key needs of it is its headers, times and place, packed without its bodies. The tap
+    wrote the pair as one entry (``seq`` and ``index`` are both frames'), so nothing pairs it again. ``frames`` makes the two header-level frames the connection's rules read."""
+
+    seq: int
+    request_ts_ns: int
+    response_ts_ns: int
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    request_header_version: int
+    response_header_version: int
+    request_offset: int
+    response_offset: int
+    entry: int
+    loss_ns: int
+
+    def frames(self, meta: ConnectionMeta) -> tuple[TapFrame, TapFrame]:
+        conn, client, broker, broker_id, listener, partition, capture = meta
+        api, version, corr = self.api_key, self.api_version, self.correlation_id
+        request = Request(api, version, corr, self.client_id, {}, {}, self.request_header_version, False)
+        response = Response(api, version, corr, {}, {}, self.response_header_version, -1, False)
+        return (
+            TapFrame(
+                conn, self.seq, self.request_ts_ns, "req", api, version, corr, client, broker, broker_id,
+                listener, partition, self.request_offset, request, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+            TapFrame(
+                conn, self.seq, self.response_ts_ns, "resp", api, version, corr, client, broker, broker_id,
+                listener, partition, self.response_offset, response, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+        )  # fmt: skip
+
+
+class ConnectionMeta(NamedTuple):
+    """What every frame of one connection shares (its header exchanges carry it once)."""
+
+    conn: str
+    client: str
+    broker: str
+    broker_id: int | None
+    listener: str | None
+    partition: int
+    capture: str
+
+
+def _meta(frame: TapFrame) -> ConnectionMeta:
+    return ConnectionMeta(
+        frame.conn,
+        frame.client,
+        frame.broker,
+        frame.broker_id,
+        frame.listener,
+        frame.partition,
+        frame.capture,
+    )
+
+
+@dataclass
+class ConnectionRow:
+    """What one batch sends a connection's own key: the frames some connection-scoped rule's
+    transitions name (projected for the connection, ``project_for_connection``) and every other
+    exchange by its headers, each list in seq order."""
+
+    frames: list[TapFrame] = field(default_factory=list)
+    exchanges: list[HeaderExchange] = field(default_factory=list)
+    #: The connection the exchanges belong to (None: no exchanges).
+    meta: ConnectionMeta | None = None
+
+    def extend(self, other: ConnectionRow) -> None:
+        """Add another batch part's row of the same connection (the stage gets one per source batch)."""
+        self.frames += other.frames
+        if other.exchanges:
+            if self.meta is None:
+                self.meta = other.meta
+            if other.meta == self.meta:
+                self.exchanges += other.exchanges
+            else:  # never from one tap: the frames themselves, then
+                assert other.meta is not None
+                for exchange in other.exchanges:
+                    self.frames.extend(exchange.frames(other.meta))
+
+    def feed_order(self) -> Iterator[TapFrame]:
+        """Every frame of the row in seq order, header exchanges made into their two frames."""
+        frames = sorted(self.frames, key=_SEQ)
+        if not self.exchanges:
+            yield from frames
+            return
+        meta = self.meta
+        assert meta is not None
+        made = (f for ex in sorted(self.exchanges, key=_SEQ) for f in ex.frames(meta))
+        yield from heapq.merge(frames, made, key=_SEQ)
+
+
+_SEQ = attrgetter("seq")
+
+
+@cache
+def _connection_transitions() -> Transitions:
+    """The union of the connection-scoped rules' transitions."""
+    own = [TRANSITIONS[rule.name] for rule in _catalogue().own_rules]
+    return Transitions(
+        apis=frozenset().union(*(t.apis for t in own)),
+        removed_versions=any(t.removed_versions for t in own),
+        tag_evidence=any(t.tag_evidence for t in own),
+        headers=any(t.headers for t in own),
+    )
+
+
+def tap_answer(frames: Sequence[TapFrame], i: int) -> TapFrame | None:
+    """The answer the tap wrote in one entry with the request ``frames[i]`` (schemas 2 and 3: the two
+    come next to each other in seq order with one seq and entry index), or None. Reading the pair as
+    the tap wrote it is the only pairing the stateless router does; frames written alone (schema 1, a
+    bound hit) are paired by the engine (``checks.engine.Monitor``)."""
+    if i + 1 >= len(frames):
+        return None
+    request, answer = frames[i], frames[i + 1]
+    if request.direction != "req" or answer.direction != RESP or answer.lone:
+        return None
+    sent, got = request.message, answer.message
+    if (
+        not isinstance(sent, Request)
+        or not isinstance(got, Response)
+        or request.error is not None
+        or answer.error is not None
+        or answer.seq != request.seq
+        or answer.index != request.index
+        or answer.conn != request.conn
+        or got.correlation_id != sent.correlation_id
+    ):
+        return None
+    return answer
+
+
+def _plain(frame: TapFrame) -> bool:
+    """A decoded frame with no tagged-field evidence, no bytes left over, no loss stamped on it."""
+    message = frame.message
+    return (
+        message is not None
+        and frame.error is None
+        and frame.lost == 0
+        and message.tag_extras is False
+        and "_trailing" not in message.body
+    )
+
+
+def connection_row(frames: Sequence[TapFrame]) -> ConnectionRow:
+    """One connection's frames of a batch (seq order) as its key's row: an exchange the tap wrote as
+    one entry (a request and its answer with one seq and entry index) that no connection-scoped rule
+    names whole becomes a ``HeaderExchange``; every other frame goes as it is, projected."""
+    # An exchange is the tap's pair: its request and answer come next to each other in seq order with
+    # one seq and entry index (schemas 2 and 3); schema-1 frames have a seq each and go as they are.
+    wanted = _connection_transitions()
+    row = ConnectionRow()
+    kept = row.frames
+    i, count = 0, len(frames)
+    while i < count:
+        frame = frames[i]
+        answer = tap_answer(frames, i) if wanted.headers and frame.api_key not in wanted.apis else None
+        if answer is not None and _plain(frame):
+            request = frame.message
+            assert isinstance(request, Request)
+            if (
+                answer.loss_ns == frame.loss_ns
+                and answer.api_key == frame.api_key
+                and answer.api_version == frame.api_version
+                and answer.correlation_id == frame.correlation_id
+                and (frame.api_key, frame.api_version, frame.correlation_id)
+                == (request.api_key, request.api_version, request.correlation_id)
+                and _plain(answer)
+                and not (wanted.removed_versions and removed_in_4_0(request.api_key, request.api_version))
+            ):
+                meta = _meta(frame)
+                if row.meta is None:
+                    row.meta = meta
+                if meta == row.meta and _meta(answer) == meta:
+                    response = answer.message
+                    assert response is not None
+                    exchange = HeaderExchange(
+                        frame.seq, frame.ts_ns, answer.ts_ns, request.api_key, request.api_version,
+                        request.correlation_id, request.client_id, request.header_version,
+                        response.header_version, frame.offset, answer.offset, frame.index, frame.loss_ns,
+                    )  # fmt: skip
+                    row.exchanges.append(exchange)
+                    i += 2
+                    continue
+        kept.append(project_for_connection(frame))
+        i += 1
+    return row
 
 
 class ConnectionShard:
@@ -208,6 +434,11 @@ class ConnectionShard:
         for frame in frames:
             findings.extend(feed(frame))
         return findings
+
+    def feed_row(self, row: ConnectionRow) -> list[Finding]:
+        """The connection's row of a batch (``connection_row``): its frames and header exchanges in seq
+        order, exactly as the frames they came from."""
+        return self.feed(row.feed_order())
 
     def export(self) -> bytes:
         return _pack({"monitor": self.monitor.to_state()})
@@ -242,10 +473,19 @@ class Router:
         #: record, or a response the tap wrote alone): the entity keys never see them.
         self.unrouted_responses = 0
 
-    def route(self, frames: Iterable[TapFrame]) -> list[Route]:
-        """The routes of one connection's frames (seq order); a router serves one batch."""
+    def route(self, frames: Sequence[TapFrame]) -> list[Route]:
+        """The routes of one connection's frames (seq order); a router serves one batch. An exchange
+        the tap wrote as one entry is routed as the tap paired it (``tap_answer``); the engine pairs
+        only the frames the tap wrote alone."""
         monitor = self.monitor
-        for frame in frames:
+        i, count = 0, len(frames)
+        while i < count:
+            frame = frames[i]
+            answer = tap_answer(frames, i)
+            if answer is not None and self._route_pair(frame, answer):
+                i += 2
+                continue
+            i += 1
             monitor.feed(frame)
             answered = False
             # Route what the frame dispatched (nothing a rule does changes where an exchange goes).
@@ -257,6 +497,37 @@ class Router:
         self.ctx.findings.clear()
         out, self.routes = self.routes, []
         return out
+
+    def _route_pair(self, request: TapFrame, response: TapFrame) -> bool:
+        """Route an exchange the tap wrote as one entry, as the engine would dispatch it (request, then
+        request and answer), without holding the request for its answer. False (nothing done) where
+        the engine's pairing could tell otherwise: an acks=0 Produce (complete with no answer), or a
+        connection with as many requests waiting as a key keeps (its trim would drop one)."""
+        sent = request.message
+        assert isinstance(sent, Request) and isinstance(response.message, Response)
+        if sent.api_key == ApiKey.PRODUCE and sent.body.get("Acks") == 0:
+            return False
+        limit = self.ctx.config.max_entries_per_key
+        held = self.monitor.conns.get(request.conn)
+        if (held is not None and len(held.pending) >= limit) or len(self.sent) >= limit:
+            return False
+        incomplete = self.ctx.incomplete_conns
+        if request.lost > 0:
+            incomplete.add(request.conn)
+        # A request of the same correlation id the engine holds would have been replaced by this one.
+        self.monitor.forget_request(request.conn, sent.correlation_id)
+        asked = Exchange(request, None)
+        kept = self._observe_request(
+            Dispatched("on_request", asked, unwrap_envelope(asked) if asked.api_key == ENVELOPE else None)
+        )
+        if response.lost > 0:
+            incomplete.add(response.conn)
+        expand_response(response.message, sent)
+        ex = Exchange(request, response)
+        inner = unwrap_envelope(ex) if ex.api_key == ENVELOPE else None
+        self._projected.clear()
+        self._observe_answer(ex, inner, kept, response.conn in incomplete)
+        return True
 
     def _keys(
         self,
@@ -303,15 +574,29 @@ class Router:
         self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
 
     def _observe(self, event: Dispatched) -> None:
+        """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
+        if event.hook == "on_response":
+            ex = event.exchange
+            sent_key = f"{ex.conn}|{ex.request.correlation_id}"
+            # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
+            self._projected.clear()
+            self._observe_answer(
+                ex, event.inner, self.sent.pop(sent_key, None), ex.conn in self.ctx.incomplete_conns
+            )
+            return
+        paired = self._observe_request(event)
+        if paired:
+            ex = event.exchange
+            self.sent[f"{ex.conn}|{ex.request.correlation_id}"] = paired
+            self.ctx.trim(self.sent)
+
+    def _observe_request(self, event: Dispatched) -> list[str] | None:
+        """Route a request (``on_request``) or a request known by its header (``on_header``); the route
+        keys its answer goes to as well (None: the answer goes nowhere the request went)."""
         hook, ex, inner = event.hook, event.exchange, event.inner
-        # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
         self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
-        sent_key = f"{conn}|{ex.request.correlation_id}"
-        if hook == "on_response":
-            self._observe_answer(ex, inner, sent_key, incomplete)
-            return
         use = f"{conn}|{ex.api_key}|{ex.api_version}"
         first_use = use not in self.used
         if first_use:
@@ -324,7 +609,7 @@ class Router:
             frame = replace(ex.request, message=None)
             for key, step in self._keys(ex, inner, first_use, header_only=True).items():
                 route(key, step[2], frame, ex.ts_ns, incomplete, request_only=True)
-            return
+            return None
         paired: list[str] = []
         request, ts_ns = ex.request, ex.ts_ns
         for key, step in self._keys(ex, inner, first_use).items():
@@ -332,12 +617,12 @@ class Router:
             route(key, step[2], request, ts_ns, incomplete, first_use_only)
             if not first_use_only:
                 paired.append(key)
-        if paired:
-            self.sent[sent_key] = paired
-            self.ctx.trim(self.sent)
+        return paired or None
 
-    def _observe_answer(self, ex: Exchange, inner: Exchange | None, sent_key: str, incomplete: bool) -> None:
-        kept = self.sent.pop(sent_key, None)
+    def _observe_answer(
+        self, ex: Exchange, inner: Exchange | None, kept: list[str] | None, incomplete: bool
+    ) -> None:
+        """Route an answer: to the keys its request went to (``kept``), and to those the answer adds."""
         response = ex.response
         if response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.

@@ -26,8 +26,6 @@ from typing import Any, Final, Protocol
 
 import msgpack
 
-from streaming.stages import split_due
-
 #: Layout number of the meta and pages; a meta of another number is refused, never misread.
 PAGES_FORMAT: Final = 1
 #: A bucket doubles its page count when its entries average more than this many per page. A round trip
@@ -39,6 +37,29 @@ PAGES_FORMAT: Final = 1
 ENTRIES_PER_PAGE: Final = 128
 
 Entry = tuple[Any, ...]
+
+
+def earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two optional times (None: unset)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def split_due(
+    entries: Iterable[tuple[str, tuple[Any, ...]]], watermark_ms: int
+) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
+    """``streaming.stages.BucketStore.due`` over entries: an entry is due when its last field (its
+    next call, event-time ms) is at or before the watermark, or unset."""
+    due: list[tuple[str, tuple[Any, ...]]] = []
+    later: int | None = None
+    for key, value in entries:
+        at = value[-1]
+        if at is not None and at > watermark_ms:
+            later = earliest(later, at)
+        else:
+            due.append((key, value))
+    return due, later
 
 
 class PageFormatError(ValueError):

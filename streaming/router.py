@@ -34,11 +34,10 @@ from typing import Any, Final
 
 import msgpack
 
-from checks.projections import project_for_connection
 from checks.settings import ChecksSettings
-from checks.sharding import Router
+from checks.sharding import Router, connection_row
 from codec import facts
-from codec.taprecord import TapFrame, frame_from_row, frame_to_packed
+from codec.taprecord import TapFrame, frame_from_row
 from streaming.rows import (
     NS_PER_MS,
     OutputRow,
@@ -46,6 +45,7 @@ from streaming.rows import (
     bucket_index,
     conn_key,
     event_ms_of,
+    pack_connection_row,
     pack_frame,
     stat_row,
 )
@@ -61,11 +61,18 @@ class Bundle:
 
     #: The newest event time (ms) among the source batch's frames: the batch clock.
     newest_ms: int
-    #: Connection key -> its frames of the batch as packed lists (``codec.taprecord.frame_to_packed``,
-    #: packed with the bundle, not one by one: nothing else shares them), in seq order.
-    conns: dict[str, list[list[Any]]] = field(default_factory=dict)
+    #: Connection key -> its row of the batch (``checks.sharding.connection_row``: the frames its rules'
+    #: transitions name, every other exchange by its headers), as ``streaming.rows.pack_connection_row``.
+    conns: dict[str, list[Any]] = field(default_factory=dict)
     #: Route key -> its routed frames: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each, in routing order.
     routes: dict[str, list[list[Any]]] = field(default_factory=dict)
+
+
+def stage_rows(bundle: Bundle) -> int:
+    """How many rows the bundle hands the stateful stage's entries: each connection's kept frames and
+    header exchanges (``checks.sharding.ConnectionRow``), each routed frame."""
+    conns = sum(len(frames) + len(exchanges) for _, frames, exchanges in bundle.conns.values())
+    return conns + sum(len(entries) for entries in bundle.routes.values())
 
 
 def pack_bundle(bundle: Bundle) -> bytes:
@@ -128,9 +135,7 @@ def route_frames(
     for conn, conn_frames in per_conn.items():
         conn_frames.sort(key=_seq)
         key = conn_key(conn)
-        bundles[bucket_index(key, buckets)].conns[key] = [
-            frame_to_packed(project_for_connection(f)) for f in conn_frames
-        ]
+        bundles[bucket_index(key, buckets)].conns[key] = pack_connection_row(connection_row(conn_frames))
         unrouted += _route(config, conn_frames, bundles, buckets)
     passed = aggregate_rows(frames, newest_ms * NS_PER_MS)
     counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest_ms * NS_PER_MS)

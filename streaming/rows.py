@@ -20,6 +20,7 @@ import msgpack
 import codec
 from checks.model import Finding
 from checks.rule import Stats
+from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -87,6 +88,26 @@ def pack_frame(frame: TapFrame) -> bytes:
 
 def unpack_frame(data: bytes) -> TapFrame:
     return taprecord.frame_from_packed(msgpack.unpackb(data, raw=False))
+
+
+def pack_connection_row(row: ConnectionRow) -> list[Any]:
+    """A connection's row of one batch as the bundle carries it: ``[meta, frames, exchanges]``, its
+    frames packed as ``codec.taprecord.frame_to_packed`` makes them (packed with the bundle, not one by
+    one) and each header exchange as its fields in order (``checks.sharding.HeaderExchange``)."""
+    return [
+        None if row.meta is None else list(row.meta),
+        [taprecord.frame_to_packed(f) for f in row.frames],
+        [list(e) for e in row.exchanges],
+    ]
+
+
+def read_connection_row(values: Sequence[Any]) -> ConnectionRow:
+    meta, frames, exchanges = values
+    return ConnectionRow(
+        [taprecord.frame_from_packed(f) for f in frames],
+        [HeaderExchange(*e) for e in exchanges],
+        None if meta is None else ConnectionMeta(*meta),
+    )
 
 
 def finding_row(finding: Finding) -> OutputRow:

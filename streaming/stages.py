@@ -39,8 +39,8 @@ from typing import Any, Final, Protocol
 import msgpack
 
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route, forms_route_key
-from codec.taprecord import frame_from_packed
+from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, Route, forms_route_key
+from streaming.pages import earliest, split_due
 from streaming.router import INCOMPLETE, REQUEST_ONLY, Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
@@ -49,6 +49,7 @@ from streaming.rows import (
     bucket_index,
     finding_row,
     is_conn_key,
+    read_connection_row,
     resolve_rows,
     stat_row,
     unpack_frame,
@@ -157,22 +158,6 @@ class BucketStore(Protocol):
         ...
 
 
-def split_due(
-    entries: Iterable[tuple[str, tuple[Any, ...]]], watermark_ms: int
-) -> tuple[list[tuple[str, tuple[Any, ...]]], int | None]:
-    """``BucketStore.due`` over entries: an entry is due when its last field (its next call, event-time
-    ms) is at or before the watermark, or unset."""
-    due: list[tuple[str, tuple[Any, ...]]] = []
-    later: int | None = None
-    for key, value in entries:
-        at = value[-1]
-        if at is not None and at > watermark_ms:
-            later = _earliest(later, at)
-        else:
-            due.append((key, value))
-    return due, later
-
-
 class DictBucketStore:
     """A ``BucketStore`` in memory."""
 
@@ -209,12 +194,6 @@ class BucketResult:
     timer_ms: int | None
 
 
-def _earliest(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
 def _connection_entry(
     config: ChecksSettings,
     store: BucketStore,
@@ -222,12 +201,15 @@ def _connection_entry(
     packed: list[list[Any]],
     watermark_ms: int,
 ) -> StepResult:
-    """A connection's frames of this batch (packed lists, seq order) through its own entry, at once.
+    """A connection's rows of this batch (``streaming.rows.pack_connection_row``, one per source batch)
+    through its own entry, at once, in seq order.
 
     Entries are ``(shard state, expiry ms)``."""
     saved = store.get(key)
-    frames = [frame_from_packed(values) for values in packed]
-    frames.sort(key=attrgetter("seq"))
+    row = ConnectionRow()
+    for values in packed:
+        row.extend(read_connection_row(values))
+    frames = list(row.feed_order())
     shard = ConnectionShard(config, saved[0] if saved else None)
     findings = shard.feed(frames)
     result = StepResult([finding_row(f) for f in findings])
@@ -305,7 +287,7 @@ class _Call:
         self.rows.extend(result.rows)
         for name, value in result.counts.items():
             self.counts[name] = self.counts.get(name, 0) + value
-        self.timer = _earliest(self.timer, result.next_timer_ms)
+        self.timer = earliest(self.timer, result.next_timer_ms)
 
     def result(self, ts_ns: int) -> BucketResult:
         stat = stat_row(self.counts, ts_ns)
@@ -333,7 +315,7 @@ def monitor_bucket(
     routes: dict[str, list[list[Any]]] = {}
     for bundle in bundles:
         for key, packed in bundle.conns.items():
-            conns.setdefault(key, []).extend(packed)
+            conns.setdefault(key, []).append(packed)
         for key, entries in bundle.routes.items():
             routes.setdefault(key, []).extend(entries)
     for key, packed in conns.items():
@@ -356,7 +338,7 @@ def monitor_bucket_expired(config: ChecksSettings, store: BucketStore, watermark
 
 def _sweep(config: ChecksSettings, store: BucketStore, watermark_ms: int, call: _Call) -> None:
     ready, later = store.due(watermark_ms)
-    call.timer = _earliest(call.timer, later)
+    call.timer = earliest(call.timer, later)
     for key, saved in ready:
         if is_conn_key(key):
             # Idle past its TTL (counted, never silent).

@@ -25,7 +25,7 @@ import codec
 from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans
+from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed
 from streaming.rows import pack_frame, unpack_frame
@@ -203,7 +203,10 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
             for route in Router(CONFIG).route(mine):
                 buffers[route.key].append(route)
             shard = ConnectionShard(CONFIG, conn_states.get(conn))
-            findings.extend(shard.feed(unpack_frame(pack_frame(f)) for f in mine))
+            # The connection's own key gets its row (``connection_row``): frames cross as bytes too.
+            row = connection_row(mine)
+            row.frames = [unpack_frame(pack_frame(f)) for f in row.frames]
+            findings.extend(shard.feed_row(row))
             conn_states[conn] = shard.export()
         watermark = max_ts - LATENESS_NS
         for key in list(buffers.keys() | key_states.keys()):

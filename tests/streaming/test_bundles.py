@@ -6,17 +6,18 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec.taprecord import frame_from_packed
+from codec.taprecord import TapFrame
 from streaming.bundles import BUNDLE_SCHEMA, bundle_batch
 from streaming.job import bucket_labels
 from streaming.router import PASS_BUCKET, Bundle, read_bundle, read_passed
-from streaming.rows import NS_PER_MS, OutputRow, bucket_index, conn_key
+from streaming.rows import NS_PER_MS, OutputRow, bucket_index, conn_key, read_connection_row
 from streaming.stages import DictBucketStore, monitor_bucket, monitor_bucket_expired
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import CONFIG, LATENESS_NS, single_run, summary, with_headers_only
@@ -24,6 +25,11 @@ from tests.streaming.test_frames import Record, source_batch
 from tests.streaming.test_stages import findings_of, schema_2_record
 
 ARRIVAL_MS = 1_234
+
+
+def conn_frames(packed: list[Any]) -> list[TapFrame]:
+    """A connection's frames in a bundle, as its entry feeds them (header exchanges made frames)."""
+    return list(read_connection_row(packed).feed_order())
 
 
 def source_record(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> Record:
@@ -81,7 +87,7 @@ def test_every_frame_is_in_exactly_one_bundle_of_its_bucket(count: int, conns: i
     for label, bundles in by_label.items():
         for key, packed in bundles[0].conns.items():
             assert labels[bucket_index(key, buckets)] == label
-            frames = [frame_from_packed(values) for values in packed]
+            frames = conn_frames(packed)
             assert all(conn_key(f.conn) == key for f in frames)
             # A connection's frames keep their seq order.
             assert [f.seq for f in frames] == sorted(f.seq for f in frames)
@@ -98,11 +104,7 @@ def test_a_bundles_event_time_is_its_source_batchs_newest_frame_and_the_tap_cloc
     batch = bundled([*recs, no_clock], bucket_labels(2, 1))
     by_label, _ = unbundle(batch)
     frames = [
-        frame_from_packed(d)
-        for bundles in by_label.values()
-        for b in bundles
-        for p in b.conns.values()
-        for d in p
+        f for bundles in by_label.values() for b in bundles for p in b.conns.values() for f in conn_frames(p)
     ]
     by_offset = {f.offset: f for f in frames}
     assert [by_offset[r[3]].ts_ns for r in recs] == [int(r[0]["ts_ns"]) for r in recs]
@@ -124,7 +126,7 @@ def test_a_record_with_numeric_headers_beyond_their_columns_is_bundled_with_them
     )
     by_label, _ = unbundle(bundled([*recs, beyond], bucket_labels(1, 1)))
     ((bundle,),) = by_label.values()
-    frames = [frame_from_packed(d) for d in bundle.conns[conn_key("c0")]]
+    frames = conn_frames(bundle.conns[conn_key("c0")])
     assert sorted(f.offset for f in frames) == sorted([*(r[3] for r in recs), 99])
     last = next(f for f in frames if f.offset == 99)
     assert (last.seq, last.ts_ns, last.api_key) == (0, 0, None) and last.error is not None

@@ -12,7 +12,7 @@ from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, p
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.router import route_rows
-from streaming.rows import OutputRow, conn_key
+from streaming.rows import OutputRow, conn_key, read_connection_row
 from streaming.stages import (
     Buffered,
     DictBucketStore,
@@ -346,7 +346,10 @@ def test_a_source_batch_sends_one_bundle_per_bucket_and_one_row_per_aggregate() 
     assert {b.newest_ms for b in routed.bundles.values()} == {max(f.ts_ns for f in frames) // NS_PER_MS}
     conns = [key for b in routed.bundles.values() for key in b.conns]
     assert sorted(conns) == sorted(conn_key(c) for c in {f.conn for f in frames})
-    assert sum(len(packed) for b in routed.bundles.values() for packed in b.conns.values()) == len(frames)
+    rows = [read_connection_row(packed) for b in routed.bundles.values() for packed in b.conns.values()]
+    assert sum(len(list(row.feed_order())) for row in rows) == len(frames)
+    # The exchanges no connection-scoped rule names whole travel by their headers only.
+    assert sum(len(row.exchanges) for row in rows) > 0
     route_keys = [key for b in routed.bundles.values() for key in b.routes]
     assert len(route_keys) == len(set(route_keys)) > 4
     aggs = payloads(routed.passed, "agg")
