@@ -2,7 +2,8 @@
 
 One Produce exchange and one JoinGroup exchange (its answer names another protocol type than its
 request: ``group.protocol_type_mismatch``), encoded with the codec, go through a real tap over loopback
-sockets (``tap.proxy``, into ``tap.mirror.MemoryMirror``), the job's router and stateful stage as the
+sockets (``tap.proxy``'s adapter over the reference core, ``tap.core.PyTapCore``, into
+``tap.mirror.MemoryMirror``), the job's router and stateful stage as the
 job runs them (``streaming.frames.record_rows``, ``streaming.stages.LocalStages`` over the job's pages),
 the foreachBatch sink (``streaming.sink.BatchSink``) and a log hook (``streaming.hooks.AlertHooks``),
 with ``sys.setprofile`` (``threading.setprofile`` for the hook's thread). No broker, no Spark.
@@ -10,7 +11,7 @@ with ``sys.setprofile`` (``threading.setprofile`` for the hook's thread). No bro
 **The counting rule** (what docs/architecture.md's figures mean):
 
 - A value *carries the frame* when it holds some of the frames' own content: the client id, the topic,
-  the group or the member id the exchanges were built with (``MARKERS``), found in it at any depth
+  the group or the member id the exchanges were built with (``Markers``), found in it at any depth
   (bytes and text, containers, the attributes of the project's objects). A key or an id made from the
   frame carries it too.
 - A **hop** is a module of the project's packages (``PACKAGES``) calling another (``A -> B``) with the
@@ -200,18 +201,23 @@ async def _through_tap(pairs: list[tuple[bytes, bytes]]) -> list[bytes]:
         await reader.readexactly(len(response))
     writer.close()
     await writer.wait_closed()
-    while tap.connections:
-        # The tap writes the connection's record when it sees the close.
-        await asyncio.sleep(0.005)
+    await asyncio.wait_for(_closed(tap), 60)
     await tap.stop()
     server.close()
     await server.wait_closed()
     return [record.value for record in sink.take()]
 
 
+async def _closed(tap: Tap) -> None:
+    """Until the tap has seen the connection close: then it has written the connection's record."""
+    while tap.connections:
+        await asyncio.sleep(0.005)
+
+
 def tap_records(pairs: list[tuple[bytes, bytes]]) -> list[bytes]:
-    """The tap records a real tap writes for ``pairs`` on one client connection (the tap's
-    per-connection logic behind its sockets: framing, pairing, capture, the flush)."""
+    """The tap records a real tap writes for ``pairs`` on one client connection: its adapter
+    (``tap.proxy.TapConnection``) over the connection's core, the reference ``PyTapCore`` wherever
+    ``measure`` counts (framing, pairing, capture, the flush)."""
     return asyncio.run(_through_tap(pairs))
 
 
@@ -457,13 +463,14 @@ def measure_here() -> Figures:
     pairs = exchanges(markers)
     tracer = _Tracer(_Content(markers))
     with tempfile.TemporaryDirectory(prefix="kpmon-path-") as tmp:
+        previous, previous_threads = sys.getprofile(), threading.getprofile()
         threading.setprofile(tracer)
         sys.setprofile(tracer)
         try:
             results = job(tap_records(pairs), Path(tmp))
         finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
+            sys.setprofile(previous)
+            threading.setprofile(previous_threads)
     figures = tracer.figures(threading.get_ident())
     figures.rules = sorted({alert.rule for result in results for alert in result.alerts})
     return figures
