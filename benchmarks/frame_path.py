@@ -24,7 +24,8 @@ with ``sys.setprofile`` (``threading.setprofile`` for the hook's thread). No bro
   ``str`` and ``bytes`` included, whatever their text or encoding holds); every ``dict`` is one shape,
   ``dict``. A list, tuple or set whose elements are all of one type is a collection: it has the shapes of
   its elements that carry the frame (a list of X moves X). One whose elements are of several types is a
-  row, a shape of its own named by the types of its fields, None left out (``list[bytes | int | str]``).
+  row, a shape of its own named by the types of its fields, None left out (``list[bool | bytes | int | str]``:
+  a packed frame).
 
 ``python -m benchmarks.frame_path --write`` writes the figures into docs/architecture.md between its
 markers; tests/streaming/test_frame_path.py fails when the document and the code disagree.
