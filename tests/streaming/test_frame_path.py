@@ -75,3 +75,20 @@ def test_the_path_meets_the_targets() -> None:
     assert len(figures.hops) <= MAX_HOPS, _summary(figures)
     assert figures.back_and_forth == [], _summary(figures)
     assert len(figures.shapes) <= MAX_SHAPES, _summary(figures)
+
+
+def test_the_shape_rule() -> None:
+    """Collections have their elements' shapes, rows are shapes of their own, a dict is ``dict``, and a
+    value without the frames' content carries nothing."""
+    from codec.taprecord import Part
+
+    markers = frame_path.Markers.fresh()
+    content = frame_path._Content(markers)
+    raw = markers.topic.encode()
+    part = Part("req", 1, 0, 9, 1, raw)
+    assert content.carries([{"k": (part,)}]) and not content.carries([b"other", {"k": 1}])
+    assert content.shapes([part, part]) == ["codec.taprecord.Part"]
+    assert content.shapes(("exchange", 3, (part,))) == ["tuple[int | str | tuple]"]
+    assert content.shapes([raw, None, 7]) == ["list[bytes | int]"]
+    assert content.shapes({"value": raw}) == ["dict"]
+    assert content.shapes(raw) == ["bytes"] and content.shapes(markers.group) == ["str"]
