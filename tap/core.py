@@ -265,7 +265,9 @@ class CoreCounters:
 
 
 class TapCore(Protocol):
-    """One tapped connection's core. The adapter calls, per chunk read from either side::
+    """One tapped connection's core, made as ``TapCore(tables, settings, static, budget)``
+    (``CoreTables``, ``CoreSettings``, the connection's ``pack_static`` bytes, the tap's shared
+    ``HeldBudget`` or None for no tap-wide bound). The adapter calls, per chunk read from either side::
 
         forward the chunk; n = core.feed(from_client, chunk, wall_ns, mono_ns, inside_ns)
         while (slow := core.slow()) is not None:

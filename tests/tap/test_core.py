@@ -123,8 +123,10 @@ PAIRS = _corpus_pairs()
 @st.composite
 def conversations(draw: st.DrawFn) -> list[tuple[bool, list[bytes]]]:
     """Runs of one direction's frames (each run cut into arbitrary chunks), in conversation order:
-    requests pipelined ``depth`` deep, then their responses."""
-    picked = draw(st.lists(st.sampled_from(PAIRS), min_size=1, max_size=12))
+    requests pipelined ``depth`` deep, then their responses; real exchanges and frames of junk."""
+    junk = st.binary(max_size=48).map(framed)
+    pair = st.one_of(st.sampled_from(PAIRS), st.tuples(junk, junk))
+    picked = draw(st.lists(pair, min_size=1, max_size=12))
     depth = draw(st.integers(1, 4))
     runs: list[tuple[bool, bytes]] = []
     for start in range(0, len(picked), depth):

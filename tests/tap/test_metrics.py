@@ -87,3 +87,24 @@ def test_each_listener_has_its_own_series() -> None:
     assert get("kpmon_tap_bytes_total", {**fetch, "broker_id": "2"}) == 50
     none = {"dir": "req", "api": "none", "api_version": "none", "broker_id": "none", "listener": "PLAINTEXT"}
     assert get("kpmon_tap_frames_total", none) == 1
+
+
+def test_per_frame_series_are_read_from_live_cores_and_kept_when_they_close() -> None:
+    from tap.core import CoreSettings, PyTapCore, tables
+
+    metrics = TapMetrics()
+    listener = metrics.listener(3, "CLIENT")
+    get = metrics.registry.get_sample_value
+    labels = {"dir": "req", "api": "API_VERSIONS", "api_version": "3", "broker_id": "3", "listener": "CLIENT"}
+    cores = [PyTapCore(tables(), CoreSettings(), b"\x90") for _ in range(2)]
+    for n, core in enumerate(cores):
+        listener.attach(str(n).encode(), core)
+        core.feed(True, frame(api_versions_request(n)), 1, 1, 1)
+    assert get("kpmon_tap_frames_total", labels) == 2
+    listener.retire(b"0")
+    cores[1].feed(True, frame(api_versions_request(5)), 1, 1, 1)
+    assert get("kpmon_tap_frames_total", labels) == 3  # the closed one's count stays
+    listener.retire(b"1")
+    assert get("kpmon_tap_frames_total", labels) == 3
+    inside = {"api": "API_VERSIONS", "broker_id": "3", "listener": "CLIENT", "le": "1e-05"}
+    assert get("kpmon_tap_inside_seconds_bucket", inside) == 3
