@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -168,6 +168,85 @@ class Monitor:
             return []
         out, ctx.findings = ctx.findings, []
         return out
+
+    def feed_header_exchange(
+        self,
+        conn: str,
+        seq: int,
+        times: tuple[int, int],
+        api: tuple[int, int, int],
+        frames: Callable[[], tuple[TapFrame, TapFrame]],
+    ) -> list[Finding]:
+        """``feed`` of an exchange's request and answer known by their headers (a connection shard's
+        ``checks.sharding.HeaderExchange``: no rule's transitions name it whole), without making the
+        frames where no rule needs them: each rule's ``on_quiet`` applies what its hook would, or says
+        the hook must run, and only then are the two frames made (``frames``). ``times``: the request's
+        and the answer's ``ts_ns``; ``api``: key, version and correlation id. Exactly ``feed`` of both
+        frames in every effect (state, last-seen times, sweeps, pending requests, counters, findings)."""
+        held = self.conns.get(conn)
+        if (
+            self._heap
+            or self._lateness_ns
+            or not (self.in_record_order and self.report_frames and self.track_gaps)
+            or self.only_key is not None
+            or self.dispatched is not None
+            or (held is not None and (len(held.pending) >= self.ctx.config.max_entries_per_key))
+            or (held is not None and held.last_seq >= 0 and seq > held.last_seq + 1)
+        ):
+            request, answer = frames()
+            return self.feed(request) + self.feed(answer)
+        made: list[tuple[TapFrame, TapFrame]] = []
+
+        def exchange(hook: str) -> Exchange:
+            if not made:
+                made.append(frames())
+            request, answer = made[0]
+            return Exchange(request, answer if hook == "on_response" else None)
+
+        api_key, _version, corr = api
+        for hook, ts in (("on_request", times[0]), ("on_response", times[1])):
+            self.ctx.stats.frames += 1
+            state = self.conns.get(conn)
+            if state is None:
+                state = self.conns[conn] = _ConnState()
+            if seq > state.last_seq:
+                state.last_seq = seq
+            if ts < self.released_ts:
+                fire = False
+            else:
+                fire = True
+                if ts > self.max_ts:
+                    self.max_ts = ts
+                if ts > self.released_ts:
+                    self.released_ts = ts
+                    self._fire_timers(ts)
+                    if ts >= self._next_sweep:
+                        self._sweep(ts)
+            if hook == "on_request":
+                # Held and answered at once: only a request held before with this id is gone.
+                state.answered(corr)
+            else:
+                self.ctx.stats.exchanges += 1
+            rules = self._rules_by_api.get((api_key, hook))
+            if rules is None:
+                rules = self._rules_by_api[(api_key, hook)] = [
+                    (r, getattr(type(r), hook) is not getattr(Rule, hook))
+                    for r in self.rules
+                    if r.api_keys is None or api_key in r.api_keys
+                ]
+            for rule, overrides in rules:
+                skey: StateKey = (rule.name, conn)
+                rule_state = self.states.get(skey)
+                if rule_state is None:
+                    rule_state = self.states[skey] = {}
+                self.last_seen[skey] = ts
+                if overrides and not rule.on_quiet(rule_state, hook, seq, api):
+                    ex = exchange(hook)
+                    assert rule.keys(ex) == [conn], f"{rule.name} keys a header exchange by its connection"
+                    self._call(rule, conn, hook, ex, None)
+            if fire:
+                self._fire_timers(self.max_ts)
+        return self.take_findings()
 
     def push(self, frame: TapFrame) -> None:
         """Buffer a frame until the watermark passes it (no draining: restoring saved state uses this)."""

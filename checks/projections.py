@@ -211,6 +211,9 @@ class Transitions:
     #: Of every other request, a connection's first use of each (api, version) in a batch (the
     #: first-use-only key kinds, ``checks.sharding.FIRST_USE_ONLY``).
     first_use: bool = False
+    #: The rule keeps nothing from one exchange to the next that could change a finding: the router
+    #: judges it where it reads the tap records, and its exchanges need not reach the stateful stage.
+    in_router: bool = False
 
     def names_api(self, api_key: int) -> bool:
         """Whether every exchange of ``api_key`` is a transition of the rule (or may be: first uses)."""
@@ -225,7 +228,7 @@ TRANSITIONS: Final[Mapping[str, Transitions]] = {
     "apiversions": Transitions(apis=frozenset({ApiKey.API_VERSIONS}), removed_versions=True, headers=True),
     "flex": Transitions(tag_evidence=True, headers=True),
     "envelope": Transitions(apis=frozenset({ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION})),
-    "txn_read": Transitions(apis=frozenset({ApiKey.FETCH})),
+    "txn_read": Transitions(apis=frozenset({ApiKey.FETCH}), in_router=True),
     # Keyed: the exchanges of the APIs whose fields they read.
     **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("producer", "txn_pid", "txn")},
     **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("group", "group_protocol")},
@@ -366,13 +369,11 @@ def _shallow_copy(value: _T) -> _T:
     return copied
 
 
-#: APIs whose whole bodies the connection-scoped rules read: ApiVersions (the advertised ranges),
-#: Envelope and BrokerRegistration (KIP-590 trust), Fetch (read-committed consumers). Of every other API
-#: they read the headers (version ranges) and the tagged-field evidence (KIP-482: ``flex``), which the
+#: APIs whose whole bodies the connection shard's rules read: ApiVersions (the advertised ranges),
+#: Envelope and BrokerRegistration (KIP-590 trust); the read-committed check reads Fetch bodies in the
+#: router (``Transitions.in_router``). Of every other API they read the headers (version ranges) and the tagged-field evidence (KIP-482: ``flex``), which the
 #: codec flags on the message (``tag_extras``) and in a body decoded with bytes left over (``_trailing``).
-CONNECTION_BODIES: Final = frozenset(
-    {ApiKey.API_VERSIONS, ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION, ApiKey.FETCH}
-)
+CONNECTION_BODIES: Final = frozenset({ApiKey.API_VERSIONS, ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION})
 
 
 def project_for_connection(frame: TapFrame) -> TapFrame:

@@ -236,6 +236,14 @@ class Rule:
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         """The request with its response (``ex.response`` None when no response can come)."""
 
+    def on_quiet(self, state: State, hook: str, seq: int, api: tuple[int, int, int]) -> bool:
+        """An exchange of its connection that this connection-scoped rule's transitions do not name
+        whole (``checks.projections.Transitions.headers``), known by its request's ``seq`` and ``api``
+        (key, version, correlation id): if ``hook`` would change no more of ``state`` than this method
+        does and report nothing, do that and return True; otherwise change nothing and return False
+        (the engine then makes the header-level exchange and calls the hook)."""
+        return False
+
     def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
         """A deadline set with ``ctx.set_timer`` has passed in event time."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -114,8 +114,11 @@ class _Catalogue:
     """The keyed rules as the router routes for them (rules keep no state of their own: one set serves
     every connection shard)."""
 
-    #: The connection-scoped rules (the connection shard's).
+    #: The connection-scoped rules the connection shard runs.
     own_rules: tuple[Rule, ...]
+    #: The connection-scoped rules that keep no state across exchanges: the router runs them
+    #: (``Transitions.in_router``).
+    router_rules: tuple[Rule, ...]
     keyed_rules: tuple[Rule, ...]
     #: Key kind -> the names of its rules: what a route to that kind keeps (``checks.projections``).
     kind_rules: dict[str, tuple[str, ...]]
@@ -140,6 +143,10 @@ def check_transitions(rules: Iterable[Rule]) -> None:
         if rule.api_keys is not None and not declared.first_use and not rule.api_keys <= declared.apis:
             missing = sorted(int(k) for k in rule.api_keys - declared.apis)
             raise UndeclaredTransitions(f"rule {rule.name!r} looks at APIs {missing} it does not declare")
+        if declared.in_router and (rule.key_kind != "conn" or rule.api_keys is None):
+            raise UndeclaredTransitions(
+                f"rule {rule.name!r}: only a connection-scoped rule of named APIs can be judged in the router"
+            )
         if rule.api_keys is None and not (declared.headers or declared.first_use):
             raise UndeclaredTransitions(
                 f"rule {rule.name!r} looks at every API but does not declare headers or first uses"
@@ -154,8 +161,10 @@ def _catalogue() -> _Catalogue:
     kind_rules: dict[str, tuple[Rule, ...]] = {}
     for rule in keyed_rules:
         kind_rules[rule.key_kind] = (*kind_rules.get(rule.key_kind, ()), rule)
+    own = [r for r in rules if is_connection_scoped(r)]
     return _Catalogue(
-        tuple(r for r in rules if is_connection_scoped(r)),
+        tuple(r for r in own if not TRANSITIONS[r.name].in_router),
+        tuple(r for r in own if TRANSITIONS[r.name].in_router),
         keyed_rules,
         {kind: tuple(r.name for r in members) for kind, members in kind_rules.items()},
         kind_rules,
@@ -303,6 +312,22 @@ class ConnectionRow:
                 for exchange in other.exchanges:
                     self.frames.extend(exchange.frames(other.meta))
 
+    @property
+    def closed(self) -> bool:
+        """Whether the row ends with the connection's close record (the last the tap writes)."""
+        frames = sorted(self.frames, key=_SEQ)
+        if not frames or frames[-1].direction != "close":
+            return False
+        # In feed order a header exchange of the same seq comes after the frame.
+        return not self.exchanges or max(e.seq for e in self.exchanges) < frames[-1].seq
+
+    @property
+    def newest_ns(self) -> int | None:
+        """The newest event time among the row's frames (None: an empty row)."""
+        times = [f.ts_ns for f in self.frames]
+        times += [max(e.request_ts_ns, e.response_ts_ns) for e in self.exchanges]
+        return max(times, default=None)
+
     def feed_order(self) -> Iterator[TapFrame]:
         """Every frame of the row in seq order, header exchanges made into their two frames."""
         frames = sorted(self.frames, key=_SEQ)
@@ -437,8 +462,27 @@ class ConnectionShard:
 
     def feed_row(self, row: ConnectionRow) -> list[Finding]:
         """The connection's row of a batch (``connection_row``): its frames and header exchanges in seq
-        order, exactly as the frames they came from."""
-        return self.feed(row.feed_order())
+        order, exactly as the frames they came from (``Monitor.feed_header_exchange``)."""
+        if not row.exchanges:
+            return self.feed(sorted(row.frames, key=_SEQ))
+        meta = row.meta
+        assert meta is not None
+        monitor = self.monitor
+        findings: list[Finding] = []
+        frames: list[TapFrame | HeaderExchange] = sorted(row.frames, key=_SEQ)
+        exchanges: list[TapFrame | HeaderExchange] = sorted(row.exchanges, key=_SEQ)
+        for item in heapq.merge(frames, exchanges, key=_SEQ):
+            if isinstance(item, TapFrame):
+                findings += monitor.feed(item)
+                continue
+            findings += monitor.feed_header_exchange(
+                meta.conn,
+                item.seq,
+                (item.request_ts_ns, item.response_ts_ns),
+                (item.api_key, item.api_version, item.correlation_id),
+                partial(item.frames, meta),
+            )
+        return findings
 
     def export(self) -> bytes:
         return _pack({"monitor": self.monitor.to_state()})
@@ -458,11 +502,21 @@ class Router:
 
     def __init__(self, config: ChecksSettings) -> None:
         self.ctx = Context(_stage_config(config))
-        # No rules: the monitor pairs and unwraps and returns what it dispatched; the connection's
-        # own key (``ConnectionShard``) reports gaps, decode errors and counts.
+        # Only the rules that keep no state across exchanges (``Transitions.in_router``): the monitor
+        # pairs what the tap wrote alone, unwraps and returns what it dispatched; the connection's own
+        # key (``ConnectionShard``) reports gaps, decode errors and counts.
+        self.rules = _catalogue().router_rules
         self.monitor = Monitor(
-            (), self.ctx, record_dispatched=True, track_gaps=False, report_frames=False, in_record_order=True
+            self.rules,
+            self.ctx,
+            record_dispatched=True,
+            track_gaps=False,
+            report_frames=False,
+            in_record_order=True,
         )
+        self._judged = frozenset(api for rule in self.rules for api in rule.api_keys or ())
+        #: What the router's own rules found in the batches routed so far.
+        self.findings: list[Finding] = []
         self.routes: list[Route] = []
         self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> route keys its request went to, until the response comes.
@@ -486,7 +540,7 @@ class Router:
                 i += 2
                 continue
             i += 1
-            monitor.feed(frame)
+            self.findings += monitor.feed(frame)
             answered = False
             # Route what the frame dispatched (nothing a rule does changes where an exchange goes).
             for event in monitor.take_dispatched():
@@ -494,7 +548,7 @@ class Router:
                 self._observe(event)
             if not answered and frame.direction == RESP and frame.message is not None:
                 self.unrouted_responses += 1
-        self.ctx.findings.clear()
+        self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
         return out
 
@@ -507,6 +561,8 @@ class Router:
         assert isinstance(sent, Request) and isinstance(response.message, Response)
         if sent.api_key == ApiKey.PRODUCE and sent.body.get("Acks") == 0:
             return False
+        if self.rules and (sent.api_key in self._judged or sent.api_key == ENVELOPE):
+            return False  # the router's own rules judge it (or what it forwards): through the engine
         limit = self.ctx.config.max_entries_per_key
         held = self.monitor.conns.get(request.conn)
         if (held is not None and len(held.pending) >= limit) or len(self.sent) >= limit:

@@ -21,9 +21,11 @@ Spark will hand the next batch in this one, ``streaming.stages``), the frames of
 key falls in the bucket, and the routed frames of each entity key that does. Spark shuffles and groups
 a few rows per source batch instead of one per frame, and the stage reads each in one call.
 
-The per-batch aggregates the data-quality suites read are counted here too (stateless), with the
-answers no entity key will see (``unrouted_responses``: their request came in an earlier batch, as a
-schema-1 record or a lone one); both go to ``PASS_BUCKET``, which the stage passes through untouched.
+The rules that keep no state across exchanges (``checks.projections.Transitions.in_router``: the
+read-committed check) run here too, and their findings go straight to the sink. The per-batch
+aggregates the data-quality suites read are counted here (stateless), with the answers no entity key
+will see (``unrouted_responses``: their request came in an earlier batch, as a
+schema-1 record or a lone one); all go to ``PASS_BUCKET``, which the stage passes through untouched.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ from streaming.rows import (
     bucket_index,
     conn_key,
     event_ms_of,
+    finding_row,
     pack_connection_row,
     pack_frame,
+    resolve_rows,
+    route_entry,
     stat_row,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
 PASS_BUCKET: Final = -1
-INCOMPLETE, REQUEST_ONLY = 1, 2
 
 
 @dataclass
@@ -64,8 +68,8 @@ class Bundle:
     #: Connection key -> its row of the batch (``checks.sharding.connection_row``: the frames its rules'
     #: transitions name, every other exchange by its headers), as ``streaming.rows.pack_connection_row``.
     conns: dict[str, list[Any]] = field(default_factory=dict)
-    #: Route key -> its routed frames: ``[at_ms, ts_ns, conn, seq, frame, flags]`` each, in routing order.
-    routes: dict[str, list[list[Any]]] = field(default_factory=dict)
+    #: Route key -> its routed frames (``streaming.rows.RouteEntry``, read back as lists), in routing order.
+    routes: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def stage_rows(bundle: Bundle) -> int:
@@ -132,12 +136,17 @@ def route_frames(
         conn_frames.append(frame)
     bundles = {b: Bundle(newest_ms) for b in range(buckets)}
     unrouted = 0
+    judged: list[OutputRow] = []
     for conn, conn_frames in per_conn.items():
         conn_frames.sort(key=_seq)
         key = conn_key(conn)
         bundles[bucket_index(key, buckets)].conns[key] = pack_connection_row(connection_row(conn_frames))
-        unrouted += _route(config, conn_frames, bundles, buckets)
-    passed = aggregate_rows(frames, newest_ms * NS_PER_MS)
+        router = _route(config, conn_frames, bundles, buckets)
+        unrouted += router.unrouted_responses
+        # The rules the router judges itself (``checks.projections.Transitions.in_router``).
+        judged += [finding_row(f) for f in router.findings]
+        judged += resolve_rows(router.ctx.resolved)
+    passed = judged + aggregate_rows(frames, newest_ms * NS_PER_MS)
     counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest_ms * NS_PER_MS)
     if counted is not None:
         passed.append(counted)
@@ -148,9 +157,11 @@ def _seq(frame: TapFrame) -> int:
     return frame.seq
 
 
-def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bundle], buckets: int) -> int:
-    """One connection's routes, into the bundles of their keys' buckets; how many of its answers could
-    not be routed (``checks.sharding.Router.unrouted_responses``)."""
+def _route(
+    config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bundle], buckets: int
+) -> Router:
+    """One connection's routes, into the bundles of their keys' buckets; the router, which counted the
+    answers it could not route and holds its own rules' findings."""
     # A frame routed to several keys of one kind is one projected object: packed once.
     packed: dict[int, bytes] = {}
     bucket_of: dict[str, int] = {}
@@ -160,7 +171,6 @@ def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bu
         data = packed.get(id(frame))
         if data is None:
             data = packed[id(frame)] = pack_frame(frame)
-        flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:
@@ -168,5 +178,5 @@ def _route(config: ChecksSettings, frames: list[TapFrame], bundles: dict[int, Bu
         entries = bundles[bucket].routes.get(key)
         if entries is None:
             entries = bundles[bucket].routes[key] = []
-        entries.append([-(-route.at_ns // NS_PER_MS), frame.ts_ns, frame.conn, frame.seq, data, flags])
-    return router.unrouted_responses
+        entries.append(route_entry(route, data))
+    return router

@@ -20,7 +20,7 @@ import msgpack
 import codec
 from checks.model import Finding
 from checks.rule import Stats
-from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange
+from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange, Route
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -88,6 +88,42 @@ def pack_frame(frame: TapFrame) -> bytes:
 
 def unpack_frame(data: bytes) -> TapFrame:
     return taprecord.frame_from_packed(msgpack.unpackb(data, raw=False))
+
+
+#: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
+#: findings about it are incomplete); a request whose answer this key will never get.
+INCOMPLETE, REQUEST_ONLY = 1, 2
+
+
+class RouteEntry(NamedTuple):
+    """A frame routed to an entity key (``checks.sharding.Route``) as the bundle carries it and the
+    entity entry keeps it until the watermark passes ``at_ms`` (msgpack writes it as a list)."""
+
+    #: Event time (ms, rounded up) of the frame that sent the route: what the watermark must pass.
+    at_ms: int
+    ts_ns: int
+    conn: str
+    seq: int
+    #: The frame as ``pack_frame`` made it, pruned to the key kind's projection.
+    frame: bytes
+    #: ``INCOMPLETE`` | ``REQUEST_ONLY``.
+    flags: int
+
+    def route(self, key: str) -> Route:
+        return Route(
+            key,
+            unpack_frame(self.frame),
+            self.at_ms * NS_PER_MS,
+            bool(self.flags & INCOMPLETE),
+            bool(self.flags & REQUEST_ONLY),
+        )
+
+
+def route_entry(route: Route, frame: bytes) -> RouteEntry:
+    """``route`` as its entry, its frame already packed (``pack_frame``: once per projected frame)."""
+    flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+    f = route.frame
+    return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, flags)
 
 
 def pack_connection_row(row: ConnectionRow) -> list[Any]:

@@ -31,7 +31,7 @@ this way.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
 from typing import Any, Final, Protocol
@@ -39,12 +39,13 @@ from typing import Any, Final, Protocol
 import msgpack
 
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, Route, forms_route_key
+from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, forms_route_key
 from streaming.pages import earliest, split_due
-from streaming.router import INCOMPLETE, REQUEST_ONLY, Bundle, route_rows
+from streaming.router import Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
     OutputRow,
+    RouteEntry,
     add_stats,
     bucket_index,
     finding_row,
@@ -52,27 +53,7 @@ from streaming.rows import (
     read_connection_row,
     resolve_rows,
     stat_row,
-    unpack_frame,
 )
-
-
-@dataclass
-class Buffered:
-    """A routed frame waiting in an entity entry for the watermark."""
-
-    at_ms: int
-    ts_ns: int
-    conn: str
-    seq: int
-    #: The frame as ``streaming.rows.pack_frame`` made it.
-    frame: bytes
-    flags: int
-
-
-#: A routed frame as a bundle carries it and an entity entry buffers it: ``Buffered``'s fields, in order
-#: (``streaming.router`` writes the same list out, on its hot path).
-_ROUTE_ENTRY: Final = tuple(f.name for f in fields(Buffered))
-_packed_entry: Final = attrgetter(*_ROUTE_ENTRY)
 
 #: The order an entity entry releases routed frames in, as the single monitor does: (ts_ns, conn, seq).
 _RELEASE_ORDER: Final = attrgetter("ts_ns", "conn", "seq")
@@ -91,11 +72,11 @@ class StepResult:
 class KeyedResult(StepResult):
     #: The key's new saved state (the shard's bytes), or None: nothing left to keep, delete it.
     state: bytes | None = None
-    buffer: list[Buffered] = field(default_factory=list)
+    buffer: list[RouteEntry] = field(default_factory=list)
 
 
 def keyed_step(
-    config: ChecksSettings, key: str, saved: bytes | None, buffer: list[Buffered], watermark_ms: int
+    config: ChecksSettings, key: str, saved: bytes | None, buffer: list[RouteEntry], watermark_ms: int
 ) -> KeyedResult:
     """One entity key: release what the watermark passed, in event-time order."""
     ready = sorted([b for b in buffer if b.at_ms <= watermark_ms], key=_RELEASE_ORDER)
@@ -105,16 +86,7 @@ def keyed_step(
     except KeyError:
         # A key no rule of this build forms (state from an older route scheme): drop it, counted.
         return KeyedResult(counts={"unknown_route_keys": 1, "dropped_routes": len(buffer)})
-    findings = shard.feed(
-        Route(
-            key,
-            unpack_frame(b.frame),
-            b.at_ms * NS_PER_MS,
-            bool(b.flags & INCOMPLETE),
-            bool(b.flags & REQUEST_ONLY),
-        )
-        for b in ready
-    )
+    findings = shard.feed(b.route(key) for b in ready)
     if watermark_ms > 0:
         findings += shard.advance(watermark_ms * NS_PER_MS)
     out = [finding_row(f) for f in findings]
@@ -209,18 +181,18 @@ def _connection_entry(
     row = ConnectionRow()
     for values in packed:
         row.extend(read_connection_row(values))
-    frames = list(row.feed_order())
     shard = ConnectionShard(config, saved[0] if saved else None)
-    findings = shard.feed(frames)
+    findings = shard.feed_row(row)
     result = StepResult([finding_row(f) for f in findings])
     result.rows.extend(resolve_rows(shard.ctx.resolved))
     add_stats(result.counts, shard.ctx.stats)
-    if frames and frames[-1].direction == "close":
+    if row.closed:
         if saved is not None:
             store.remove(key)
         return result
     # A connection that vanished without a close record (a tap restart) expires after its TTL.
-    newest = max(f.ts_ns for f in frames) // NS_PER_MS if frames else watermark_ms
+    newest_ns = row.newest_ns
+    newest = newest_ns // NS_PER_MS if newest_ns is not None else watermark_ms
     expiry = max(newest, watermark_ms) + int(config.connection_ttl_seconds * 1000)
     store.put(key, (shard.export(), expiry))
     result.next_timer_ms = expiry
@@ -254,14 +226,14 @@ def _keyed_entry(
         due = soonest if due is None else min(due, soonest)
         store.put(key, (shard, msgpack.packb(waiting), due))
         return StepResult(next_timer_ms=due)
-    buffered = [Buffered(*item) for item in msgpack.unpackb(packed)] if packed else []
-    buffered += [Buffered(*entry) for entry in arrived]
+    buffered = [RouteEntry(*item) for item in msgpack.unpackb(packed)] if packed else []
+    buffered += [RouteEntry(*entry) for entry in arrived]
     result = keyed_step(config, key, shard, buffered, watermark_ms)
     if result.state is None and not result.buffer:
         if saved is not None:
             store.remove(key)
     else:
-        buffer = msgpack.packb([_packed_entry(b) for b in result.buffer])
+        buffer = msgpack.packb(result.buffer)
         store.put(key, (result.state, buffer, result.next_timer_ms))
     return result
 

@@ -212,6 +212,34 @@ class ApiVersionsRule(Rule):
             conns=(ex.conn,),
         )
 
+    def on_quiet(self, state: State, hook: str, seq: int, api: tuple[int, int, int]) -> bool:
+        """A request at a version Kafka 4.0 kept, answered, known by its headers: it only notes the
+        connection's first request, unless it is the one that shows a missing handshake, lies outside
+        the advertised ranges unreported, or its answer settles a held removed version."""
+        api_key, version, corr = api
+        if api_key == API_VERSIONS:
+            return False
+        if hook == "on_response":
+            held: dict[str, Any] | None = state.get("removed_pending")
+            return not (held and str(corr) in held)
+        first = state.get("first_seq")
+        if (
+            not state.get("handshake")
+            and not state.get("no_handshake_reported")
+            and int(seq if first is None else first) <= 2
+        ):
+            return False
+        ranges: dict[str, list[int]] | None = state.get("ranges")
+        if ranges is not None and state.get("complete"):
+            if _in_range(ranges, api_key, version):
+                if state.get("removed_by_release") and removed_in_4_0(api_key, version):
+                    return False
+            elif f"{api_key}:{version}" not in state.get("oor_reported", ()):
+                return False
+        if first is None:
+            state["first_seq"] = seq
+        return True
+
     def on_response(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:
         resp = ex.resp
         held: dict[str, Any] | None = state.get("removed_pending")

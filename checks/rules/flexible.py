@@ -172,6 +172,11 @@ class FlexibleRule(Rule):
         if "_trailing" in resp.body and ex.response is not None:
             self._header(state, ex.response, ex, (ex.api_key, ex.api_version), ctx)
 
+    def on_quiet(self, state: State, hook: str, seq: int, api: tuple[int, int, int]) -> bool:
+        """An exchange known by its headers carries no tagged-field evidence and no bytes left over
+        (``checks.projections.TRANSITIONS``): nothing to judge."""
+        return True
+
     def on_undecodable(self, state: State, key: str, frame: TapFrame, ctx: RuleContext) -> None:
         """An undecodable frame (engine hook): was its header version the fault?"""
         api = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,20 @@ def tap_loss() -> list[TapFrame]:
 
 
 def with_headers_only() -> list[TapFrame]:
-    """``scenario()`` and requests known by their header alone (kept out of ``scenario()``, which the
-    end-to-end and DAG tests replay with their own decode-error budgets)."""
-    return sorted(scenario() + headers_only(22 * SECOND), key=lambda f: (f.ts_ns, f.conn, f.seq))
+    """``scenario()``, requests known by their header alone and read-committed fetches the router
+    judges itself (kept out of ``scenario()``, which the end-to-end and DAG tests replay with their own
+    decode-error budgets)."""
+    return sorted(
+        scenario() + headers_only(22 * SECOND) + read_committed(), key=lambda f: (f.ts_ns, f.conn, f.seq)
+    )
+
+
+def read_committed() -> list[TapFrame]:
+    """A read-committed consumer's fetches: one answered with a last stable offset above the high
+    watermark, one whose abort marker the aborted list does not name (``txn.read_committed_inconsistent``)."""
+    inconsistent = tx.fetch(b"", None, hw=50, lso=60)
+    aborted = tx.fetch(tx.batch(0, 0, 2, offset=10) + tx.marker(0, 12), [])
+    return [*inconsistent, *(replace(f, conn="consumer-2", offset=f.offset + 1000) for f in aborted)]
 
 
 def headers_only(at: int) -> list[TapFrame]:
@@ -200,8 +212,10 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
             max_ts = max(max_ts, frame.ts_ns)
         for conn, mine in per_conn.items():
             mine.sort(key=lambda f: f.seq)
-            for route in Router(CONFIG).route(mine):
+            router = Router(CONFIG)
+            for route in router.route(mine):
                 buffers[route.key].append(route)
+            findings.extend(router.findings)
             shard = ConnectionShard(CONFIG, conn_states.get(conn))
             # The connection's own key gets its row (``connection_row``): frames cross as bytes too.
             row = connection_row(mine)

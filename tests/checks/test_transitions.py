@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks.model import Exchange
-from checks.projections import TRANSITIONS, project_for_connection
+from checks.projections import CONNECTION_BODIES, TRANSITIONS, project_for_connection
 from checks.rule import Rule
 from checks.rules import all_rules
 from checks.settings import ChecksSettings
@@ -44,6 +44,11 @@ def test_every_rule_declares_its_transitions() -> None:
     rules = all_rules()
     check_transitions(rules)
     assert {r.name for r in rules} == set(TRANSITIONS)
+    # What the connection shard's rules need whole reaches them whole.
+    for rule in rules:
+        declared = TRANSITIONS[rule.name]
+        if rule.key_kind == "conn" and not declared.in_router:
+            assert declared.apis <= CONNECTION_BODIES, rule.name
 
 
 class _Forgetful(Rule):
@@ -79,6 +84,9 @@ def _event(conv: Conversation, kind: str, arg: int, ts: int) -> list[TapFrame]:
         return av.metadata(conv, arg % 13, ts)
     if kind == "unanswered":
         return [conv.request(av.METADATA, arg % 13, {"Topics": [], "AllowAutoTopicCreation": False}, ts)]
+    if kind == "fetch":
+        request = {"ReplicaId": -1, "MaxWaitMs": 1, "MinBytes": 1, "IsolationLevel": arg % 2, "Topics": []}
+        return conv.exchange(ApiKey.FETCH, 12, request, {"Responses": []}, ts)
     if kind == "removed":
         return conv.exchange(av.PRODUCE, 2, PRODUCE_V2, {"Responses": []}, ts)
     if kind == "tags":
@@ -95,7 +103,7 @@ def _event(conv: Conversation, kind: str, arg: int, ts: int) -> list[TapFrame]:
 
 
 KINDS: tuple[str, ...] = ("open", "handshake", "metadata", "metadata", "metadata", "unanswered", "removed")
-KINDS += ("tags", "undecodable", "lose", "close")
+KINDS += ("tags", "undecodable", "lose", "close", "fetch")
 EVENTS = st.lists(
     st.tuples(
         st.integers(0, 1),

@@ -12,9 +12,8 @@ from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, p
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.router import route_rows
-from streaming.rows import OutputRow, conn_key, read_connection_row
+from streaming.rows import OutputRow, RouteEntry, conn_key, read_connection_row
 from streaming.stages import (
-    Buffered,
     DictBucketStore,
     LocalStages,
     keyed_step,
@@ -283,7 +282,7 @@ def test_a_closed_connection_leaves_no_state() -> None:
 
 
 def test_a_route_key_no_rule_forms_is_dropped_and_counted() -> None:
-    buffered = [Buffered(1, 1, "c", 1, b"{}", 0)]
+    buffered = [RouteEntry(1, 1, "c", 1, b"{}", 0)]
     result = keyed_step(CONFIG, "apiversions.cluster|cluster", b"{}", buffered, 10)
     assert result.state is None and result.buffer == [] and result.next_timer_ms is None
     assert result.rows == [] and result.counts == {"unknown_route_keys": 1, "dropped_routes": 1}
