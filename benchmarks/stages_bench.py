@@ -52,7 +52,7 @@ from kpmon.config import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
-from streaming.router import PASS_BUCKET, Bundle, read_bundle, stage_rows  # noqa: E402
+from streaming.router import PASS_BUCKET, Bundle, header_exchanges, read_bundle, stage_rows  # noqa: E402
 from streaming.stages import BucketStore, DictBucketStore, LocalStages  # noqa: E402
 from streaming.workergc import tune_worker_gc  # noqa: E402
 
@@ -111,8 +111,9 @@ def source_batches(records: list[tuple[dict[str, str], bytes, int, int]]) -> lis
 BUCKET_OF_LABEL = {label: index for index, label in enumerate(LABELS)}
 
 
-#: Rows the bundles handed the stateful stage's entries so far (``streaming.router.stage_rows``).
-STAGE_ROWS = [0]
+#: Rows the bundles handed the stateful stage's entries so far (``streaming.router.stage_rows``), and the
+#: exchanges the connection rows among them carried by their headers (``header_exchanges``).
+STAGE_ROWS = [0, 0]
 
 
 def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
@@ -127,6 +128,7 @@ def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
             if label != PASS_BUCKET:
                 bundle = read_bundle(data)
                 STAGE_ROWS[0] += stage_rows(bundle)
+                STAGE_ROWS[1] += header_exchanges(bundle)
                 out.setdefault(BUCKET_OF_LABEL[label], []).append(bundle)
     return out
 
@@ -247,7 +249,7 @@ def run(
 ) -> dict[str, float]:
     stages = LocalStages(SETTINGS, StreamConfig().buckets, trips.store)
     seconds = {"route": 0.0, "stage": 0.0}
-    STAGE_ROWS[0] = 0
+    STAGE_ROWS[:] = [0, 0]
     profiler = cProfile.Profile() if profile else None
 
     def timed(part: str, work: Callable[..., Any], *args: Any) -> Any:
@@ -306,6 +308,7 @@ def main() -> int:
     trips = RoundTrips(args.store == "paged")
     seconds = run(records, args.batch, args.profile, trips)
     rows_per_frame = STAGE_ROWS[0] / frames
+    headers_per_frame = STAGE_ROWS[1] / frames
     load_after = os.getloadavg()
     round_trips = None
     if trips.paged:
@@ -337,7 +340,10 @@ def main() -> int:
             f"  state round trips per 1k frames: pages {per_1k['paged']:.1f}, "
             f"an entry per key {per_1k['per_key']:.1f} ({round_trips['per_key'] / max(round_trips['paged'], 1):.1f}x)"
         )
-    print(f"  rows into the stateful stage     {rows_per_frame:7.3f} per wire frame")
+    print(
+        f"  rows into the stateful stage     {rows_per_frame:7.3f} per wire frame "
+        f"(and {headers_per_frame:.3f} exchanges by their headers in the connections' rows)"
+    )
     print(f"  load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     if args.profile:
         # The profiler's own cost inflates every figure above: a profiled run is never the record.
@@ -357,7 +363,10 @@ def main() -> int:
             buckets=StreamConfig().buckets,
             worker_gc=worker_gc,
             us_per_frame={**us, "route_and_stage": stages_us, "full_decode_comparison": floor_us},
-            stage={"rows_per_wire_frame": rows_per_frame},
+            stage={
+                "rows_per_wire_frame": rows_per_frame,
+                "header_exchanges_per_wire_frame": headers_per_frame,
+            },
             target_us_route_and_stage=TARGET_US,
             verdict=verdict,
         )

@@ -206,7 +206,9 @@ class Transitions:
     tag_evidence: bool = False
     #: Of every other exchange, its headers only (api, version, correlation id, client id, header
     #: versions, times and place): connection-scoped rules that judge every request by its header
-    #: get such an exchange as a ``checks.sharding.HeaderExchange``, packed without its bodies.
+    #: get such an exchange as a ``checks.sharding.HeaderExchange``, packed without its bodies. Such a
+    #: rule keys every exchange by its connection and says in ``Rule.on_quiet`` when its hook would
+    #: only note the exchange.
     headers: bool = False
     #: Of every other request, a connection's first use of each (api, version) in a batch (the
     #: first-use-only key kinds, ``checks.sharding.FIRST_USE_ONLY``).

@@ -74,9 +74,14 @@ class Bundle:
 
 def stage_rows(bundle: Bundle) -> int:
     """How many rows the bundle hands the stateful stage's entries: each connection's kept frames and
-    header exchanges (``checks.sharding.ConnectionRow``), each routed frame."""
-    conns = sum(len(frames) + len(exchanges) for _, frames, exchanges in bundle.conns.values())
+    the one entry of its header exchanges (``checks.sharding.ConnectionRow``), each routed frame."""
+    conns = sum(len(frames) + bool(exchanges) for _, frames, exchanges in bundle.conns.values())
     return conns + sum(len(entries) for entries in bundle.routes.values())
+
+
+def header_exchanges(bundle: Bundle) -> int:
+    """How many exchanges the bundle's connection rows carry by their headers."""
+    return sum(len(exchanges[0]) for _, _, exchanges in bundle.conns.values() if exchanges)
 
 
 def pack_bundle(bundle: Bundle) -> bytes:

@@ -129,11 +129,12 @@ def route_entry(route: Route, frame: bytes) -> RouteEntry:
 def pack_connection_row(row: ConnectionRow) -> list[Any]:
     """A connection's row of one batch as the bundle carries it: ``[meta, frames, exchanges]``, its
     frames packed as ``codec.taprecord.frame_to_packed`` makes them (packed with the bundle, not one by
-    one) and each header exchange as its fields in order (``checks.sharding.HeaderExchange``)."""
+    one) and its header exchanges as columns, one list per field of ``checks.sharding.HeaderExchange``
+    (the row's one entry for all of them, not one per exchange)."""
     return [
         None if row.meta is None else list(row.meta),
         [taprecord.frame_to_packed(f) for f in row.frames],
-        [list(e) for e in row.exchanges],
+        [list(column) for column in zip(*row.exchanges, strict=True)],
     ]
 
 
@@ -141,7 +142,7 @@ def read_connection_row(values: Sequence[Any]) -> ConnectionRow:
     meta, frames, exchanges = values
     return ConnectionRow(
         [taprecord.frame_from_packed(f) for f in frames],
-        [HeaderExchange(*e) for e in exchanges],
+        [HeaderExchange(*e) for e in zip(*exchanges, strict=True)],
         None if meta is None else ConnectionMeta(*meta),
     )
 
