@@ -57,7 +57,7 @@ from checks.settings import ChecksSettings
 from codec import native
 from codec.native import ENV
 from codec.records import build_record_batch
-from kpmon.config import KpmonConfig
+from kpconfig.model import KpmonConfig
 from streaming.frames import record_rows
 from streaming.hooks import AlertHooks
 from streaming.pages import DictPageBackend, PagedBucketStore
@@ -330,6 +330,10 @@ def _attributes(obj: Any) -> Iterator[Any]:
     attrs = getattr(obj, "__dict__", None)
     if isinstance(attrs, dict):
         yield from attrs.values()
+    if dataclasses.is_dataclass(obj):
+        # A dataclass compiled by mypyc keeps its fields but neither ``__dict__`` nor ``__slots__``.
+        for found in dataclasses.fields(obj):
+            yield getattr(obj, found.name, None)
     for klass in type(obj).__mro__:
         for name in getattr(klass, "__slots__", ()):
             if hasattr(obj, name):
