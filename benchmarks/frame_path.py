@@ -411,7 +411,7 @@ class _Tracer:
         thread = self.threads.get(threading.get_ident())
         if thread is None:
             thread = self.threads[threading.get_ident()] = _Thread()
-        call = f"{caller[0]}.{caller[1]} -> {callee[0]}.{callee[1]}"
+        call = f"{caller[0]}:{caller[1]} -> {callee[0]}:{callee[1]}"
         thread.hops.setdefault((caller[0], callee[0]), {}).setdefault(call, None)
         for shape in shapes:
             thread.shapes.setdefault(shape, call)
@@ -512,16 +512,9 @@ def render(figures: Figures) -> str:
 
 
 def _short(call: str) -> str:
-    """``a.b.f -> c.d.g`` as ``f -> g``: the hop it belongs to names the modules."""
+    """``a.b:f -> c.d:g`` as ``f -> g``: the hop it belongs to names the modules."""
     caller, callee = call.split(" -> ")
-    return f"{_function(caller)} -> {_function(callee)}"
-
-
-def _function(name: str) -> str:
-    module = name
-    while module not in sys.modules and "." in module:
-        module = module.rsplit(".", 1)[0]
-    return name[len(module) + 1 :]
+    return f"{caller.partition(':')[2]} -> {callee.partition(':')[2]}"
 
 
 def documented(text: str) -> str:
