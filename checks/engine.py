@@ -229,11 +229,7 @@ class Monitor:
                 self.ctx.stats.exchanges += 1
             rules = self._rules_by_api.get((api_key, hook))
             if rules is None:
-                rules = self._rules_by_api[(api_key, hook)] = [
-                    (r, getattr(type(r), hook) is not getattr(Rule, hook))
-                    for r in self.rules
-                    if r.api_keys is None or api_key in r.api_keys
-                ]
+                rules = self._rules_for(api_key, hook)
             for rule, overrides in rules:
                 skey: StateKey = (rule.name, conn)
                 rule_state = self.states.get(skey)
@@ -392,6 +388,16 @@ class Monitor:
             self.stats.exchanges += 1
         self._dispatch("on_response", exchange)
 
+    def _rules_for(self, api_key: int, hook: str) -> list[tuple[Rule, bool]]:
+        """The rules that take ``api_key``'s exchanges and whether each overrides ``hook``, found once
+        per API and hook (the callers look in ``_rules_by_api`` first)."""
+        rules = self._rules_by_api[(api_key, hook)] = [
+            (r, getattr(type(r), hook) is not getattr(Rule, hook))
+            for r in self.rules
+            if r.api_keys is None or api_key in r.api_keys
+        ]
+        return rules
+
     def _dispatch(self, hook: str, exchange: Exchange, envelope: Exchange | None = None) -> None:
         """Call every rule's ``hook`` for every key of ``exchange``; ``envelope``: the Envelope the
         exchange was unwrapped from (KIP-590), whose findings the rules' ids are prefixed for.
@@ -405,11 +411,7 @@ class Monitor:
             self.dispatched.append(Dispatched(hook, exchange, inner))
         rules = self._rules_by_api.get((api_key, hook))
         if rules is None:
-            rules = self._rules_by_api[(api_key, hook)] = [
-                (r, getattr(type(r), hook) is not getattr(Rule, hook))
-                for r in self.rules
-                if r.api_keys is None or api_key in r.api_keys
-            ]
+            rules = self._rules_for(api_key, hook)
         only_key = self.only_key
         call = self._call
         for rule, overrides in rules:
