@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -123,6 +124,10 @@ class ProgressListener(StreamingQueryListener):
         self.extras = extras
         self.terminal = terminal
         self.last: dict[str, Any] | None = None
+        # Spark delivers listener events on its own thread, late: a progress or idle event can arrive after
+        # the job has recorded its end, and must not turn "stopped" back into "running".
+        self._lock = threading.Lock()
+        self._ended = False
 
     def onQueryStarted(self, event: Any) -> None:
         self._write({"id": str(event.id), "runId": str(event.runId), "batchId": None}, "starting")
@@ -182,12 +187,17 @@ class ProgressListener(StreamingQueryListener):
         self._write(self.last or {}, "failed" if error else "stopped", error=error)
 
     def _write(self, progress: dict[str, Any], state: str, error: str | None = None) -> None:
-        progress = {k: v for k, v in progress.items() if k != "kpmon"}
-        self.last = progress
-        extra = {"written_at": time.time(), "state": state, **self.extras()}
-        if error:
-            extra["error"] = error
-        try:
-            _write_json(self.paths.progress, {**progress, "kpmon": extra})
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.paths.progress, exc)
+        ending = state in ("stopped", "failed")
+        with self._lock:
+            if self._ended and not (ending and error):
+                return  # the end is recorded; only a failure may still replace a clean stop
+            self._ended = self._ended or ending
+            progress = {k: v for k, v in progress.items() if k != "kpmon"}
+            self.last = progress
+            extra = {"written_at": time.time(), "state": state, **self.extras()}
+            if error:
+                extra["error"] = error
+            try:
+                _write_json(self.paths.progress, {**progress, "kpmon": extra})
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.paths.progress, exc)

@@ -99,6 +99,26 @@ def test_listener_writes_progress_and_metrics(tmp_path: Path) -> None:
     assert read_progress(paths.progress)["kpmon"]["state"] == "stopped"  # type: ignore[index]
 
 
+def test_a_late_event_does_not_undo_the_recorded_end(tmp_path: Path) -> None:
+    """Spark delivers listener events on its own thread: progress or idle can land after the job marked its
+    end. `kpmon stream status` must keep saying stopped (or failed) once the job said so."""
+    paths = StreamPaths(tmp_path / "stream")
+    paths.make()
+    listener = ProgressListener(paths, StreamMetrics(CollectorRegistry()), dict)
+    event = SimpleNamespace(progress=SimpleNamespace(json=json.dumps(progress())))
+    listener.onQueryProgress(event)
+    listener.mark_ended(None)
+    listener.onQueryProgress(event)
+    listener.onQueryIdle(SimpleNamespace())
+    assert read_progress(paths.progress)["kpmon"]["state"] == "stopped"  # type: ignore[index]
+    assert judge(read_progress(paths.progress), time.time(), CONFIG).status == "stopped"
+    # A failure reported after a clean stop is still news; a second clean end changes nothing.
+    listener.onQueryTerminated(SimpleNamespace(exception="boom"))
+    listener.onQueryTerminated(SimpleNamespace(exception=None))
+    saved = read_progress(paths.progress)
+    assert saved is not None and (saved["kpmon"]["state"], saved["kpmon"]["error"]) == ("failed", "boom")
+
+
 def test_batch_results_count_findings_and_alerts() -> None:
     registry = CollectorRegistry()
     metrics = StreamMetrics(registry)
