@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from deploy.local import process
 from kpconfig.model import KpmonConfig, load_config, write_private
 from streaming.paths import StreamPaths
 
@@ -126,16 +127,6 @@ def record_path(paths: StreamPaths) -> Path:
 # -- probing ----------------------------------------------------------------------------------------
 
 
-def _proc_state(pid: int) -> str | None:
-    """The state letter from /proc/<pid>/stat (``Z`` for a zombie); None without /proc or process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name is in parentheses and may contain spaces: the state follows the last ")".
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
 def is_alive(pid: int | None) -> bool:
     """Whether ``pid`` runs (a zombie does not). Reaps it first if it is our own exited child."""
     if not pid or pid <= 0:
@@ -146,13 +137,7 @@ def is_alive(pid: int | None) -> bool:
             return False
     except ChildProcessError:
         pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _proc_state(pid) != "Z"
+    return process.is_alive(pid)
 
 
 def group_members(pgid: int) -> list[int]:

@@ -93,6 +93,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def stop(args: argparse.Namespace) -> int:
+    from deploy.local.process import is_alive
     from streaming.paths import StreamPaths
 
     config = _config(args)
@@ -105,9 +106,7 @@ def stop(args: argparse.Namespace) -> int:
     paths.stop_marker.touch()
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not is_alive(pid):  # an exited job its parent has not reaped yet is stopped too
             print(f"kpmon stream stop: job {pid} stopped")
             return 0
         time.sleep(0.5)
