@@ -6,7 +6,7 @@ Everything here is plain data. Time is the tap's ``ts_ns`` carried by each frame
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -44,7 +44,7 @@ class SharedValues(Generic[K, V]):
     member's subscription. Rule state is per key, so without this each key holds its own copy; with
     10k producers or groups that is most of what the state costs (benchmarks/checks_bench.py).
 
-    ``get(key, make)`` returns the value held for ``key``, making it with ``make()`` the first time.
+    ``get(key, value)`` returns the value held for ``key``, or holds ``value`` for it the first time.
     Bounded: at ``limit`` values the pool starts afresh (states keep the values they hold; equal values
     made later are shared from then on). A shared value is held by many states at once, so it must
     never be mutated: rules replace it instead. It is plain data, so saved state is unchanged.
@@ -56,19 +56,18 @@ class SharedValues(Generic[K, V]):
         self._values: dict[K, V] = {}
         self.limit = limit
 
-    def get(self, key: K, make: Callable[[], V]) -> V:
+    def get(self, key: K, value: V) -> V:
         values = self._values
-        value = values.get(key)
-        if value is None:
-            value = make()
+        held = values.get(key)
+        if held is None:
             if len(values) >= self.limit:
                 values.clear()  # one call: safe if two threads fill the pool at once
-            values[key] = value
-        return value
+            values[key] = held = value
+        return held
 
     def share(self: SharedValues[K, K], value: K) -> K:
         """``value`` held once: the equal value held already, else ``value`` (strings, tuples)."""
-        return self.get(value, lambda: value)
+        return self.get(value, value)
 
     def __len__(self) -> int:
         return len(self._values)

@@ -18,9 +18,10 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 import codec
+from checks.engine import ConnectionMeta, HeaderExchange
 from checks.model import Finding
 from checks.rule import Stats
-from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange, Route
+from checks.sharding import ConnectionRow, Route
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -129,7 +130,7 @@ def route_entry(route: Route, frame: bytes) -> RouteEntry:
 def pack_connection_row(row: ConnectionRow) -> list[Any]:
     """A connection's row of one batch as the bundle carries it: ``[meta, frames, exchanges]``, its
     frames packed as ``codec.taprecord.frame_to_packed`` makes them (packed with the bundle, not one by
-    one) and its header exchanges as columns, one list per field of ``checks.sharding.HeaderExchange``
+    one) and its header exchanges as columns, one list per field of ``checks.engine.HeaderExchange``
     (the row's one entry for all of them, not one per exchange)."""
     return [
         None if row.meta is None else list(row.meta),

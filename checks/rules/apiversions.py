@@ -109,7 +109,7 @@ def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
         (int(entry["ApiKey"]), int(entry["MinVersion"]), int(entry["MaxVersion"]))
         for entry in body.get("ApiKeys") or []
     )
-    return _RANGES.get(key, lambda: {str(api): [lo, hi] for api, lo, hi in key})
+    return _RANGES.get(key, {str(api): [lo, hi] for api, lo, hi in key})
 
 
 def _answer_ranges(ex: Exchange) -> dict[str, list[int]]:

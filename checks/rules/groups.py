@@ -289,7 +289,7 @@ class GroupRule(Rule):
         if gen < 0 and old is not None:
             gen = int(old["gen"])
         # Members of a generation mostly subscribe alike: equal entries are one shared (never mutated) dict.
-        subs[member] = _SUBSCRIPTIONS.get((gen, *topics), lambda: {"gen": gen, "topics": topics})
+        subs[member] = _SUBSCRIPTIONS.get((gen, *topics), {"gen": gen, "topics": topics})
         ctx.trim(subs)
 
     # -- SyncGroup ----------------------------------------------------------------------------------
