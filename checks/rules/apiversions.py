@@ -45,8 +45,8 @@ from functools import cache
 from typing import Any
 
 from checks.codes import API_VERSIONS, UNSUPPORTED_VERSION
-from checks.model import Exchange, Severity, SharedValues
-from checks.rule import Rule, RuleContext, State
+from checks.model import Exchange, Severity
+from checks.rule import Rule, RuleContext, SharedValues, State
 from codec.api import api_name
 from codec.protocol import ApiKey
 from codec.schema import load_table

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.model import Exchange, Severity, SharedValues
-from checks.rule import Rule, RuleContext, State
+from checks.model import Exchange, Severity
+from checks.rule import Rule, RuleContext, SharedValues, State
 from codec.nested import ConsumerAssignment, ConsumerSubscription
 from codec.protocol import ApiKey, ErrorCode
 

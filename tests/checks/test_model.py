@@ -1,4 +1,5 @@
-"""checks.model: the shared-values pool rules keep equal state values in; findings as dicts."""
+"""checks.model: findings as dicts; and the shared-values pool rules keep equal state values in
+(``checks.rule.SharedValues``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from checks.model import Finding, Severity, SharedValues
+from checks.model import Finding, Severity
+from checks.rule import SharedValues
 
 
 def test_equal_values_are_held_once_per_key() -> None:
