@@ -1,4 +1,5 @@
-"""The interface every invariant implements, and the context it reports through.
+"""The interface every invariant implements, the context it reports through, and the pool its states
+share equal values in (``SharedValues``).
 
 A rule is a state machine per key (a connection, a group, a producer id, ...). It sees two kinds of
 event, both in event-time order: a request when it was sent (``on_request``) and the same request with
