@@ -93,7 +93,7 @@ def _framed(payload: bytes) -> bytes:
 @dataclass(frozen=True)
 class Markers:
     """The frames' own content: a value that holds one of these carries the frame. New ones each run, so
-    no cache a run filled (``checks.model.SharedValues``) spares the next its first-time work."""
+    no cache a run filled (``checks.rule.SharedValues``) spares the next its first-time work."""
 
     client_id: str
     topic: str

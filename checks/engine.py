@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats, iso_time
-from codec.api import Request, expand_response
+from codec.api import Request, Response, expand_response
 from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse
 from codec.peek import peek_request_header
@@ -77,6 +77,58 @@ class Dispatched:
     #: The exchange an Envelope forwards, unwrapped once by the monitor (None: not an Envelope, or
     #: its inner frames did not decode).
     inner: Exchange | None = None
+
+
+class ConnectionMeta(NamedTuple):
+    """What every frame of one connection shares (its header exchanges carry it once)."""
+
+    conn: str
+    client: str
+    broker: str
+    broker_id: int | None
+    listener: str | None
+    partition: int
+    capture: str
+
+
+class HeaderExchange(NamedTuple):
+    """An exchange no connection-scoped rule's transitions name whole (``checks.projections``): what its
+    connection's key needs of it is its headers, times and place, packed without its bodies. The tap
+    wrote the pair as one entry (``seq`` and ``index`` are both frames'), so nothing pairs it again.
+    ``frames`` makes the two header-level frames the connection's rules read
+    (``Monitor.feed_header_exchange``)."""
+
+    seq: int
+    request_ts_ns: int
+    response_ts_ns: int
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    request_header_version: int
+    response_header_version: int
+    request_offset: int
+    response_offset: int
+    entry: int
+    loss_ns: int
+
+    def frames(self, meta: ConnectionMeta) -> tuple[TapFrame, TapFrame]:
+        conn, client, broker, broker_id, listener, partition, capture = meta
+        api, version, corr = self.api_key, self.api_version, self.correlation_id
+        request = Request(api, version, corr, self.client_id, {}, {}, self.request_header_version, False)
+        response = Response(api, version, corr, {}, {}, self.response_header_version, -1, False)
+        return (
+            TapFrame(
+                conn, self.seq, self.request_ts_ns, "req", api, version, corr, client, broker, broker_id,
+                listener, partition, self.request_offset, request, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+            TapFrame(
+                conn, self.seq, self.response_ts_ns, "resp", api, version, corr, client, broker, broker_id,
+                listener, partition, self.response_offset, response, None, capture, None, 0, False, self.entry,
+                self.loss_ns,
+            ),
+        )  # fmt: skip
 
 
 class Monitor:
@@ -169,20 +221,13 @@ class Monitor:
         out, ctx.findings = ctx.findings, []
         return out
 
-    def feed_header_exchange(
-        self,
-        conn: str,
-        seq: int,
-        times: tuple[int, int],
-        api: tuple[int, int, int],
-        frames: Callable[[], tuple[TapFrame, TapFrame]],
-    ) -> list[Finding]:
+    def feed_header_exchange(self, meta: ConnectionMeta, header: HeaderExchange) -> list[Finding]:
         """``feed`` of an exchange's request and answer known by their headers (a connection shard's
-        ``checks.sharding.HeaderExchange``: no rule's transitions name it whole), without making the
-        frames where no rule needs them: each rule's ``on_quiet`` applies what its hook would, or says
-        the hook must run, and only then are the two frames made (``frames``). ``times``: the request's
-        and the answer's ``ts_ns``; ``api``: key, version and correlation id. Exactly ``feed`` of both
+        ``HeaderExchange``: no rule's transitions name it whole), without making the frames where no
+        rule needs them: each rule's ``on_quiet`` applies what its hook would, or says the hook must
+        run, and only then are the two frames made (``HeaderExchange.frames``). Exactly ``feed`` of both
         frames in every effect (state, last-seen times, sweeps, pending requests, counters, findings)."""
+        conn, seq = meta.conn, header.seq
         held = self.conns.get(conn)
         if (
             self._heap
@@ -193,18 +238,12 @@ class Monitor:
             or (held is not None and (len(held.pending) >= self.ctx.config.max_entries_per_key))
             or (held is not None and held.last_seq >= 0 and seq > held.last_seq + 1)
         ):
-            request, answer = frames()
+            request, answer = header.frames(meta)
             return self.feed(request) + self.feed(answer)
-        made: list[tuple[TapFrame, TapFrame]] = []
-
-        def exchange(hook: str) -> Exchange:
-            if not made:
-                made.append(frames())
-            request, answer = made[0]
-            return Exchange(request, answer if hook == "on_response" else None)
-
-        api_key, _version, corr = api
-        for hook, ts in (("on_request", times[0]), ("on_response", times[1])):
+        made: tuple[TapFrame, TapFrame] | None = None
+        api_key, corr = header.api_key, header.correlation_id
+        api = (api_key, header.api_version, corr)
+        for hook, ts in (("on_request", header.request_ts_ns), ("on_response", header.response_ts_ns)):
             self.ctx.stats.frames += 1
             state = self.conns.get(conn)
             if state is None:
@@ -237,7 +276,9 @@ class Monitor:
                     rule_state = self.states[skey] = {}
                 self.last_seen[skey] = ts
                 if overrides and not rule.on_quiet(rule_state, hook, seq, api):
-                    ex = exchange(hook)
+                    if made is None:
+                        made = header.frames(meta)
+                    ex = Exchange(made[0], made[1] if hook == "on_response" else None)
                     assert rule.keys(ex) == [conn], f"{rule.name} keys a header exchange by its connection"
                     self._call(rule, conn, hook, ex, None)
             if fire:

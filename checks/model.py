@@ -6,10 +6,9 @@ Everything here is plain data. Time is the tap's ``ts_ns`` carried by each frame
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from codec.api import Request, Response
 from codec.taprecord import TapFrame
@@ -32,46 +31,6 @@ class Severity(StrEnum):
 _SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 #: Severity name -> rank, for code that holds severities as plain strings (alerts as JSON, config).
 SEVERITY_RANK: dict[str, int] = {s.value: s.rank for s in Severity}
-
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class SharedValues(Generic[K, V]):
-    """Equal values that many keys' states hold, kept once: a client software label on every
-    connection, a stream key ``epoch|topic|partition`` of every producer writing there, one group
-    member's subscription. Rule state is per key, so without this each key holds its own copy; with
-    10k producers or groups that is most of what the state costs (benchmarks/checks_bench.py).
-
-    ``get(key, make)`` returns the value held for ``key``, making it with ``make()`` the first time.
-    Bounded: at ``limit`` values the pool starts afresh (states keep the values they hold; equal values
-    made later are shared from then on). A shared value is held by many states at once, so it must
-    never be mutated: rules replace it instead. It is plain data, so saved state is unchanged.
-    """
-
-    __slots__ = ("_values", "limit")
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._values: dict[K, V] = {}
-        self.limit = limit
-
-    def get(self, key: K, make: Callable[[], V]) -> V:
-        values = self._values
-        value = values.get(key)
-        if value is None:
-            value = make()
-            if len(values) >= self.limit:
-                values.clear()  # one call: safe if two threads fill the pool at once
-            values[key] = value
-        return value
-
-    def share(self: SharedValues[K, K], value: K) -> K:
-        """``value`` held once: the equal value held already, else ``value`` (strings, tuples)."""
-        return self.get(value, lambda: value)
-
-    def __len__(self) -> int:
-        return len(self._values)
 
 
 class Exchange:

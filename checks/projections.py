@@ -216,7 +216,7 @@ class Transitions:
     tag_evidence: bool = False
     #: Of every other exchange, its headers only (api, version, correlation id, client id, header
     #: versions, times and place): connection-scoped rules that judge every request by its header
-    #: get such an exchange as a ``checks.sharding.HeaderExchange``, packed without its bodies. Such a
+    #: get such an exchange as a ``checks.engine.HeaderExchange``, packed without its bodies. Such a
     #: rule keys every exchange by its connection and says in ``Rule.on_quiet`` when its hook would
     #: only note the exchange.
     headers: bool = False

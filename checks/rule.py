@@ -1,4 +1,5 @@
-"""The interface every invariant implements, and the context it reports through.
+"""The interface every invariant implements, the context it reports through, and the pool its states
+share equal values in (``SharedValues``).
 
 A rule is a state machine per key (a connection, a group, a producer id, ...). It sees two kinds of
 event, both in event-time order: a request when it was sent (``on_request``) and the same request with
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from mypy_extensions import mypyc_attr
 
@@ -28,6 +30,45 @@ State = dict[str, Any]
 #: that becomes a new tuple object at each table store, so every table would hold its own copy of each
 #: key (measured: 2 MiB more per 10k producers).
 StateKey = tuple[str, ...]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class SharedValues(Generic[K, V]):
+    """Equal values that many keys' states hold, kept once: a client software label on every
+    connection, a stream key ``epoch|topic|partition`` of every producer writing there, one group
+    member's subscription. Rule state is per key, so without this each key holds its own copy; with
+    10k producers or groups that is most of what the state costs (benchmarks/checks_bench.py).
+
+    ``get(key, value)`` returns the value held for ``key``, or holds ``value`` for it the first time.
+    Bounded: at ``limit`` values the pool starts afresh (states keep the values they hold; equal values
+    made later are shared from then on). A shared value is held by many states at once, so it must
+    never be mutated: rules replace it instead. It is plain data, so saved state is unchanged.
+    """
+
+    __slots__ = ("_values", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._values: dict[K, V] = {}
+        self.limit = limit
+
+    def get(self, key: K, value: V) -> V:
+        values = self._values
+        held = values.get(key)
+        if held is None:
+            if len(values) >= self.limit:
+                values.clear()  # one call: safe if two threads fill the pool at once
+            values[key] = held = value
+        return held
+
+    def share(self: SharedValues[K, K], value: K) -> K:
+        """``value`` held once: the equal value held already, else ``value`` (strings, tuples)."""
+        return self.get(value, value)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
 
 #: How long an idle key's state is kept, by key kind, read from ChecksSettings.
 KEY_TTL_FIELDS = {

@@ -28,14 +28,21 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, partial
+from functools import cache
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
 from checks.codes import ENVELOPE
-from checks.engine import Dispatched, Monitor, StateFormatError, unwrap_envelope
+from checks.engine import (
+    ConnectionMeta,
+    Dispatched,
+    HeaderExchange,
+    Monitor,
+    StateFormatError,
+    unwrap_envelope,
+)
 from checks.model import Exchange, Finding
 from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
@@ -224,56 +231,6 @@ def _route_plan(
     if api_key is None or api_key in _PLANNED_APIS:
         _PLANS[plan_key] = plan
     return plan
-
-
-class HeaderExchange(NamedTuple):
-    """An exchange no connection-scoped rule's transitions name whole (``checks.projections``): what its
-    connection's key needs of it is its headers, times and place, packed without its bodies. The tap
-    wrote the pair as one entry (``seq`` and ``index`` are both frames'), so nothing pairs it again. ``frames`` makes the two header-level frames the connection's rules read."""
-
-    seq: int
-    request_ts_ns: int
-    response_ts_ns: int
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    request_header_version: int
-    response_header_version: int
-    request_offset: int
-    response_offset: int
-    entry: int
-    loss_ns: int
-
-    def frames(self, meta: ConnectionMeta) -> tuple[TapFrame, TapFrame]:
-        conn, client, broker, broker_id, listener, partition, capture = meta
-        api, version, corr = self.api_key, self.api_version, self.correlation_id
-        request = Request(api, version, corr, self.client_id, {}, {}, self.request_header_version, False)
-        response = Response(api, version, corr, {}, {}, self.response_header_version, -1, False)
-        return (
-            TapFrame(
-                conn, self.seq, self.request_ts_ns, "req", api, version, corr, client, broker, broker_id,
-                listener, partition, self.request_offset, request, None, capture, None, 0, False, self.entry,
-                self.loss_ns,
-            ),
-            TapFrame(
-                conn, self.seq, self.response_ts_ns, "resp", api, version, corr, client, broker, broker_id,
-                listener, partition, self.response_offset, response, None, capture, None, 0, False, self.entry,
-                self.loss_ns,
-            ),
-        )  # fmt: skip
-
-
-class ConnectionMeta(NamedTuple):
-    """What every frame of one connection shares (its header exchanges carry it once)."""
-
-    conn: str
-    client: str
-    broker: str
-    broker_id: int | None
-    listener: str | None
-    partition: int
-    capture: str
 
 
 def _meta(frame: TapFrame) -> ConnectionMeta:
@@ -475,13 +432,7 @@ class ConnectionShard:
             if isinstance(item, TapFrame):
                 findings += monitor.feed(item)
                 continue
-            findings += monitor.feed_header_exchange(
-                meta.conn,
-                item.seq,
-                (item.request_ts_ns, item.response_ts_ns),
-                (item.api_key, item.api_version, item.correlation_id),
-                partial(item.frames, meta),
-            )
+            findings += monitor.feed_header_exchange(meta, item)
         return findings
 
     def export(self) -> bytes:

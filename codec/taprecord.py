@@ -585,6 +585,16 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     return decode_frame(frame, bytes(raw))
 
 
+def pack_frame(frame: TapFrame) -> bytes:
+    """``frame_to_packed`` as bytes: a frame between the streaming job's router and its stage, no frame
+    bytes to decode again."""
+    return facts.packb(frame_to_packed(frame))
+
+
+def unpack_frame(data: bytes) -> TapFrame:
+    return frame_from_packed(msgpack.unpackb(data, raw=False))
+
+
 # --- schema 2: one record per exchange, metadata packed in the value ------------------------------------
 #
 # A schema-2 record has no Kafka headers. Its key is the connection id, as in schema 1, and its value is

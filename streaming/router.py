@@ -39,7 +39,7 @@ import msgpack
 from checks.settings import ChecksSettings
 from checks.sharding import Router, connection_row
 from codec import facts
-from codec.taprecord import TapFrame, frame_from_row
+from codec.taprecord import TapFrame, frame_from_row, pack_frame
 from streaming.rows import (
     NS_PER_MS,
     OutputRow,
@@ -49,7 +49,6 @@ from streaming.rows import (
     event_ms_of,
     finding_row,
     pack_connection_row,
-    pack_frame,
     resolve_rows,
     route_entry,
     stat_row,

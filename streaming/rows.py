@@ -2,7 +2,7 @@
 travels between the router and the stage, and the rows the stage hands ``foreachBatch``.
 
 A frame has four shapes on its way to an alert: the tap record (``codec.taprecord``), the decoded frame
-and its facts (``codec.taprecord.TapFrame``, packed by ``pack_frame`` between the router and the stage,
+and its facts (``codec.taprecord.TapFrame``, packed by ``taprecord.pack_frame`` between the router and the stage,
 ``codec.facts``), the stage's bundle (``streaming.router``) and the finding (``checks.model.Finding``,
 one ``OutputRow`` of kind ``FINDING`` on its way to the sink).
 """
@@ -15,13 +15,12 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-import msgpack
-
 import codec
+from checks.engine import ConnectionMeta, HeaderExchange
 from checks.model import Finding
 from checks.rule import Stats
-from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange, Route
-from codec import facts, taprecord
+from checks.sharding import ConnectionRow, Route
+from codec import taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import REQ, RESP, TapFrame
@@ -80,16 +79,6 @@ def event_ms_of(row: Mapping[str, Any]) -> int:
     return (_opt_int(row.get("ts_ns")) or 0) // NS_PER_MS
 
 
-def pack_frame(frame: TapFrame) -> bytes:
-    """A frame between the router and the stage: its tap metadata and decoded facts
-    (``codec.facts``), no frame bytes to decode again."""
-    return facts.packb(taprecord.frame_to_packed(frame))
-
-
-def unpack_frame(data: bytes) -> TapFrame:
-    return taprecord.frame_from_packed(msgpack.unpackb(data, raw=False))
-
-
 #: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
 #: findings about it are incomplete); a request whose answer this key will never get.
 INCOMPLETE, REQUEST_ONLY = 1, 2
@@ -104,7 +93,7 @@ class RouteEntry(NamedTuple):
     ts_ns: int
     conn: str
     seq: int
-    #: The frame as ``pack_frame`` made it, pruned to the key kind's projection.
+    #: The frame as ``codec.taprecord.pack_frame`` made it, pruned to the key kind's projection.
     frame: bytes
     #: ``INCOMPLETE`` | ``REQUEST_ONLY``.
     flags: int
@@ -112,7 +101,7 @@ class RouteEntry(NamedTuple):
     def route(self, key: str) -> Route:
         return Route(
             key,
-            unpack_frame(self.frame),
+            taprecord.unpack_frame(self.frame),
             self.at_ms * NS_PER_MS,
             bool(self.flags & INCOMPLETE),
             bool(self.flags & REQUEST_ONLY),
@@ -120,7 +109,7 @@ class RouteEntry(NamedTuple):
 
 
 def route_entry(route: Route, frame: bytes) -> RouteEntry:
-    """``route`` as its entry, its frame already packed (``pack_frame``: once per projected frame)."""
+    """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per projected frame)."""
     flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
     f = route.frame
     return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, flags)
@@ -129,7 +118,7 @@ def route_entry(route: Route, frame: bytes) -> RouteEntry:
 def pack_connection_row(row: ConnectionRow) -> list[Any]:
     """A connection's row of one batch as the bundle carries it: ``[meta, frames, exchanges]``, its
     frames packed as ``codec.taprecord.frame_to_packed`` makes them (packed with the bundle, not one by
-    one) and its header exchanges as columns, one list per field of ``checks.sharding.HeaderExchange``
+    one) and its header exchanges as columns, one list per field of ``checks.engine.HeaderExchange``
     (the row's one entry for all of them, not one per exchange)."""
     return [
         None if row.meta is None else list(row.meta),

@@ -86,7 +86,7 @@ def keyed_step(
     except KeyError:
         # A key no rule of this build forms (state from an older route scheme): drop it, counted.
         return KeyedResult(counts={"unknown_route_keys": 1, "dropped_routes": len(buffer)})
-    findings = shard.feed(b.route(key) for b in ready)
+    findings = shard.feed([b.route(key) for b in ready])
     if watermark_ms > 0:
         findings += shard.advance(watermark_ms * NS_PER_MS)
     out = [finding_row(f) for f in findings]

@@ -45,8 +45,8 @@ from functools import cache
 from typing import Any
 
 from checks.codes import API_VERSIONS, UNSUPPORTED_VERSION
-from checks.model import Exchange, Severity, SharedValues
-from checks.rule import Rule, RuleContext, State
+from checks.model import Exchange, Severity
+from checks.rule import Rule, RuleContext, SharedValues, State
 from codec.api import api_name
 from codec.protocol import ApiKey
 from codec.schema import load_table
@@ -109,7 +109,7 @@ def _ranges(body: dict[str, Any]) -> dict[str, list[int]]:
         (int(entry["ApiKey"]), int(entry["MinVersion"]), int(entry["MaxVersion"]))
         for entry in body.get("ApiKeys") or []
     )
-    return _RANGES.get(key, lambda: {str(api): [lo, hi] for api, lo, hi in key})
+    return _RANGES.get(key, {str(api): [lo, hi] for api, lo, hi in key})
 
 
 def _answer_ranges(ex: Exchange) -> dict[str, list[int]]:

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.model import Exchange, Severity, SharedValues
-from checks.rule import Rule, RuleContext, State
+from checks.model import Exchange, Severity
+from checks.rule import Rule, RuleContext, SharedValues, State
 from codec.nested import ConsumerAssignment, ConsumerSubscription
 from codec.protocol import ApiKey, ErrorCode
 
@@ -289,7 +289,7 @@ class GroupRule(Rule):
         if gen < 0 and old is not None:
             gen = int(old["gen"])
         # Members of a generation mostly subscribe alike: equal entries are one shared (never mutated) dict.
-        subs[member] = _SUBSCRIPTIONS.get((gen, *topics), lambda: {"gen": gen, "topics": topics})
+        subs[member] = _SUBSCRIPTIONS.get((gen, *topics), {"gen": gen, "topics": topics})
         ctx.trim(subs)
 
     # -- SyncGroup ----------------------------------------------------------------------------------

@@ -76,8 +76,8 @@ from checks.codes import (
     TXN_OFFSET_COMMIT,
     WRITE_TXN_MARKERS,
 )
-from checks.model import Exchange, Severity, SharedValues
-from checks.rule import Rule, RuleContext, State
+from checks.model import Exchange, Severity
+from checks.rule import Rule, RuleContext, SharedValues, State
 from codec.protocol import ApiKey, ErrorCode
 
 #: Sequence numbers are non-negative int32s that wrap to 0 after 2**31 - 1 (as the broker computes them).

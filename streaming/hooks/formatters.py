@@ -174,14 +174,6 @@ def kafka_record(alert: AlertDict) -> KafkaRecord:
     return KafkaRecord(key=str(alert["id"]).encode(), value=encode(alert), headers=headers)
 
 
-# ----- log -----------------------------------------------------------------------------------------------
-
-
-def log_line(alert: AlertDict) -> str:
-    """One JSON object per line, so log shippers can index alerts without parsing prose."""
-    return json.dumps({"event": "kpmon.alert", **alert}, ensure_ascii=False, separators=(",", ":"))
-
-
 # ----- Slack ---------------------------------------------------------------------------------------------
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 
 from streaming.hooks.core import Result
-from streaming.hooks.formatters import AlertDict, log_line
+from streaming.hooks.formatters import AlertDict
 from streaming.hooks.sender import SendResult
 
 _LEVELS = {"critical": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
+
+
+def log_line(alert: AlertDict) -> str:
+    """One JSON object per line, so log shippers can index alerts without parsing prose."""
+    return json.dumps({"event": "kpmon.alert", **alert}, ensure_ascii=False, separators=(",", ":"))
 
 
 class LogSender:

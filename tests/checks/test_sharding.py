@@ -28,8 +28,7 @@ from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
 from codec.protocol import ApiKey
-from codec.taprecord import FIELDS, TapFrame, frame_from_packed
-from streaming.rows import pack_frame, unpack_frame
+from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr

@@ -30,8 +30,7 @@ from checks.sharding import (
     connection_row,
 )
 from codec.protocol import ApiKey
-from codec.taprecord import TapFrame
-from streaming.rows import pack_frame, unpack_frame
+from codec.taprecord import TapFrame, pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_flexible as fl
 from tests.checks.builders import SECOND, Conversation

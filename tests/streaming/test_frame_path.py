@@ -52,7 +52,8 @@ def test_the_exchanges_reach_a_hook_through_the_tap_the_stage_and_the_sink() -> 
         "streaming.hooks.core",
     ):
         assert part in modules, part
-    assert "streaming.hooks.worker -> streaming.hooks.core" in figures.hops, "the hook's own thread"
+    thread = "streaming.hooks.service:HookWorker._next_batch -> streaming.hooks.core:DeliveryCore.take"
+    assert thread in figures.hops["streaming.hooks.service -> streaming.hooks.core"], "the hook's own thread"
 
 
 def test_docs_show_the_path_as_the_code_takes_it() -> None:

@@ -28,13 +28,13 @@ from streaming.hooks.formatters import (
     encode,
     json_safe,
     kafka_record,
-    log_line,
     pagerduty_event,
     rfc3339,
     slack_escape,
     slack_payload,
     webhook_body,
 )
+from streaming.hooks.log_sender import LogSender, log_line
 from tests.streaming.hooks.builders import RUNBOOK, T0, alert, payload
 
 # ----- strategies ------------------------------------------------------------------------------------------
@@ -458,7 +458,6 @@ def test_alertmanager_resolve_never_ends_before_it_starts() -> None:
 
 def test_log_sender_levels(caplog: pytest.LogCaptureFixture) -> None:
     from streaming.hooks.core import Result
-    from streaming.hooks.log_sender import LogSender
 
     with caplog.at_level(logging.INFO, logger="kpmon.alerts"):
         sent = LogSender().send(
