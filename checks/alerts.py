@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from checks.model import Finding, Severity
 
@@ -26,6 +27,29 @@ MAX_EVIDENCE = 5
 DEFAULT_RUNBOOK = "docs/runbook.md"
 #: Rules ``envelope.inner_<rule>`` (a rule's finding inside a forwarded Envelope, KIP-590) share one section.
 ENVELOPE_INNER_PREFIX = "envelope.inner_"
+#: Rules never reported about an Envelope's inner exchange, so never with the prefix: the tap's and the
+#: frame's own reports (about tap records, not requests), a timer's (``txn.hanging``), the fleet count
+#: (it skips forwarded requests: the client's own request was counted), and the Envelope rules themselves.
+OUTSIDE_ENVELOPES: Final = frozenset(
+    {
+        "tap.gap",
+        "tap.blind",
+        "tap.worker_lost",
+        "tap.tap_start",
+        "frame.decode_error",
+        "txn.hanging",
+        "apiversions.removed_in_4_0",
+    }
+)
+
+
+def inner_rule_ids(rules: Iterable[str]) -> frozenset[str]:
+    """The ``envelope.inner_`` ids ``rules`` can take: each rule a forwarded exchange can break."""
+    return frozenset(
+        ENVELOPE_INNER_PREFIX + rule
+        for rule in rules
+        if not rule.startswith("envelope.") and rule not in OUTSIDE_ENVELOPES
+    )
 
 
 def runbook_anchor(rule: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from mypy_extensions import mypyc_attr
 
+from checks.alerts import ENVELOPE_INNER_PREFIX
 from checks.model import Exchange, Finding, Severity
 from checks.settings import ChecksSettings
 from codec.taprecord import TapFrame, tap_loss_ns
@@ -142,7 +143,7 @@ class Context:
         ``incomplete``: judged so earlier (a finding reported after the frames it rests on)."""
         incomplete = incomplete or any(c in self.incomplete_conns for c in conns)
         if envelope is not None:
-            rule = f"envelope.inner_{rule}"
+            rule = ENVELOPE_INNER_PREFIX + rule
             evidence = {**evidence, "envelope": envelope.evidence()}
         if tap_loss is not None:
             conn, at_ns = tap_loss

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import great_expectations.expectations as gxe
 from great_expectations.expectations.expectation import Expectation
 
+from checks.alerts import ENVELOPE_INNER_PREFIX, inner_rule_ids
 from checks.model import Severity
 from kpconfig.model import QualityConfig
 
@@ -77,13 +78,10 @@ CATALOGUE_RULES = frozenset(
         "tap.tap_start",
     }
 )
-#: Rules applied to an Envelope's inner request are reported as ``envelope.inner_<rule>`` (KIP-590).
-ENVELOPE_INNER_PREFIX = "envelope.inner_"
 
 
 def known_rules() -> frozenset[str]:
-    inner = {ENVELOPE_INNER_PREFIX + rule for rule in CATALOGUE_RULES if not rule.startswith("envelope.")}
-    return CATALOGUE_RULES | inner
+    return CATALOGUE_RULES | inner_rule_ids(CATALOGUE_RULES)
 
 
 def _with_inner(rule: str) -> list[str]:

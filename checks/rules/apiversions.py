@@ -21,8 +21,8 @@ Two rules share this module because they read the same exchanges at two scopes:
 
     ``apiversions.no_handshake`` (info): the connection sent some other request before any
     ApiVersions. Only judged when the monitor saw the connection from its start (first request with
-    ``seq`` <= 1; the tap's ``open`` record may take seq 0), since a connection picked up mid-stream may
-    have handshaken before the monitor started. Once per connection.
+    ``seq`` <= 2: the tap's ``open`` record is seq 1, a capture has none), since a connection picked up
+    mid-stream may have handshaken before the monitor started. Once per connection.
 
 ``apiversions.cluster`` (key: ``cluster``)
     ``apiversions.removed_in_4_0`` (info): a client software (name/version from ApiVersions v3+, else

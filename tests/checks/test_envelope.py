@@ -159,3 +159,21 @@ def test_rules_see_the_inner_response_of_an_envelope() -> None:
     monitor.feed_all([request, response])
     monitor.flush()
     assert seen == [(CREATE_TOPICS, 99)]
+
+
+def test_no_finding_about_an_inner_exchange_takes_an_id_declared_outside_envelopes() -> None:
+    """``checks.alerts.OUTSIDE_ENVELOPES`` drops ids from the gate and the runbook: a forwarded request at a
+    version Kafka 4.0 removed must break the rules it can, and never report the fleet's count inside."""
+    from checks import new_monitor
+    from checks.alerts import ENVELOPE_INNER_PREFIX, OUTSIDE_ENVELOPES
+
+    conv = Conversation(listener="PLAINTEXT")
+    produce = {"Acks": 1, "TimeoutMs": 1000, "TopicData": []}
+    inner = codec.encode_request(0, 2, 99, "rogue", produce)
+    inner_resp = codec.encode_response(0, 2, 99, {"Responses": [], "ThrottleTimeMs": 0})
+    req = {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": bytes([10, 0, 0, 5])}
+    frames = conv.exchange(ENVELOPE, 0, req, {"ResponseData": inner_resp, "ErrorCode": 0}, SECOND)
+    monitor = new_monitor()
+    rules = {f.rule for f in monitor.feed_all(frames) + monitor.flush()}
+    assert "envelope.untrusted_source" in rules  # the inner exchange was unwrapped and judged
+    assert not {ENVELOPE_INNER_PREFIX + r for r in OUTSIDE_ENVELOPES} & rules

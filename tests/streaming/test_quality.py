@@ -505,3 +505,4 @@ def test_catalogue_covers_every_rule_the_checkers_emit() -> None:
     assert emitted <= CATALOGUE_RULES, f"add to CATALOGUE_RULES: {sorted(emitted - CATALOGUE_RULES)}"
     assert "envelope.inner_producer.stale_epoch_accepted" in known_rules()
     assert "envelope.inner_envelope.untrusted_source" not in known_rules()
+    assert "envelope.inner_tap.gap" not in known_rules() and "envelope.inner_txn.hanging" not in known_rules()
