@@ -42,6 +42,7 @@ from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
+from checks.summaries import PRODUCE_RUN, Summary, apply_summary, expand_conflicts, produce_runs, release_key
 from codec.api import expand_response
 from codec.messages import Request, Response
 from codec.protocol import ApiKey
@@ -89,6 +90,9 @@ class Route:
     incomplete: bool = False
     #: A request whose response this shard will never get (first-use routes of the fleet matrix).
     request_only: bool = False
+    #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
+    #: run's first connection, seq and time (where it sorts).
+    summary: Summary | None = None
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
@@ -124,6 +128,8 @@ class _Catalogue:
     kind_rules: dict[str, tuple[str, ...]]
     #: Key kind -> its rules, in catalogue order: what a keyed shard of that kind runs.
     kind_rule_objects: dict[str, tuple[Rule, ...]]
+    #: Key kind -> the summaries all its rules accept (``Transitions.summaries``).
+    kind_summaries: dict[str, frozenset[str]]
 
 
 class UndeclaredTransitions(ValueError):
@@ -168,6 +174,10 @@ def _catalogue() -> _Catalogue:
         keyed_rules,
         {kind: tuple(r.name for r in members) for kind, members in kind_rules.items()},
         kind_rules,
+        {
+            kind: frozenset.intersection(*(TRANSITIONS[r.name].summaries for r in members))
+            for kind, members in kind_rules.items()
+        },
     )
 
 
@@ -550,6 +560,47 @@ class Router:
                 self.unrouted_responses += 1
         self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
+        return self._summarise(out)
+
+    def _summarise(self, routes: list[Route]) -> list[Route]:
+        """``routes`` with each run of ordinary exchanges of a key whose rules accept its summary
+        replaced by one summary route (``checks.summaries``), where its first route was."""
+        kinds = _catalogue().kind_summaries
+        by_key: dict[str, list[int]] = {}
+        for i, route in enumerate(routes):
+            if PRODUCE_RUN in kinds.get(split_route_key(route.key)[0], ()):
+                by_key.setdefault(route.key, []).append(i)
+        if not by_key:
+            return routes
+        config = self.ctx.config
+        replaced: dict[int, Route | None] = {}
+        for key, indices in by_key.items():
+            kind, pid = split_route_key(key)
+            ttl_ns = int(getattr(config, KEY_TTL_FIELDS[kind]) * 1e9)
+            mine = [routes[i] for i in indices]
+            for members, run in produce_runs(pid, mine, ttl_ns):
+                originals = [mine[m] for m in members]
+                first = originals[0].frame
+                summary = Summary(
+                    PRODUCE_RUN,
+                    run,
+                    partial(list, originals),
+                    release_key(first),
+                    release_key(originals[-1].frame),
+                )
+                placeholder = TapFrame(first.conn, first.seq, first.ts_ns, "summary")
+                at_ns = max(r.at_ns for r in originals)
+                positions = sorted(indices[m] for m in members)
+                replaced[positions[0]] = Route(key, placeholder, at_ns, summary=summary)
+                replaced.update(dict.fromkeys(positions[1:]))
+        out: list[Route] = []
+        for i, route in enumerate(routes):
+            if i in replaced:
+                kept = replaced[i]
+                if kept is not None:
+                    out.append(kept)
+            else:
+                out.append(route)
         return out
 
     def _route_pair(self, request: TapFrame, response: TapFrame) -> bool:
@@ -727,12 +778,19 @@ class KeyedShard:
     def feed(self, routes: Iterable[Route]) -> list[Finding]:
         """Routed frames in event-time order (the caller releases them past its watermark)."""
         findings: list[Finding] = []
-        for route in routes:
+        for route in expand_conflicts(routes):
             frame = route.frame
             if route.incomplete:
                 self.ctx.incomplete_conns.add(frame.conn)
             else:
                 self.ctx.incomplete_conns.discard(frame.conn)
+            summary = route.summary
+            if summary is not None:
+                # Checked against the state, or fed as the routes it stands for (``checks.summaries``).
+                assert self.monitor.only_key is not None
+                if not apply_summary(self.monitor, self.monitor.only_key, summary):
+                    findings.extend(self.feed(summary.expand()))
+                continue
             findings.extend(self.monitor.feed(frame))
             if route.request_only and frame.correlation_id is not None:
                 self.monitor.forget_request(frame.conn, frame.correlation_id)

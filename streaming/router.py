@@ -53,6 +53,7 @@ from streaming.rows import (
     resolve_rows,
     route_entry,
     stat_row,
+    summary_entry,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
@@ -171,11 +172,15 @@ def _route(
     packed: dict[int, bytes] = {}
     bucket_of: dict[str, int] = {}
     router = Router(config)
-    for route in router.route(frames):
-        frame = route.frame
+    def pack(frame: TapFrame) -> bytes:
         data = packed.get(id(frame))
         if data is None:
             data = packed[id(frame)] = pack_frame(frame)
+        return data
+
+    for route in router.route(frames):
+        # A summary (``checks.summaries``) is one entry with the entries of the routes it stands for.
+        entry = route_entry(route, pack(route.frame)) if route.summary is None else summary_entry(route, pack)
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:
@@ -183,5 +188,5 @@ def _route(
         entries = bundles[bucket].routes.get(key)
         if entries is None:
             entries = bundles[bucket].routes[key] = []
-        entries.append(route_entry(route, data))
+        entries.append(entry)
     return router

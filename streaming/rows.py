@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -21,6 +22,7 @@ import codec
 from checks.model import Finding
 from checks.rule import Stats
 from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange, Route
+from checks.summaries import ProduceRun, Summary
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -91,8 +93,9 @@ def unpack_frame(data: bytes) -> TapFrame:
 
 
 #: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
-#: findings about it are incomplete); a request whose answer this key will never get.
-INCOMPLETE, REQUEST_ONLY = 1, 2
+#: findings about it are incomplete); a request whose answer this key will never get; a summary of a
+#: run of routes (``checks.summaries``: ``frame`` then packs its kind, facts and original entries).
+INCOMPLETE, REQUEST_ONLY, SUMMARY = 1, 2, 4
 
 
 class RouteEntry(NamedTuple):
@@ -110,6 +113,19 @@ class RouteEntry(NamedTuple):
     flags: int
 
     def route(self, key: str) -> Route:
+        if self.flags & SUMMARY:
+            kind, values, originals = msgpack.unpackb(self.frame, raw=False)
+            entries = [RouteEntry(*o) for o in originals]
+            first, last = entries[0], entries[-1]
+            summary = Summary(
+                kind,
+                ProduceRun.from_list(values),
+                partial(_routes_of, entries, key),
+                (first.ts_ns, first.conn, first.seq),
+                (last.ts_ns, last.conn, last.seq),
+            )
+            placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
+            return Route(key, placeholder, self.at_ms * NS_PER_MS, summary=summary)
         return Route(
             key,
             unpack_frame(self.frame),
@@ -117,6 +133,21 @@ class RouteEntry(NamedTuple):
             bool(self.flags & INCOMPLETE),
             bool(self.flags & REQUEST_ONLY),
         )
+
+
+def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
+    return [entry.route(key) for entry in entries]
+
+
+def summary_entry(route: Route, pack: Callable[[TapFrame], bytes] = pack_frame) -> RouteEntry:
+    """A summary route (``checks.summaries``) as its entry, with the entries of the routes it stands
+    for (``pack``: how each frame is packed, once per projected frame)."""
+    summary = route.summary
+    assert summary is not None
+    originals = [list(route_entry(r, pack(r.frame))) for r in summary.expand()]
+    data = facts.packb([summary.kind, summary.facts.to_list(), originals])
+    f = route.frame
+    return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)
 
 
 def route_entry(route: Route, frame: bytes) -> RouteEntry:

@@ -1,0 +1,326 @@
+"""Exact summaries of runs of ordinary exchanges: what the router sends an entity key instead of them.
+
+Most of an entity key's exchanges change nothing a rule could report on: an idempotent producer's
+next Produce continues its sequence, is answered without error at the epoch already known, and only
+moves the stream's ``next``, its acknowledged window and the touch times. The router
+(``checks.sharding.Router``) collapses each *run* of such exchanges of one connection and one batch
+into one summary route (``Summary``): the facts the rules need to end in the state those exchanges
+would have left, plus the original routes to fall back on. A rule accepts a summary kind by declaring
+it (``checks.projections.Transitions.summaries``); a key kind is summarised only when all its rules do.
+
+The router cannot see other connections or earlier batches, so a summary is *checked* where it is
+applied (``apply_summary``, in the keyed shard): the key's state must be what the run was built on
+(the stream's ``next`` is the run's first base sequence, the epoch known is the run's, nothing it
+acknowledged overlaps the run, ...: each rule's ``summary_applies``), and no other route of the key
+may fall inside the run's span in release order (``expand_conflicts``). Otherwise the keyed shard
+feeds the original routes, so the findings and the state are the same either way, always.
+
+Runs (``produce_runs``): per producer-id key, the Produce exchanges of one connection in a batch
+whose batches for that producer id all continue their stream contiguously from an earlier exchange of
+the same batch (the first exchange of each stream in a batch goes whole: it is judged against state
+from earlier batches), answered without error, one epoch, client id and transactional id; in release
+order, a run is a stretch of such exchanges' routes with no other route of the key between, each
+exchange wholly inside it (pipelined requests), consecutive frames closer than the key's TTL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from checks.codes import PRODUCE
+from checks.model import Exchange
+from checks.projections import PRODUCE_RUN
+from checks.rule import KEY_TTL_FIELDS, RuleContext
+from checks.rules.producers import ACKED_WINDOW, SEQ_HALF, SEQ_MOD, produce_answers, produce_batches, seq_add
+from codec.messages import Request
+from codec.taprecord import REQ, RESP, TapFrame
+
+if TYPE_CHECKING:
+    from checks.engine import Monitor
+
+#: How often the engine sweeps idle keys (``checks.engine._SWEEP_EVERY_NS``).
+_SWEEP_EVERY_NS: Final = 10 * 1_000_000_000
+
+
+@dataclass
+class ProduceRun:
+    """What a run of ordinary Produce exchanges of one producer id did to its state."""
+
+    conn: str
+    #: The client's identity as ``txn_pid`` keeps it (client host and client id).
+    client: str
+    #: The requests' transactional id (None for an idempotent producer).
+    txn: str | None
+    epoch: int
+    #: Per stream the run wrote: [topic, partition, first base sequence, next sequence after the run,
+    #: time of the run's last request to it, the acknowledged batches it added (the last
+    #: ``ACKED_WINDOW``, each [base, count, base offset])].
+    streams: list[list[Any]]
+    #: The requests' correlation ids (a decision pending under one would be taken by the run).
+    corrs: list[int]
+    #: Release times (ns) of the run's frames, ascending: the engine's sweep and touch times.
+    times: list[int]
+    #: The most requests of the run waiting for their answers at once.
+    open_most: int
+
+    def to_list(self) -> list[Any]:
+        return [
+            self.conn,
+            self.client,
+            self.txn,
+            self.epoch,
+            self.streams,
+            self.corrs,
+            self.times,
+            self.open_most,
+        ]
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> ProduceRun:
+        return cls(*values)
+
+
+@dataclass
+class Summary:
+    """A summary route's content: its kind, its facts, and the routes it stands for (``expand``: made
+    on demand, as the stage keeps them packed)."""
+
+    kind: str
+    facts: ProduceRun
+    expand: Callable[[], list[Any]]
+    #: (ts_ns, conn, seq) of the run's first and last route in release order: its span.
+    first: tuple[int, str, int]
+    last: tuple[int, str, int]
+
+
+def release_key(frame: TapFrame) -> tuple[int, str, int]:
+    """The order a keyed shard is fed in (as the single monitor releases frames)."""
+    return (frame.ts_ns, frame.conn, frame.seq)
+
+
+def _ordinary(
+    pid: int, request: TapFrame, response: TapFrame, ends: dict[tuple[int, str, int], int]
+) -> tuple[int, str, str | None] | None:
+    """The (epoch, client id, transactional id) of a Produce exchange that only continues its streams
+    (None: an exchange the key must get whole). ``ends``: each stream's end after the requests before
+    this one in the batch, updated as the rule updates ``next``."""
+    ex = Exchange(request, response)
+    if ex.api_key != PRODUCE or ex.req.body.get("Acks") == 0 or ex.resp is None:
+        return None
+    answers = produce_answers(ex)
+    ok = True
+    epochs: set[int] = set()
+    for topic, partition, _index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
+        if batch_pid != pid:
+            continue
+        epochs.add(epoch)
+        count = max(count, 1)
+        if base < 0 or epoch < 0:
+            ok = False
+            continue
+        skey = (epoch, topic, partition)
+        expected = ends.get(skey)
+        end = seq_add(base, count)
+        if expected is None or base != expected or count >= SEQ_HALF:
+            ok = False
+        if expected is None or (end - expected) % SEQ_MOD < SEQ_HALF and end != expected:
+            ends[skey] = end
+        answer = answers.get((topic, partition))
+        if answer is None or int(answer.get("ErrorCode", 0)) != 0:
+            ok = False
+    if not ok or len(epochs) != 1:
+        return None
+    txn = ex.req.body.get("TransactionalId")
+    return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None)
+
+
+def produce_runs(
+    pid: str, routes: Sequence[Any], ttl_ns: int
+) -> list[tuple[list[int], ProduceRun]]:
+    """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
+    producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
+    key_pid = int(pid)
+    # Pair each answer with its request (routing order: a request before its answer).
+    asked: dict[int, int] = {}
+    pairs: list[tuple[int, int]] = []
+    for i, route in enumerate(routes):
+        frame = route.frame
+        if route.incomplete or route.request_only or frame.correlation_id is None:
+            continue
+        if frame.direction == REQ and isinstance(frame.message, Request):
+            asked[frame.correlation_id] = i
+        elif frame.direction == RESP and frame.message is not None:
+            req = asked.pop(frame.correlation_id, None)
+            if req is not None:
+                pairs.append((req, i))
+    pairs.sort()
+    ends: dict[tuple[int, str, int], int] = {}
+    signature: dict[int, tuple[int, str, str | None]] = {}  # route index -> its exchange's signature
+    exchange_of: dict[int, tuple[int, int]] = {}
+    for req, resp in pairs:
+        sig = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
+        if sig is not None:
+            signature[req] = signature[resp] = sig
+            exchange_of[req] = exchange_of[resp] = (req, resp)
+    if not exchange_of:
+        return []
+    order = sorted(range(len(routes)), key=lambda i: release_key(routes[i].frame))
+    while True:
+        # Stretches of candidate routes with one signature, no other route between.
+        segment_of: dict[int, int] = {}
+        segment, last_sig = 0, None
+        for i in order:
+            sig = signature.get(i)
+            if sig is None:
+                segment, last_sig = segment + 1, None
+                continue
+            if sig != last_sig:
+                segment, last_sig = segment + 1, sig
+            segment_of[i] = segment
+        # An exchange split by another route is no part of a run (its routes go whole).
+        split = {ex for ex in set(exchange_of.values()) if segment_of[ex[0]] != segment_of[ex[1]]}
+        if not split:
+            break
+        for req, resp in split:
+            for i in (req, resp):
+                signature.pop(i, None)
+                exchange_of.pop(i, None)
+    runs: list[tuple[list[int], ProduceRun]] = []
+    members = [i for i in order if i in segment_of]
+    for _, group in itertools.groupby(members, key=segment_of.__getitem__):
+        indices = list(group)
+        run = _run_facts(key_pid, [routes[i].frame for i in indices], ttl_ns)
+        if run is not None:
+            runs.append((indices, run))
+    return runs
+
+
+def _run_facts(pid: int, frames: list[TapFrame], ttl_ns: int) -> ProduceRun | None:
+    """The summary of a run's frames (release order); None when the engine would sweep within it."""
+    times = [f.ts_ns for f in frames]
+    if any(b - a > ttl_ns for a, b in itertools.pairwise(times)):
+        return None
+    requests: dict[int, TapFrame] = {}
+    streams: dict[tuple[str, int], list[Any]] = {}
+    corrs: list[int] = []
+    open_now = open_most = 0
+    first = frames[0]
+    sig: tuple[str, str | None, int] | None = None
+    for frame in frames:
+        corr = frame.correlation_id
+        assert corr is not None
+        if frame.direction == REQ:
+            requests[corr] = frame
+            corrs.append(corr)
+            open_now += 1
+            open_most = max(open_most, open_now)
+            ex = Exchange(frame, None)
+            for topic, partition, _i, _b, batch_pid, epoch, base, count in produce_batches(ex):
+                if batch_pid != pid:
+                    continue
+                stream = streams.get((topic, partition))
+                if stream is None:
+                    stream = streams[(topic, partition)] = [topic, partition, base, base, 0, []]
+                stream[3], stream[4] = seq_add(base, max(count, 1)), frame.ts_ns
+                txn = ex.req.body.get("TransactionalId")
+                sig = (f"{frame.client_host}|{ex.req.client_id or ''}", txn or None, epoch)
+            continue
+        open_now -= 1
+        ex = Exchange(requests.pop(corr), frame)
+        answers = produce_answers(ex)
+        for topic, partition, index, _b, batch_pid, _epoch, base, count in produce_batches(ex):
+            if batch_pid != pid:
+                continue
+            answer = answers[(topic, partition)]
+            offset = int(answer.get("BaseOffset", -1)) if index == 0 else -1
+            acked: list[list[int]] = streams[(topic, partition)][5]
+            acked.append([base, max(count, 1), offset])
+            del acked[:-ACKED_WINDOW]
+    assert sig is not None
+    client, txn, epoch = sig
+    return ProduceRun(first.conn, client, txn, epoch, list(streams.values()), corrs, times, open_most)
+
+
+def expand_conflicts(routes: Iterable[Any]) -> list[Any]:
+    """``routes`` (release order) with every summary that another route falls inside replaced by the
+    routes it stands for: applied whole, it would be out of order with that route."""
+    out = list(routes)
+    spans = [(r.summary.first, r.summary.last, i) for i, r in enumerate(out) if r.summary is not None]
+    if not spans:
+        return out
+    keys = [r.summary.first if r.summary is not None else release_key(r.frame) for r in out]
+    expand: set[int] = set()
+    for first, last, i in spans:
+        for j, route in enumerate(out):
+            if j == i:
+                continue
+            other = route.summary
+            if other is not None:
+                inside = other.first <= last and first <= other.last
+            else:
+                inside = first <= keys[j] <= last
+            if inside:
+                expand.add(i)
+                break
+    if not expand:
+        return out
+    flat: list[Any] = []
+    for i, route in enumerate(out):
+        flat.extend(route.summary.expand() if i in expand else [route])
+    flat.sort(key=lambda r: r.summary.first if r.summary is not None else release_key(r.frame))
+    return flat
+
+
+def apply_summary(monitor: Monitor, key: str, summary: Summary) -> bool:
+    """Apply a summary to a keyed shard's monitor (``only_key`` ``key``) exactly as feeding the routes
+    it stands for would, or change nothing and return False (the caller feeds those routes)."""
+    run = summary.facts
+    ctx = monitor.ctx
+    rules = monitor.rules
+    times = run.times
+    if (
+        summary.kind != PRODUCE_RUN
+        or ctx.timers
+        or monitor._heap
+        or monitor._lateness_ns
+        or times[0] < monitor.released_ts
+        or run.open_most > ctx.config.max_entries_per_key
+    ):
+        return False
+    held = monitor.conns.get(run.conn)
+    if held is not None and held.pending:
+        return False
+    states = []
+    for rule in rules:
+        state = monitor.states.get((rule.name, key))
+        if state is None or (rule.api_keys is not None and PRODUCE not in rule.api_keys):
+            return False
+        if not rule.summary_applies(state, key, summary.kind, run):
+            return False
+        states.append(state)
+    # The engine's sweeps at the run's release times must drop nothing: before the run's first frame
+    # the key's touch times are its own, after it the run's.
+    released, next_sweep = monitor.released_ts, monitor._next_sweep
+    ttl = int(getattr(ctx.config, KEY_TTL_FIELDS[rules[0].key_kind]) * 1e9) if rules else 0
+    before = min(monitor.last_seen.values(), default=None)
+    for i, ts in enumerate(times):
+        if ts <= released:
+            continue
+        released = ts
+        if ts >= next_sweep:
+            seen = before if i == 0 else times[i - 1]
+            if seen is not None and seen < ts - ttl:
+                return False
+            next_sweep = ts + _SWEEP_EVERY_NS
+    for rule, state in zip(rules, states, strict=True):
+        rule.on_summary(state, key, summary.kind, run, RuleContext(ctx, rule.name, key))
+        monitor.last_seen[(rule.name, key)] = times[-1]
+    monitor.released_ts, monitor._next_sweep = released, next_sweep
+    monitor.max_ts = max(monitor.max_ts, times[-1])
+    ctx.timer_heap.clear()
+    if held is not None:
+        del monitor.conns[run.conn]
+    return True

@@ -1,0 +1,201 @@
+"""Summaries of runs of ordinary exchanges (``checks.summaries``) leave every keyed shard exactly as the
+routes they stand for would: the same saved state, byte for byte (rule state and its order, trimmed
+windows, touch times, sweep times, held requests), and the same findings.
+
+The traffic: one producer id written on pipelined connections (up to five requests in flight), with
+the events a summary must not swallow mixed in: gaps, retries of acknowledged batches, errors, a
+fence by another client (its zombie keeps writing), a second connection of the same client writing
+the same stream, idle stretches past the key's TTL, several partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checks.model import Finding
+from checks.settings import ChecksSettings
+from checks.sharding import KeyedShard, Route, Router
+from codec.taprecord import TapFrame
+from streaming.rows import summary_entry
+from tests.checks import test_producers as pr
+from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
+from tests.checks.exchanges import exchange_records, flatten
+
+CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0)
+LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
+MS = 1_000_000
+
+STEPS = st.sampled_from(
+    ["next"] * 8 + ["pipeline"] * 4 + ["gap", "retry", "error", "fence", "twin", "idle", "partition", "other"]
+)
+
+
+def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
+    """Frames (tap order) of a producer's life as ``steps`` say; ``sizes``: record counts to draw from."""
+    app = Conversation(conn="tap1-app", client="10.0.0.7:40000", client_id="app")
+    twin = Conversation(conn="tap1-twin", client="10.0.0.7:40001", client_id="app")
+    other = Conversation(conn="tap1-other", client="10.0.0.8:40000", client_id="other")
+    shared_offsets(app, twin, other)
+    frames = [*pr.init_pid(app, 0, epoch=0, txn_id=None)]
+    seqs: dict[tuple[int, int], int] = defaultdict(int)  # (epoch, partition) -> next
+    acked: list[tuple[int, int, int]] = []
+    epoch, t = 0, SECOND
+    size = itertools.cycle(sizes or [1])
+
+    def write(conv: Conversation, at: int, partition: int = 0, base: int | None = None, error: int = 0) -> None:
+        count = next(size)
+        start = seqs[(epoch, partition)] if base is None else base
+        frames.extend(pr.write(conv, at, epoch, start, error=error, count=count, partition=partition, offset=at // MS))
+        if base is None:
+            seqs[(epoch, partition)] = start + count
+            acked.append((epoch, partition, start))
+
+    for step in steps:
+        t += 5 * MS
+        if step == "next":
+            write(app, t)
+        elif step == "pipeline":
+            # Several requests in flight on one connection, answered in order.
+            requests = []
+            for i in range(3):
+                count = next(size)
+                requests.append((pr.produce(app, t + i * MS, [(0, pr.batch(epoch, seqs[(epoch, 0)], count))]), count))
+                seqs[(epoch, 0)] += count
+            for i, (request, _count) in enumerate(requests):
+                frames += [request]
+            for i, (request, _count) in enumerate(requests):
+                frames.append(pr.answer(app, request, t + (4 + i) * MS, [(0, 0, t // MS + i)]))
+            t += 8 * MS
+        elif step == "gap":
+            seqs[(epoch, 0)] += 3
+            write(app, t)
+        elif step == "retry" and acked:
+            e, partition, base = acked[-1]
+            if e == epoch:
+                write(app, t, partition, base=base, error=pr.DUPLICATE)
+        elif step == "error":
+            write(app, t, error=pr.NOT_LEADER)
+        elif step == "fence":
+            # Another instance takes the producer id over: the old one is a zombie from now on.
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1, txn_id=None))
+            t += 5 * MS
+            write(app, t)
+            epoch += 1
+        elif step == "twin":
+            write(twin, t)
+        elif step == "idle":
+            t += int(CONFIG.producer_ttl_seconds * 1e9) + SECOND
+        elif step == "partition":
+            write(app, t, partition=1)
+        elif step == "other":
+            write(other, t)
+    return sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq))
+
+
+def run(records: list[list[TapFrame]], cuts: list[int], summarise: bool) -> tuple[list[Finding], list[bytes]]:
+    """The producer key's shards fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
+    drives them: with summaries, or with every summary replaced by the routes it stands for. Returns
+    the findings and every key's saved state after each batch."""
+    states: dict[str, bytes] = {}
+    buffers: dict[str, list[Route]] = defaultdict(list)
+    findings: list[Finding] = []
+    saved: list[bytes] = []
+    max_ts = 0
+
+    def order(route: Route) -> tuple[int, str, int]:
+        return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
+
+    def release(key: str, upto: int | None) -> None:
+        hold = min(
+            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
+            default=None,
+        )
+        ready = [r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)]
+        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
+        ready.sort(key=order)
+        shard = KeyedShard(CONFIG, key, states.get(key))
+        crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
+        findings.extend(shard.feed(crossed))
+        findings.extend(shard.advance(upto if upto is not None else max_ts))
+        states[key] = shard.export()
+        saved.append(states[key])
+
+    bounds = [0, *sorted(set(cuts)), len(records)]
+    for lo, hi in itertools.pairwise(bounds):
+        batch = flatten(records[lo:hi])
+        if not batch:
+            continue
+        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
+        for frame in batch:
+            per_conn[frame.conn].append(frame)
+            max_ts = max(max_ts, frame.ts_ns)
+        for mine in per_conn.values():
+            mine.sort(key=lambda f: f.seq)
+            for route in Router(CONFIG).route(mine):
+                if not route.key.startswith("producer|"):
+                    continue
+                if route.summary is not None and not summarise:
+                    buffers[route.key].extend(route.summary.expand())
+                else:
+                    buffers[route.key].append(route)
+        for key in sorted(buffers.keys() | states.keys()):
+            release(key, max_ts - LATENESS_NS)
+    for key in sorted(buffers.keys() | states.keys()):
+        release(key, None)
+    return findings, saved
+
+
+def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
+    return sorted((f.id, f.rule, f.severity.value, f.incomplete) for f in findings)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(STEPS, min_size=1, max_size=40), st.lists(st.integers(1, 3), max_size=5), st.data())
+def test_summaries_leave_the_state_and_findings_of_every_route(steps: list[str], sizes: list[int], data: Any) -> None:
+    records = exchange_records(traffic(steps, sizes))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
+    summarised, states = run(arrived, cuts, summarise=True)
+    whole, whole_states = run(arrived, cuts, summarise=False)
+    assert ids(summarised) == ids(whole)
+    assert states == whole_states
+
+
+def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
+    """The property above is not vacuous: ordinary runs become summaries, and the shard applies them."""
+    records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
+    frames = flatten(records)
+    routes = [r for r in Router(CONFIG).route(frames) if r.key.startswith("producer|")]
+    summaries = [r for r in routes if r.summary is not None]
+    # The InitProducerId and the stream's first write go whole; the 18 writes after it are one run.
+    assert len(summaries) == 1 and len(summaries[0].summary.expand()) == 2 * 18
+    assert len(routes) == 2 + 2 + 1
+    shard = KeyedShard(CONFIG, routes[0].key)
+    applied = []
+    import checks.sharding as sharding
+
+    real = sharding.apply_summary
+
+    def spy(*args: Any) -> bool:
+        applied.append(real(*args))
+        return applied[-1]
+
+    sharding.apply_summary = spy
+    try:
+        assert shard.feed(sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))) == []
+    finally:
+        sharding.apply_summary = real
+    assert applied == [True]
+    whole = KeyedShard(CONFIG, routes[0].key)
+    whole.feed(sorted(
+        [x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])],
+        key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq),
+    ))
+    assert shard.export() == whole.export()
