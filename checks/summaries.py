@@ -34,7 +34,14 @@ from checks.codes import PRODUCE
 from checks.model import Exchange
 from checks.projections import PRODUCE_RUN
 from checks.rule import KEY_TTL_FIELDS, RuleContext
-from checks.rules.producers import ACKED_WINDOW, SEQ_HALF, SEQ_MOD, produce_answers, produce_batches, seq_add
+from checks.rules.producers import (
+    ACKED_WINDOW,
+    SEQ_HALF,
+    produce_answers,
+    produce_batches,
+    seq_add,
+    seq_ahead,
+)
 from codec.messages import Request
 from codec.taprecord import REQ, RESP, TapFrame
 
@@ -126,7 +133,7 @@ def _ordinary(
         end = seq_add(base, count)
         if expected is None or base != expected or count >= SEQ_HALF:
             ok = False
-        if expected is None or (end - expected) % SEQ_MOD < SEQ_HALF and end != expected:
+        if expected is None or seq_ahead(end, expected) > 0:
             ends[skey] = end
         answer = answers.get((topic, partition))
         if answer is None or int(answer.get("ErrorCode", 0)) != 0:
@@ -137,9 +144,7 @@ def _ordinary(
     return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None)
 
 
-def produce_runs(
-    pid: str, routes: Sequence[Any], ttl_ns: int
-) -> list[tuple[list[int], ProduceRun]]:
+def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
     """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
     producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
     key_pid = int(pid)

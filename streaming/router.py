@@ -172,6 +172,7 @@ def _route(
     packed: dict[int, bytes] = {}
     bucket_of: dict[str, int] = {}
     router = Router(config)
+
     def pack(frame: TapFrame) -> bytes:
         data = packed.get(id(frame))
         if data is None:

@@ -82,12 +82,16 @@ def keyed_step(
     """One entity key: release what the watermark passed, in event-time order."""
     # A summary waiting for the watermark holds back the routes that sort after its start: one of
     # them may fall inside its run, and it must then go as the routes it stands for (checks.summaries).
-    hold = min((_RELEASE_ORDER(b) for b in buffer if b.flags & SUMMARY and b.at_ms > watermark_ms), default=None)
+    hold = min(
+        (_RELEASE_ORDER(b) for b in buffer if b.flags & SUMMARY and b.at_ms > watermark_ms), default=None
+    )
     ready = sorted(
         [b for b in buffer if b.at_ms <= watermark_ms and (hold is None or _RELEASE_ORDER(b) < hold)],
         key=_RELEASE_ORDER,
     )
-    waiting = [b for b in buffer if b.at_ms > watermark_ms or (hold is not None and _RELEASE_ORDER(b) >= hold)]
+    waiting = [
+        b for b in buffer if b.at_ms > watermark_ms or (hold is not None and _RELEASE_ORDER(b) >= hold)
+    ]
     try:
         shard = KeyedShard(config, key, saved or None)
     except KeyError:

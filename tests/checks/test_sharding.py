@@ -192,7 +192,9 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
             (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
             default=None,
         )
-        ready = [r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)]
+        ready = [
+            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
+        ]
         buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
         shard = KeyedShard(CONFIG, key, key_states.get(key))
         ready.sort(key=order)
@@ -239,7 +241,9 @@ def crossed(route: Route) -> Route:
     """``route`` packed as the bundle carries it and read back (``streaming.rows``)."""
     if route.summary is not None:
         return summary_entry(route).route(route.key)
-    return Route(route.key, unpack_frame(pack_frame(route.frame)), route.at_ns, route.incomplete, route.request_only)
+    return Route(
+        route.key, unpack_frame(pack_frame(route.frame)), route.at_ns, route.incomplete, route.request_only
+    )
 
 
 def single_records(records: list[list[TapFrame]]) -> list[Finding]:

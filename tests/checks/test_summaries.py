@@ -14,12 +14,16 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import checks.sharding as sharding
+from checks.engine import Monitor
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import KeyedShard, Route, Router
+from checks.summaries import Summary
 from codec.taprecord import TapFrame
 from streaming.rows import summary_entry
 from tests.checks import test_producers as pr
@@ -47,10 +51,14 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
     epoch, t = 0, SECOND
     size = itertools.cycle(sizes or [1])
 
-    def write(conv: Conversation, at: int, partition: int = 0, base: int | None = None, error: int = 0) -> None:
+    def write(
+        conv: Conversation, at: int, partition: int = 0, base: int | None = None, error: int = 0
+    ) -> None:
         count = next(size)
         start = seqs[(epoch, partition)] if base is None else base
-        frames.extend(pr.write(conv, at, epoch, start, error=error, count=count, partition=partition, offset=at // MS))
+        frames.extend(
+            pr.write(conv, at, epoch, start, error=error, count=count, partition=partition, offset=at // MS)
+        )
         if base is None:
             seqs[(epoch, partition)] = start + count
             acked.append((epoch, partition, start))
@@ -64,10 +72,11 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
             requests = []
             for i in range(3):
                 count = next(size)
-                requests.append((pr.produce(app, t + i * MS, [(0, pr.batch(epoch, seqs[(epoch, 0)], count))]), count))
+                requests.append(
+                    (pr.produce(app, t + i * MS, [(0, pr.batch(epoch, seqs[(epoch, 0)], count))]), count)
+                )
                 seqs[(epoch, 0)] += count
-            for i, (request, _count) in enumerate(requests):
-                frames += [request]
+            frames += [request for request, _count in requests]
             for i, (request, _count) in enumerate(requests):
                 frames.append(pr.answer(app, request, t + (4 + i) * MS, [(0, 0, t // MS + i)]))
             t += 8 * MS
@@ -115,7 +124,9 @@ def run(records: list[list[TapFrame]], cuts: list[int], summarise: bool) -> tupl
             (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
             default=None,
         )
-        ready = [r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)]
+        ready = [
+            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
+        ]
         buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
         ready.sort(key=order)
         shard = KeyedShard(CONFIG, key, states.get(key))
@@ -156,7 +167,9 @@ def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(STEPS, min_size=1, max_size=40), st.lists(st.integers(1, 3), max_size=5), st.data())
-def test_summaries_leave_the_state_and_findings_of_every_route(steps: list[str], sizes: list[int], data: Any) -> None:
+def test_summaries_leave_the_state_and_findings_of_every_route(
+    steps: list[str], sizes: list[int], data: Any
+) -> None:
     records = exchange_records(traffic(steps, sizes))
     jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
     by_last = {id(record[-1]): record for record in records}
@@ -168,34 +181,26 @@ def test_summaries_leave_the_state_and_findings_of_every_route(steps: list[str],
     assert states == whole_states
 
 
-def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
+def test_a_run_of_continuations_is_one_summary_and_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
     """The property above is not vacuous: ordinary runs become summaries, and the shard applies them."""
     records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
-    frames = flatten(records)
-    routes = [r for r in Router(CONFIG).route(frames) if r.key.startswith("producer|")]
-    summaries = [r for r in routes if r.summary is not None]
+    routes = [r for r in Router(CONFIG).route(flatten(records)) if r.key.startswith("producer|")]
+    summaries = [r.summary for r in routes if r.summary is not None]
     # The InitProducerId and the stream's first write go whole; the 18 writes after it are one run.
-    assert len(summaries) == 1 and len(summaries[0].summary.expand()) == 2 * 18
     assert len(routes) == 2 + 2 + 1
-    shard = KeyedShard(CONFIG, routes[0].key)
-    applied = []
-    import checks.sharding as sharding
-
+    assert len(summaries) == 1 and len(summaries[0].expand()) == 2 * 18
+    applied: list[bool] = []
     real = sharding.apply_summary
 
-    def spy(*args: Any) -> bool:
-        applied.append(real(*args))
+    def spy(monitor: Monitor, key: str, summary: Summary) -> bool:
+        applied.append(real(monitor, key, summary))
         return applied[-1]
 
-    sharding.apply_summary = spy
-    try:
-        assert shard.feed(sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))) == []
-    finally:
-        sharding.apply_summary = real
+    monkeypatch.setattr(sharding, "apply_summary", spy)
+    order = sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
+    shard = KeyedShard(CONFIG, routes[0].key)
+    assert shard.feed(order) == []
     assert applied == [True]
     whole = KeyedShard(CONFIG, routes[0].key)
-    whole.feed(sorted(
-        [x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])],
-        key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq),
-    ))
+    whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
     assert shard.export() == whole.export()
