@@ -20,7 +20,9 @@ only sent for the frames a rule needs: a request when it is sent, and its respon
 the request again for keys that only the response revealed, such as the producer id an InitProducerId
 response assigns). A request known only by its header (its body did not decode, or was mirrored
 header-only) goes on as it came, with its decode error and bytes, to the keyed rules that judge headers
-(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error.
+(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error. A run of
+ordinary exchanges of a key goes as one summary route (``checks.summaries``), which the keyed shard
+applies or, where it cannot be exact, replaces by the routes it stands for.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ records, before any shuffle, on each frame decoded once (``codec.taprecord.frame
   reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage), with what those
   read (``checks.projections.project_for_connection``);
 - to every entity key its exchange forms (producer, transaction, group, cluster), pruned to that key
-  kind's declared projection (``checks.sharding.Router``, ``checks.projections``).
+  kind's declared projection (``checks.sharding.Router``, ``checks.projections``); a run of ordinary
+  exchanges of one key as one summary entry (``checks.summaries``, ``streaming.rows.summary_entry``).
 
 It keeps nothing between batches: the tap writes a request and its response as one record (tap-record
 schema 2), so pairing needs no memory of earlier batches. The three meanings

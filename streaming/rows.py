@@ -109,7 +109,7 @@ class RouteEntry(NamedTuple):
     seq: int
     #: The frame as ``pack_frame`` made it, pruned to the key kind's projection.
     frame: bytes
-    #: ``INCOMPLETE`` | ``REQUEST_ONLY``.
+    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY``.
     flags: int
 
     def route(self, key: str) -> Route:

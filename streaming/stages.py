@@ -25,7 +25,9 @@ batch's newest event time, as every source batch sends every bucket a bundle) mi
 watermark Spark will hand the next batch, applied in this one. Every routed frame at or before it is
 already in this batch's input (a connection's records arrive in order), so the order an entity entry
 releases in is the one the single monitor uses; ``checks.sharding``'s property test releases exactly
-this way.
+this way. A summary of a run of routes (``checks.summaries``) waits for its last route's time and holds
+back the key's routes that sort after its first: the shard sees them together and can tell whether one
+falls inside the run.
 """
 
 from __future__ import annotations
