@@ -108,19 +108,27 @@ def release_key(frame: TapFrame) -> tuple[int, str, int]:
     return (frame.ts_ns, frame.conn, frame.seq)
 
 
+#: A batch of a run for its producer id: topic, partition, base sequence, record count (at least 1),
+#: base offset (-1 but for a partition's first batch: the answer gives only that one's).
+_Batch = tuple[str, int, int, int, int]
+#: (epoch, client id, transactional id): what every exchange of one run shares.
+_Signature = tuple[int, str, str | None]
+
+
 def _ordinary(
     pid: int, request: TapFrame, response: TapFrame, ends: dict[tuple[int, str, int], int]
-) -> tuple[int, str, str | None] | None:
-    """The (epoch, client id, transactional id) of a Produce exchange that only continues its streams
-    (None: an exchange the key must get whole). ``ends``: each stream's end after the requests before
-    this one in the batch, updated as the rule updates ``next``."""
+) -> tuple[_Signature, list[_Batch]] | None:
+    """The signature and batches of a Produce exchange that only continues its streams (None: an
+    exchange the key must get whole). ``ends``: each stream's end after the requests before this one
+    in the batch, updated as the rule updates ``next``."""
     ex = Exchange(request, response)
     if ex.api_key != PRODUCE or ex.req.body.get("Acks") == 0 or ex.resp is None:
         return None
     answers = produce_answers(ex)
     ok = True
     epochs: set[int] = set()
-    for topic, partition, _index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
+    batches: list[_Batch] = []
+    for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
         if batch_pid != pid:
             continue
         epochs.add(epoch)
@@ -138,10 +146,14 @@ def _ordinary(
         answer = answers.get((topic, partition))
         if answer is None or int(answer.get("ErrorCode", 0)) != 0:
             ok = False
+            continue
+        batches.append(
+            (topic, partition, base, count, int(answer.get("BaseOffset", -1)) if index == 0 else -1)
+        )
     if not ok or len(epochs) != 1:
         return None
     txn = ex.req.body.get("TransactionalId")
-    return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None)
+    return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None), batches
 
 
 def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
@@ -163,12 +175,14 @@ def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[lis
                 pairs.append((req, i))
     pairs.sort()
     ends: dict[tuple[int, str, int], int] = {}
-    signature: dict[int, tuple[int, str, str | None]] = {}  # route index -> its exchange's signature
+    signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
     exchange_of: dict[int, tuple[int, int]] = {}
+    batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
     for req, resp in pairs:
-        sig = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
-        if sig is not None:
-            signature[req] = signature[resp] = sig
+        found = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
+        if found is not None:
+            signature[req] = signature[resp] = found[0]
+            batches[req] = batches[resp] = found[1]
             exchange_of[req] = exchange_of[resp] = (req, resp)
     if not exchange_of:
         return []
@@ -197,55 +211,45 @@ def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[lis
     members = [i for i in order if i in segment_of]
     for _, group in itertools.groupby(members, key=segment_of.__getitem__):
         indices = list(group)
-        run = _run_facts(key_pid, [routes[i].frame for i in indices], ttl_ns)
+        run = _run_facts(
+            [routes[i].frame for i in indices], [batches[i] for i in indices], signature[indices[0]], ttl_ns
+        )
         if run is not None:
             runs.append((indices, run))
     return runs
 
 
-def _run_facts(pid: int, frames: list[TapFrame], ttl_ns: int) -> ProduceRun | None:
-    """The summary of a run's frames (release order); None when the engine would sweep within it."""
+def _run_facts(
+    frames: list[TapFrame], batches: list[list[_Batch]], signature: _Signature, ttl_ns: int
+) -> ProduceRun | None:
+    """The summary of a run's frames (release order) and their exchanges' batches; None when the
+    engine would sweep within it."""
     times = [f.ts_ns for f in frames]
     if any(b - a > ttl_ns for a, b in itertools.pairwise(times)):
         return None
-    requests: dict[int, TapFrame] = {}
     streams: dict[tuple[str, int], list[Any]] = {}
     corrs: list[int] = []
     open_now = open_most = 0
-    first = frames[0]
-    sig: tuple[str, str | None, int] | None = None
-    for frame in frames:
-        corr = frame.correlation_id
-        assert corr is not None
+    for frame, sent in zip(frames, batches, strict=True):
         if frame.direction == REQ:
-            requests[corr] = frame
-            corrs.append(corr)
+            assert frame.correlation_id is not None
+            corrs.append(frame.correlation_id)
             open_now += 1
             open_most = max(open_most, open_now)
-            ex = Exchange(frame, None)
-            for topic, partition, _i, _b, batch_pid, epoch, base, count in produce_batches(ex):
-                if batch_pid != pid:
-                    continue
+            for topic, partition, base, count, _offset in sent:
                 stream = streams.get((topic, partition))
                 if stream is None:
                     stream = streams[(topic, partition)] = [topic, partition, base, base, 0, []]
-                stream[3], stream[4] = seq_add(base, max(count, 1)), frame.ts_ns
-                txn = ex.req.body.get("TransactionalId")
-                sig = (f"{frame.client_host}|{ex.req.client_id or ''}", txn or None, epoch)
+                stream[3], stream[4] = seq_add(base, count), frame.ts_ns
             continue
         open_now -= 1
-        ex = Exchange(requests.pop(corr), frame)
-        answers = produce_answers(ex)
-        for topic, partition, index, _b, batch_pid, _epoch, base, count in produce_batches(ex):
-            if batch_pid != pid:
-                continue
-            answer = answers[(topic, partition)]
-            offset = int(answer.get("BaseOffset", -1)) if index == 0 else -1
+        for topic, partition, base, count, offset in sent:
             acked: list[list[int]] = streams[(topic, partition)][5]
-            acked.append([base, max(count, 1), offset])
+            acked.append([base, count, offset])
             del acked[:-ACKED_WINDOW]
-    assert sig is not None
-    client, txn, epoch = sig
+    epoch, client_id, txn = signature
+    first = frames[0]
+    client = f"{first.client_host}|{client_id}"
     return ProduceRun(first.conn, client, txn, epoch, list(streams.values()), corrs, times, open_most)
 
 
