@@ -157,11 +157,8 @@ def _ordinary(
     return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None), batches
 
 
-def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
-    """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
-    producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
-    key_pid = int(pid)
-    # Pair each answer with its request (routing order: a request before its answer).
+def _pairs(routes: Sequence[Any]) -> list[tuple[int, int]]:
+    """(request, answer) route indices of the exchanges among ``routes`` (routing order)."""
     asked: dict[int, int] = {}
     pairs: list[tuple[int, int]] = []
     for i, route in enumerate(routes):
@@ -175,21 +172,21 @@ def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[lis
             if req is not None:
                 pairs.append((req, i))
     pairs.sort()
-    ends: dict[tuple[int, str, int], int] = {}
-    signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
+    return pairs
+
+
+def _segments(
+    routes: Sequence[Any], pairs: list[tuple[int, int]], signature: dict[int, Any]
+) -> list[list[int]]:
+    """The runs among ``routes``: stretches, in release order, of the routes of candidate exchanges
+    (``pairs`` whose indices ``signature`` maps to what the exchanges of one run share) with one
+    signature and no other route between, each exchange wholly inside one."""
     exchange_of: dict[int, tuple[int, int]] = {}
-    batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
-    for req, resp in pairs:
-        found = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
-        if found is not None:
-            signature[req] = signature[resp] = found[0]
-            batches[req] = batches[resp] = found[1]
-            exchange_of[req] = exchange_of[resp] = (req, resp)
-    if not exchange_of:
-        return []
+    for pair in pairs:
+        if pair[0] in signature:
+            exchange_of[pair[0]] = exchange_of[pair[1]] = pair
     order = sorted(range(len(routes)), key=lambda i: release_key(routes[i].frame))
     while True:
-        # Stretches of candidate routes with one signature, no other route between.
         segment_of: dict[int, int] = {}
         segment, last_sig = 0, None
         for i in order:
@@ -201,17 +198,32 @@ def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[lis
                 segment, last_sig = segment + 1, sig
             segment_of[i] = segment
         # An exchange split by another route is no part of a run (its routes go whole).
-        split = {ex for ex in set(exchange_of.values()) if segment_of[ex[0]] != segment_of[ex[1]]}
+        split = {ex for ex in set(exchange_of.values()) if len({segment_of[i] for i in ex}) > 1}
         if not split:
             break
-        for req, resp in split:
-            for i in (req, resp):
+        for ex in split:
+            for i in ex:
                 signature.pop(i, None)
                 exchange_of.pop(i, None)
-    runs: list[tuple[list[int], ProduceRun]] = []
     members = [i for i in order if i in segment_of]
-    for _, group in itertools.groupby(members, key=segment_of.__getitem__):
-        indices = list(group)
+    return [list(group) for _, group in itertools.groupby(members, key=segment_of.__getitem__)]
+
+
+def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
+    """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
+    producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
+    key_pid = int(pid)
+    ends: dict[tuple[int, str, int], int] = {}
+    signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
+    batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
+    pairs = _pairs(routes)
+    for req, resp in pairs:
+        found = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
+        if found is not None:
+            signature[req] = signature[resp] = found[0]
+            batches[req] = batches[resp] = found[1]
+    runs: list[tuple[list[int], ProduceRun]] = []
+    for indices in _segments(routes, pairs, signature) if signature else []:
         run = _run_facts(
             [routes[i].frame for i in indices], [batches[i] for i in indices], signature[indices[0]], ttl_ns
         )
