@@ -32,6 +32,8 @@ _T = TypeVar("_T")
 
 #: A run of a producer's ordinary Produce exchanges (``checks.summaries.ProduceRun``).
 PRODUCE_RUN: Final = "produce_run"
+#: A run of a group member's steady heartbeats (``checks.summaries.HeartbeatRun``).
+HEARTBEAT_RUN: Final = "heartbeat_run"
 
 #: (request paths, response paths) of one API.
 Reads = tuple[tuple[str, ...], tuple[str, ...]]
@@ -253,8 +255,21 @@ TRANSITIONS: Final[Mapping[str, Transitions]] = {
         for rule in ("producer", "txn_pid")
     },
     "txn": Transitions(apis=frozenset(READS["txn"])),
-    **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("group", "group_protocol")},
+    "group": Transitions(apis=frozenset(READS["group"])),
+    "group_protocol": Transitions(
+        apis=frozenset(READS["group_protocol"]), summaries=frozenset({HEARTBEAT_RUN})
+    ),
     "apiversions.cluster": Transitions(apis=frozenset({ApiKey.API_VERSIONS}), first_use=True),
+}
+
+
+#: The APIs whose exchanges each summary kind stands for: a key kind gets a summary kind when every
+#: rule of it that names one of these APIs accepts it (``Transitions.summaries``).
+SUMMARY_APIS: Final[Mapping[str, frozenset[int]]] = {
+    PRODUCE_RUN: frozenset({ApiKey.PRODUCE}),
+    HEARTBEAT_RUN: frozenset(
+        {ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.STREAMS_GROUP_HEARTBEAT}
+    ),
 }
 
 

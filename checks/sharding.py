@@ -39,12 +39,19 @@ import msgpack
 from checks.codes import ENVELOPE
 from checks.engine import Dispatched, Monitor, StateFormatError, unwrap_envelope
 from checks.model import Exchange, Finding
-from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
+from checks.projections import (
+    ANSWER_KEYED,
+    SUMMARY_APIS,
+    TRANSITIONS,
+    Transitions,
+    project_for_connection,
+    project_frame,
+)
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
-from checks.summaries import PRODUCE_RUN, Summary, apply_summary, expand_conflicts, produce_runs, release_key
+from checks.summaries import RUNS, Summary, apply_summary, expand_conflicts, release_key
 from codec.api import expand_response
 from codec.messages import Request, Response
 from codec.protocol import ApiKey
@@ -176,11 +183,18 @@ def _catalogue() -> _Catalogue:
         keyed_rules,
         {kind: tuple(r.name for r in members) for kind, members in kind_rules.items()},
         kind_rules,
-        {
-            kind: frozenset.intersection(*(TRANSITIONS[r.name].summaries for r in members))
-            for kind, members in kind_rules.items()
-        },
+        {kind: _accepted(members) for kind, members in kind_rules.items()},
     )
+
+
+def _accepted(rules: Iterable[Rule]) -> frozenset[str]:
+    """The summary kinds that every one of ``rules`` naming their APIs accepts (``SUMMARY_APIS``)."""
+    out: set[str] = set()
+    for kind, apis in SUMMARY_APIS.items():
+        naming = [r for r in rules if TRANSITIONS[r.name].apis & apis]
+        if naming and all(kind in TRANSITIONS[r.name].summaries for r in naming):
+            out.add(kind)
+    return frozenset(out)
 
 
 #: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), its key kind,
@@ -570,21 +584,22 @@ class Router:
         kinds = _catalogue().kind_summaries
         by_key: dict[str, list[int]] = {}
         for i, route in enumerate(routes):
-            if PRODUCE_RUN in kinds.get(split_route_key(route.key)[0], ()):
+            if kinds.get(split_route_key(route.key)[0]):
                 by_key.setdefault(route.key, []).append(i)
         if not by_key:
             return routes
         config = self.ctx.config
         replaced: dict[int, Route | None] = {}
         for key, indices in by_key.items():
-            kind, pid = split_route_key(key)
+            kind, state_key = split_route_key(key)
             ttl_ns = int(getattr(config, KEY_TTL_FIELDS[kind]) * 1e9)
             mine = [routes[i] for i in indices]
-            for members, run in produce_runs(pid, mine, ttl_ns):
+            found = [(s, m, run) for s in sorted(kinds[kind]) for m, run in RUNS[s](state_key, mine, ttl_ns)]
+            for summary_kind, members, run in found:
                 originals = [mine[m] for m in members]
                 first = originals[0].frame
                 summary = Summary(
-                    PRODUCE_RUN,
+                    summary_kind,
                     run,
                     partial(list, originals),
                     release_key(first),

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from checks.codes import PRODUCE
 from checks.model import Exchange
-from checks.projections import PRODUCE_RUN
+from checks.projections import HEARTBEAT_RUN, PRODUCE_RUN, SUMMARY_APIS
 from checks.rule import KEY_TTL_FIELDS, RuleContext
+from checks.rules.groups import JOIN_EPOCH
 from checks.rules.producers import (
     ACKED_WINDOW,
     SEQ_HALF,
@@ -92,12 +93,42 @@ class ProduceRun:
 
 
 @dataclass
+class HeartbeatRun:
+    """What a run of one group member's steady heartbeats (answered without error at the epoch it
+    sent, with no assignor asked for) did to its group's state: only touch times and its place among
+    the members kept (newest last)."""
+
+    conn: str
+    #: The heartbeat's API (KIP-848, KIP-932 or KIP-1071).
+    api: int
+    member: str
+    epoch: int
+    corrs: list[int]
+    times: list[int]
+    open_most: int
+
+    def to_list(self) -> list[Any]:
+        return [self.conn, self.api, self.member, self.epoch, self.corrs, self.times, self.open_most]
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> HeartbeatRun:
+        return cls(*values)
+
+
+#: Summary kind -> its facts' class.
+FACTS: Final[dict[str, type[ProduceRun] | type[HeartbeatRun]]] = {
+    PRODUCE_RUN: ProduceRun,
+    HEARTBEAT_RUN: HeartbeatRun,
+}
+
+
+@dataclass
 class Summary:
     """A summary route's content: its kind, its facts, and the routes it stands for (``expand``: made
     on demand, as the stage keeps them packed)."""
 
     kind: str
-    facts: ProduceRun
+    facts: ProduceRun | HeartbeatRun
     expand: Callable[[], list[Any]]
     #: (ts_ns, conn, seq) of the run's first and last route in release order: its span.
     first: tuple[int, str, int]
@@ -237,27 +268,20 @@ def _run_facts(
 ) -> ProduceRun | None:
     """The summary of a run's frames (release order) and their exchanges' batches; None when the
     engine would sweep within it."""
-    times = [f.ts_ns for f in frames]
-    if any(b - a > ttl_ns for a, b in itertools.pairwise(times)):
+    timing = _timing(frames, ttl_ns)
+    if timing is None:
         return None
     streams: dict[tuple[str, int], list[Any]] = {}
-    corrs: list[int] = []
-    open_now = open_most = 0
     for frame, sent in zip(frames, batches, strict=True):
-        if frame.direction == REQ:
-            assert frame.correlation_id is not None
-            corrs.append(frame.correlation_id)
-            open_now += 1
-            open_most = max(open_most, open_now)
-            for topic, partition, base, count, _offset in sent:
-                stream = streams.get((topic, partition))
+        for topic, partition, base, count, offset in sent:
+            stream = streams.get((topic, partition))
+            if frame.direction == REQ:
                 if stream is None:
                     stream = streams[(topic, partition)] = [topic, partition, base, base, 0, []]
                 stream[3], stream[4] = seq_add(base, count), frame.ts_ns
-            continue
-        open_now -= 1
-        for topic, partition, base, count, offset in sent:
-            acked: list[list[int]] = streams[(topic, partition)][5]
+                continue
+            assert stream is not None
+            acked: list[list[int]] = stream[5]
             acked.append([base, count, offset])
             del acked[:-ACKED_WINDOW]
     if any((stream[3] - stream[2]) % SEQ_MOD >= SEQ_HALF for stream in streams.values()):
@@ -265,7 +289,74 @@ def _run_facts(
     epoch, client_id, txn = signature
     first = frames[0]
     client = f"{first.client_host}|{client_id}"
-    return ProduceRun(first.conn, client, txn, epoch, list(streams.values()), corrs, times, open_most)
+    return ProduceRun(first.conn, client, txn, epoch, list(streams.values()), *timing)
+
+
+def _timing(frames: list[TapFrame], ttl_ns: int) -> tuple[list[int], list[int], int] | None:
+    """A run's correlation ids, release times and most requests open at once; None when two of its
+    frames lie further apart than the key's TTL (the engine's sweep would drop the key between)."""
+    times = [f.ts_ns for f in frames]
+    if any(b - a > ttl_ns for a, b in itertools.pairwise(times)):
+        return None
+    corrs: list[int] = []
+    open_now = open_most = 0
+    for frame in frames:
+        if frame.direction == REQ:
+            assert frame.correlation_id is not None
+            corrs.append(frame.correlation_id)
+            open_now += 1
+            open_most = max(open_most, open_now)
+        else:
+            open_now -= 1
+    return corrs, times, open_most
+
+
+def _steady(request: TapFrame, response: TapFrame) -> tuple[int, str, int] | None:
+    """(API, member id, epoch) of a heartbeat that only touches its group's state: a member's, at a
+    positive epoch the answer repeats without error, asking for no assignor (None otherwise)."""
+    ex = Exchange(request, response)
+    resp = ex.resp
+    if ex.api_key not in SUMMARY_APIS[HEARTBEAT_RUN] or resp is None:
+        return None
+    body, answer = ex.req.body, resp.body
+    member = str(body.get("MemberId") or "")
+    epoch = body.get("MemberEpoch")
+    if (
+        not member
+        or not isinstance(epoch, int)
+        or epoch <= JOIN_EPOCH
+        or body.get("ServerAssignor")
+        or answer.get("ErrorCode", 0) != 0
+        or answer.get("MemberEpoch") != epoch
+        or answer.get("MemberId") not in (None, "", member)
+    ):
+        return None
+    return (ex.api_key, member, epoch)
+
+
+def heartbeat_runs(group: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], HeartbeatRun]]:
+    """``produce_runs`` for the steady heartbeats of one member to the group key ``group``."""
+    signature: dict[int, tuple[int, str, int]] = {}
+    pairs = _pairs(routes)
+    for req, resp in pairs:
+        found = _steady(routes[req].frame, routes[resp].frame)
+        if found is not None:
+            signature[req] = signature[resp] = found
+    runs: list[tuple[list[int], HeartbeatRun]] = []
+    for indices in _segments(routes, pairs, signature) if signature else []:
+        frames = [routes[i].frame for i in indices]
+        timing = _timing(frames, ttl_ns)
+        if timing is not None:
+            api, member, epoch = signature[indices[0]]
+            runs.append((indices, HeartbeatRun(frames[0].conn, api, member, epoch, *timing)))
+    return runs
+
+
+#: Summary kind -> how the router finds its runs among one connection's routes to one key.
+RUNS: Final[dict[str, Callable[[str, Sequence[Any], int], list[tuple[list[int], Any]]]]] = {
+    PRODUCE_RUN: produce_runs,
+    HEARTBEAT_RUN: heartbeat_runs,
+}
 
 
 def expand_conflicts(routes: Iterable[Any]) -> list[Any]:
@@ -305,8 +396,9 @@ def apply_summary(monitor: Monitor, key: str, summary: Summary) -> bool:
     ctx = monitor.ctx
     rules = monitor.rules
     times = run.times
+    api = run.api if isinstance(run, HeartbeatRun) else PRODUCE
     if (
-        summary.kind != PRODUCE_RUN
+        api not in SUMMARY_APIS.get(summary.kind, ())
         or ctx.timers
         or monitor._heap
         or monitor._lateness_ns
@@ -317,29 +409,31 @@ def apply_summary(monitor: Monitor, key: str, summary: Summary) -> bool:
     held = monitor.conns.get(run.conn)
     if held is not None and held.pending:
         return False
+    # The rules that look at the run's API: each must accept it; the others are not called.
+    touched = [r for r in rules if r.api_keys is None or api in r.api_keys]
     states = []
-    for rule in rules:
+    for rule in touched:
         state = monitor.states.get((rule.name, key))
-        if state is None or (rule.api_keys is not None and PRODUCE not in rule.api_keys):
-            return False
-        if not rule.summary_applies(state, key, summary.kind, run):
+        if state is None or not rule.summary_applies(state, key, summary.kind, run):
             return False
         states.append(state)
     # The engine's sweeps at the run's release times must drop nothing: before the run's first frame
-    # the key's touch times are its own, after it the run's.
+    # the key's touch times are its own, after it the touched rules' are the run's.
     released, next_sweep = monitor.released_ts, monitor._next_sweep
     ttl = int(getattr(ctx.config, KEY_TTL_FIELDS[rules[0].key_kind]) * 1e9) if rules else 0
+    names = {r.name for r in touched}
+    untouched = [seen for (name, _key), seen in monitor.last_seen.items() if name not in names]
     before = min(monitor.last_seen.values(), default=None)
     for i, ts in enumerate(times):
         if ts <= released:
             continue
         released = ts
         if ts >= next_sweep:
-            seen = before if i == 0 else times[i - 1]
+            seen = before if i == 0 else min([times[i - 1], *untouched])
             if seen is not None and seen < ts - ttl:
                 return False
             next_sweep = ts + _SWEEP_EVERY_NS
-    for rule, state in zip(rules, states, strict=True):
+    for rule, state in zip(touched, states, strict=True):
         rule.on_summary(state, key, summary.kind, run, RuleContext(ctx, rule.name, key))
         monitor.last_seen[(rule.name, key)] = times[-1]
     monitor.released_ts, monitor._next_sweep = released, next_sweep

@@ -22,7 +22,7 @@ import codec
 from checks.model import Finding
 from checks.rule import Stats
 from checks.sharding import ConnectionMeta, ConnectionRow, HeaderExchange, Route
-from checks.summaries import ProduceRun, Summary
+from checks.summaries import FACTS, Summary
 from codec import facts, taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
@@ -119,7 +119,7 @@ class RouteEntry(NamedTuple):
             first, last = entries[0], entries[-1]
             summary = Summary(
                 kind,
-                ProduceRun.from_list(values),
+                FACTS[kind].from_list(values),
                 partial(_routes_of, entries, key),
                 (first.ts_ns, first.conn, first.seq),
                 (last.ts_ns, last.conn, last.seq),
