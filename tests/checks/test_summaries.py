@@ -5,7 +5,9 @@ windows, touch times, sweep times, held requests), and the same findings.
 The traffic: one producer id written on pipelined connections (up to five requests in flight), with
 the events a summary must not swallow mixed in: gaps, retries of acknowledged batches, errors, a
 fence by another client (its zombie keeps writing), a second connection of the same client writing
-the same stream, idle stretches past the key's TTL, several partitions.
+the same stream, idle stretches past the key's TTL, several partitions. And two members of a KIP-848
+group heartbeating, with epoch bumps, fencing (and heartbeats after it), rejoins, leaves, assignors
+asked for, a share-group heartbeat under the same id and idle stretches.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from checks.sharding import KeyedShard, Route, Router
 from checks.summaries import Summary
 from codec.taprecord import TapFrame
 from streaming.rows import summary_entry
+from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
 from tests.checks.exchanges import exchange_records, flatten
 
-CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0)
+CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
 MS = 1_000_000
 
@@ -106,8 +109,10 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
     return sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq))
 
 
-def run(records: list[list[TapFrame]], cuts: list[int], summarise: bool) -> tuple[list[Finding], list[bytes]]:
-    """The producer key's shards fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
+def run(
+    records: list[list[TapFrame]], cuts: list[int], summarise: bool, kind: str = "producer|"
+) -> tuple[list[Finding], list[bytes]]:
+    """The keys of ``kind`` fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
     drives them: with summaries, or with every summary replaced by the routes it stands for. Returns
     the findings and every key's saved state after each batch."""
     states: dict[str, bytes] = {}
@@ -148,7 +153,7 @@ def run(records: list[list[TapFrame]], cuts: list[int], summarise: bool) -> tupl
         for mine in per_conn.values():
             mine.sort(key=lambda f: f.seq)
             for route in Router(CONFIG).route(mine):
-                if not route.key.startswith("producer|"):
+                if not route.key.startswith(kind):
                     continue
                 if route.summary is not None and not summarise:
                     buffers[route.key].extend(route.summary.expand())
@@ -203,4 +208,80 @@ def test_a_run_of_continuations_is_one_summary_and_is_applied(monkeypatch: pytes
     assert applied == [True]
     whole = KeyedShard(CONFIG, routes[0].key)
     whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
+    assert shard.export() == whole.export()
+
+
+GROUP_STEPS = st.sampled_from(
+    ["beat"] * 8 + ["beat2"] * 4 + ["bump", "fence", "rejoin", "leave", "assignor", "idle", "share"]
+)
+
+
+def group_traffic(steps: list[str]) -> list[TapFrame]:
+    """Frames (tap order) of a two-member consumer group as ``steps`` say."""
+    one = Conversation(conn="tap1-m1", client="10.0.0.7:40000", client_id="m1")
+    two = Conversation(conn="tap1-m2", client="10.0.0.8:40000", client_id="m2")
+    shared_offsets(one, two)
+    epochs = {"m1": 1, "m2": 1}
+    frames = [
+        *gr.heartbeat(one, 0, "m1", 0, answer_epoch=1, assignor="uniform"),
+        *gr.heartbeat(two, MS, "m2", 0, answer_epoch=1),
+    ]
+    t = SECOND
+    for step in steps:
+        t += 5 * MS
+        if step == "beat":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"])
+        elif step == "beat2":
+            frames += gr.heartbeat(two, t, "m2", epochs["m2"])
+        elif step == "bump":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], answer_epoch=epochs["m1"] + 1)
+            epochs["m1"] += 1
+        elif step == "fence":
+            # The member keeps its epoch afterwards: its next heartbeats are fenced ones.
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], error=gr.FENCED_EPOCH)
+        elif step == "rejoin":
+            frames += gr.heartbeat(one, t, "m1", 0, answer_epoch=epochs["m1"] + 1)
+            epochs["m1"] += 1
+        elif step == "leave":
+            frames += gr.heartbeat(one, t, "m1", -1, answer_epoch=-1)
+        elif step == "assignor":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], assignor="range")
+        elif step == "idle":
+            t += int(CONFIG.group_ttl_seconds * 1e9) + SECOND
+        elif step == "share":
+            frames += gr.heartbeat(two, t, "m2", epochs["m2"], api=gr.SHARE_HEARTBEAT)
+    return sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(GROUP_STEPS, min_size=1, max_size=40), st.data())
+def test_heartbeat_summaries_leave_the_state_and_findings_of_every_route(steps: list[str], data: Any) -> None:
+    records = exchange_records(group_traffic(steps))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
+    summarised, states = run(arrived, cuts, summarise=True, kind="group|")
+    whole, whole_states = run(arrived, cuts, summarise=False, kind="group|")
+    assert ids(summarised) == ids(whole)
+    assert states == whole_states
+
+
+def test_steady_heartbeats_are_one_summary_and_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = [f for f in flatten(exchange_records(group_traffic(["beat"] * 5))) if f.conn == "tap1-m1"]
+    routes = [r for r in Router(CONFIG).route(frames) if r.key.startswith("group|")]
+    # The join (epoch 0) goes whole; the five steady heartbeats are one run.
+    assert [len(r.summary.expand()) if r.summary is not None else 0 for r in routes] == [0, 0, 10]
+    applied: list[bool] = []
+    real = sharding.apply_summary
+
+    def spy(monitor: Monitor, key: str, summary: Summary) -> bool:
+        applied.append(real(monitor, key, summary))
+        return applied[-1]
+
+    monkeypatch.setattr(sharding, "apply_summary", spy)
+    shard, whole = KeyedShard(CONFIG, routes[0].key), KeyedShard(CONFIG, routes[0].key)
+    assert shard.feed(routes) == []
+    assert applied == [True]
+    whole.feed([x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])])
     assert shard.export() == whole.export()
