@@ -6,7 +6,8 @@ moves the stream's ``next``, its acknowledged window and the touch times. The ro
 (``checks.sharding.Router``) collapses each *run* of such exchanges of one connection and one batch
 into one summary route (``Summary``): the facts the rules need to end in the state those exchanges
 would have left, plus the original routes to fall back on. A rule accepts a summary kind by declaring
-it (``checks.projections.Transitions.summaries``); a key kind is summarised only when all its rules do.
+it (``checks.projections.Transitions.summaries``); a key kind gets a summary kind only when every rule
+of it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``).
 
 The router cannot see other connections or earlier batches, so a summary is *checked* where it is
 applied (``apply_summary``, in the keyed shard): the key's state must be what the run was built on
@@ -20,7 +21,13 @@ whose batches for that producer id all continue their stream contiguously from a
 the same batch (the first exchange of each stream in a batch goes whole: it is judged against state
 from earlier batches), answered without error, one epoch, client id and transactional id; in release
 order, a run is a stretch of such exchanges' routes with no other route of the key between, each
-exchange wholly inside it (pipelined requests), consecutive frames closer than the key's TTL.
+exchange wholly inside it (pipelined requests), consecutive frames closer than the key's TTL. Runs of
+a group member's steady heartbeats (``heartbeat_runs``: answered without error at the positive epoch
+sent, no assignor asked for) touch only answer times and the member's place among those kept.
+
+A caller holding routes until its watermark passes them holds a summary until its last route's time,
+and with it every route of the key that sorts after its first (``streaming.stages.keyed_step``): the
+shard then sees together whatever could fall inside the run.
 """
 
 from __future__ import annotations
