@@ -38,7 +38,9 @@ LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
 MS = 1_000_000
 
 STEPS = st.sampled_from(
-    ["next"] * 8 + ["pipeline"] * 4 + ["gap", "retry", "error", "fence", "twin", "idle", "partition", "other"]
+    ["next"] * 8
+    + ["pipeline"] * 4
+    + ["gap", "retry", "error", "fence", "zombie", "twin", "idle", "partition", "other"]
 )
 
 
@@ -98,6 +100,9 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
             t += 5 * MS
             write(app, t)
             epoch += 1
+        elif step == "zombie":
+            # Another instance takes over and the old one keeps writing at its epoch, unaware.
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1 + steps.count("zombie"), txn_id=None))
         elif step == "twin":
             write(twin, t)
         elif step == "idle":
