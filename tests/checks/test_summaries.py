@@ -2,7 +2,8 @@
 routes they stand for would: the same saved state, byte for byte (rule state and its order, trimmed
 windows, touch times, sweep times, held requests), and the same findings.
 
-The traffic: one producer id written on pipelined connections (up to five requests in flight), with
+The traffic: one producer id (idempotent or transactional) written on pipelined connections (three
+requests in flight), with
 the events a summary must not swallow mixed in: gaps, retries of acknowledged batches, errors, a
 fence by another client (its zombie keeps writing), a second connection of the same client writing
 the same stream, idle stretches past the key's TTL, several partitions. And two members of a KIP-848
@@ -44,13 +45,14 @@ STEPS = st.sampled_from(
 )
 
 
-def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
-    """Frames (tap order) of a producer's life as ``steps`` say; ``sizes``: record counts to draw from."""
+def traffic(steps: list[str], sizes: list[int], txn_id: str | None = None) -> list[TapFrame]:
+    """Frames (tap order) of a producer's life as ``steps`` say; ``sizes``: record counts to draw from;
+    ``txn_id``: a transactional producer's (its batches transactional)."""
     app = Conversation(conn="tap1-app", client="10.0.0.7:40000", client_id="app")
     twin = Conversation(conn="tap1-twin", client="10.0.0.7:40001", client_id="app")
     other = Conversation(conn="tap1-other", client="10.0.0.8:40000", client_id="other")
     shared_offsets(app, twin, other)
-    frames = [*pr.init_pid(app, 0, epoch=0, txn_id=None)]
+    frames = [*pr.init_pid(app, 0, epoch=0, txn_id=txn_id)]
     seqs: dict[tuple[int, int], int] = defaultdict(int)  # (epoch, partition) -> next
     acked: list[tuple[int, int, int]] = []
     epoch, t = 0, SECOND
@@ -61,9 +63,9 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
     ) -> None:
         count = next(size)
         start = seqs[(epoch, partition)] if base is None else base
-        frames.extend(
-            pr.write(conv, at, epoch, start, error=error, count=count, partition=partition, offset=at // MS)
-        )
+        batch = pr.batch(epoch, start, count, txn=txn_id is not None)
+        request = pr.produce(conv, at, [(partition, batch)], txn_id=txn_id)
+        frames.extend([request, pr.answer(conv, request, at + 2 * MS, [(partition, error, at // MS)])])
         if base is None:
             seqs[(epoch, partition)] = start + count
             acked.append((epoch, partition, start))
@@ -77,12 +79,11 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
             requests = []
             for i in range(3):
                 count = next(size)
-                requests.append(
-                    (pr.produce(app, t + i * MS, [(0, pr.batch(epoch, seqs[(epoch, 0)], count))]), count)
-                )
+                batch = pr.batch(epoch, seqs[(epoch, 0)], count, txn=txn_id is not None)
+                requests.append(pr.produce(app, t + i * MS, [(0, batch)], txn_id=txn_id))
                 seqs[(epoch, 0)] += count
-            frames += [request for request, _count in requests]
-            for i, (request, _count) in enumerate(requests):
+            frames += requests
+            for i, request in enumerate(requests):
                 frames.append(pr.answer(app, request, t + (4 + i) * MS, [(0, 0, t // MS + i)]))
             t += 8 * MS
         elif step == "gap":
@@ -96,13 +97,13 @@ def traffic(steps: list[str], sizes: list[int]) -> list[TapFrame]:
             write(app, t, error=pr.NOT_LEADER)
         elif step == "fence":
             # Another instance takes the producer id over: the old one is a zombie from now on.
-            frames.extend(pr.init_pid(other, t, epoch=epoch + 1, txn_id=None))
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1, txn_id=txn_id))
             t += 5 * MS
             write(app, t)
             epoch += 1
         elif step == "zombie":
             # Another instance takes over and the old one keeps writing at its epoch, unaware.
-            frames.extend(pr.init_pid(other, t, epoch=epoch + 1 + steps.count("zombie"), txn_id=None))
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1 + steps.count("zombie"), txn_id=txn_id))
         elif step == "twin":
             write(twin, t)
         elif step == "idle":
@@ -176,11 +177,16 @@ def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(STEPS, min_size=1, max_size=40), st.lists(st.integers(1, 3), max_size=5), st.data())
+@given(
+    st.lists(STEPS, min_size=1, max_size=40),
+    st.lists(st.integers(1, 3), max_size=5),
+    st.sampled_from([None, "tx"]),
+    st.data(),
+)
 def test_summaries_leave_the_state_and_findings_of_every_route(
-    steps: list[str], sizes: list[int], data: Any
+    steps: list[str], sizes: list[int], txn_id: str | None, data: Any
 ) -> None:
-    records = exchange_records(traffic(steps, sizes))
+    records = exchange_records(traffic(steps, sizes, txn_id))
     jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
     by_last = {id(record[-1]): record for record in records}
     arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
