@@ -191,7 +191,7 @@ def _accepted(rules: Iterable[Rule]) -> frozenset[str]:
     """The summary kinds that every one of ``rules`` naming their APIs accepts (``SUMMARY_APIS``)."""
     out: set[str] = set()
     for kind, apis in SUMMARY_APIS.items():
-        naming = [r for r in rules if TRANSITIONS[r.name].apis & apis]
+        naming = [r for r in rules if any(TRANSITIONS[r.name].names_api(api) for api in apis)]
         if naming and all(kind in TRANSITIONS[r.name].summaries for r in naming):
             out.add(kind)
     return frozenset(out)

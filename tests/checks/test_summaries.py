@@ -296,3 +296,21 @@ def test_steady_heartbeats_are_one_summary_and_applied(monkeypatch: pytest.Monke
     assert applied == [True]
     whole.feed([x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])])
     assert shard.export() == whole.export()
+
+
+def test_a_key_kind_with_a_rule_that_does_not_accept_a_summary_gets_every_route() -> None:
+    """The transaction rule declares no summary: a transactional producer's run is one summary for its
+    producer id, and every route for its transactional id."""
+    frames = [f for f in flatten(exchange_records(traffic(["next"] * 6, [1], "tx"))) if f.conn == "tap1-app"]
+    routes = Router(CONFIG).route(frames)
+    by_kind = {
+        kind: [r.summary is not None for r in routes if r.key.startswith(kind)]
+        for kind in ("producer|", "txn|")
+    }
+    assert by_kind["producer|"].count(True) == 1
+    assert by_kind["txn|"] and not any(by_kind["txn|"])
+    assert len(by_kind["txn|"]) == 2 * (1 + 6)  # the InitProducerId and the six writes
+    assert (
+        sharding._accepted([r for r in sharding._catalogue().keyed_rules if r.key_kind == "txn"])
+        == frozenset()
+    )
