@@ -19,7 +19,9 @@ import msgpack
 
 from checks.codes import ENVELOPE, PRODUCE
 from checks.model import Exchange, Finding, Severity
+from checks.projections import SUMMARY_APIS
 from checks.rule import KEY_TTL_FIELDS, Context, Rule, RuleContext, State, StateKey, Stats, iso_time
+from checks.summaries import HeartbeatRun, Summary
 from codec.api import Request, Response, expand_response
 from codec.errors import DecodeError
 from codec.nested import EmbeddedRequest, EmbeddedResponse
@@ -733,6 +735,63 @@ class Monitor:
     def empty(self) -> bool:
         """Nothing left to remember: no rule state, held frame, pending request or timer."""
         return not self.states and not self.conns and not self._heap and not self.ctx.timers
+
+    def apply_summary(self, summary: Summary) -> bool:
+        """Apply a summary (``checks.summaries``) to this keyed shard's monitor exactly as feeding the
+        routes it stands for would, or change nothing and return False (the caller feeds those routes)."""
+        key = self.only_key
+        if key is None:
+            return False
+        run = summary.facts
+        ctx = self.ctx
+        rules = self.rules
+        times = run.times
+        api = run.api if isinstance(run, HeartbeatRun) else PRODUCE
+        if (
+            api not in SUMMARY_APIS.get(summary.kind, ())
+            or ctx.timers
+            or self._heap
+            or self._lateness_ns
+            or times[0] < self.released_ts
+            or run.open_most > ctx.config.max_entries_per_key
+        ):
+            return False
+        held = self.conns.get(run.conn)
+        if held is not None and held.pending:
+            return False
+        # The rules that look at the run's API: each must accept it; the others are not called.
+        touched = [r for r in rules if r.api_keys is None or api in r.api_keys]
+        states = []
+        for rule in touched:
+            state = self.states.get((rule.name, key))
+            if state is None or not rule.summary_applies(state, key, summary.kind, run):
+                return False
+            states.append(state)
+        # The engine's sweeps at the run's release times must drop nothing: before the run's first frame
+        # the key's touch times are its own, after it the touched rules' are the run's.
+        released, next_sweep = self.released_ts, self._next_sweep
+        ttl = int(getattr(ctx.config, KEY_TTL_FIELDS[rules[0].key_kind]) * 1e9) if rules else 0
+        names = {r.name for r in touched}
+        untouched = [seen for (name, _key), seen in self.last_seen.items() if name not in names]
+        before = min(self.last_seen.values(), default=None)
+        for i, ts in enumerate(times):
+            if ts <= released:
+                continue
+            released = ts
+            if ts >= next_sweep:
+                seen = before if i == 0 else min([times[i - 1], *untouched])
+                if seen is not None and seen < ts - ttl:
+                    return False
+                next_sweep = ts + _SWEEP_EVERY_NS
+        for rule, state in zip(touched, states, strict=True):
+            rule.on_summary(state, key, summary.kind, run, RuleContext(ctx, rule.name, key))
+            self.last_seen[(rule.name, key)] = times[-1]
+        self.released_ts, self._next_sweep = released, next_sweep
+        self.max_ts = max(self.max_ts, times[-1])
+        ctx.timer_heap.clear()
+        if held is not None:
+            del self.conns[run.conn]
+        return True
 
     def forget_request(self, conn: str, correlation_id: int) -> None:
         """Stop waiting for the answer to a request (a shard that will never be sent it)."""

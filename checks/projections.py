@@ -30,6 +30,11 @@ from codec.taprecord import TapFrame
 
 _T = TypeVar("_T")
 
+#: A run of a producer's ordinary Produce exchanges (``checks.summaries.ProduceRun``).
+PRODUCE_RUN: Final = "produce_run"
+#: A run of a group member's steady heartbeats (``checks.summaries.HeartbeatRun``).
+HEARTBEAT_RUN: Final = "heartbeat_run"
+
 #: (request paths, response paths) of one API.
 Reads = tuple[tuple[str, ...], tuple[str, ...]]
 #: A projection as a tree: field name -> the tree below it, or None to keep the field whole.
@@ -226,6 +231,9 @@ class Transitions:
     #: The rule keeps nothing from one exchange to the next that could change a finding: the router
     #: judges it where it reads the tap records, and its exchanges need not reach the stateful stage.
     in_router: bool = False
+    #: The summaries (``checks.summaries``) the rule can apply instead of the runs of exchanges they
+    #: stand for (``Rule.on_summary``). A key kind gets them only when all its rules accept them.
+    summaries: frozenset[str] = frozenset()
 
     def names_api(self, api_key: int) -> bool:
         """Whether every exchange of ``api_key`` is a transition of the rule (or may be: first uses)."""
@@ -242,9 +250,26 @@ TRANSITIONS: Final[Mapping[str, Transitions]] = {
     "envelope": Transitions(apis=frozenset({ApiKey.ENVELOPE, ApiKey.BROKER_REGISTRATION})),
     "txn_read": Transitions(apis=frozenset({ApiKey.FETCH}), in_router=True),
     # Keyed: the exchanges of the APIs whose fields they read.
-    **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("producer", "txn_pid", "txn")},
-    **{rule: Transitions(apis=frozenset(READS[rule])) for rule in ("group", "group_protocol")},
+    **{
+        rule: Transitions(apis=frozenset(READS[rule]), summaries=frozenset({PRODUCE_RUN}))
+        for rule in ("producer", "txn_pid")
+    },
+    "txn": Transitions(apis=frozenset(READS["txn"])),
+    "group": Transitions(apis=frozenset(READS["group"])),
+    "group_protocol": Transitions(
+        apis=frozenset(READS["group_protocol"]), summaries=frozenset({HEARTBEAT_RUN})
+    ),
     "apiversions.cluster": Transitions(apis=frozenset({ApiKey.API_VERSIONS}), first_use=True),
+}
+
+
+#: The APIs whose exchanges each summary kind stands for: a key kind gets a summary kind when every
+#: rule of it that names one of these APIs accepts it (``Transitions.summaries``).
+SUMMARY_APIS: Final[Mapping[str, frozenset[int]]] = {
+    PRODUCE_RUN: frozenset({ApiKey.PRODUCE}),
+    HEARTBEAT_RUN: frozenset(
+        {ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.STREAMS_GROUP_HEARTBEAT}
+    ),
 }
 
 

@@ -286,6 +286,16 @@ class Rule:
         (the engine then makes the header-level exchange and calls the hook)."""
         return False
 
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+        """Whether a summary of ``kind`` (``checks.summaries``), applied to ``state`` now, would leave it
+        exactly as the exchanges it stands for would, reporting nothing. Only rules that declare the
+        kind (``checks.projections.Transitions.summaries``) are asked; changes nothing."""
+        return False
+
+    def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:
+        """Apply a summary ``summary_applies`` accepted: what the exchanges it stands for would do."""
+        raise NotImplementedError
+
     def on_timer(self, state: State, key: str, now_ns: int, ctx: RuleContext) -> None:
         """A deadline set with ``ctx.set_timer`` has passed in event time."""
 

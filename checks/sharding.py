@@ -20,7 +20,9 @@ only sent for the frames a rule needs: a request when it is sent, and its respon
 the request again for keys that only the response revealed, such as the producer id an InitProducerId
 response assigns). A request known only by its header (its body did not decode, or was mirrored
 header-only) goes on as it came, with its decode error and bytes, to the keyed rules that judge headers
-(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error.
+(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error. A run of
+ordinary exchanges of a key goes as one summary route (``checks.summaries``), which the keyed shard
+applies or, where it cannot be exact, replaces by the routes it stands for.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any
 
@@ -44,11 +46,19 @@ from checks.engine import (
     unwrap_envelope,
 )
 from checks.model import Exchange, Finding
-from checks.projections import ANSWER_KEYED, TRANSITIONS, Transitions, project_for_connection, project_frame
+from checks.projections import (
+    ANSWER_KEYED,
+    SUMMARY_APIS,
+    TRANSITIONS,
+    Transitions,
+    project_for_connection,
+    project_frame,
+)
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.rules.apiversions import removed_in_4_0
 from checks.settings import ChecksSettings
+from checks.summaries import RUNS, Summary, expand_conflicts, release_key
 from codec.api import expand_response
 from codec.messages import Request, Response
 from codec.protocol import ApiKey
@@ -96,6 +106,9 @@ class Route:
     incomplete: bool = False
     #: A request whose response this shard will never get (first-use routes of the fleet matrix).
     request_only: bool = False
+    #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
+    #: run's first connection, seq and time (where it sorts).
+    summary: Summary | None = None
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
@@ -131,6 +144,8 @@ class _Catalogue:
     kind_rules: dict[str, tuple[str, ...]]
     #: Key kind -> its rules, in catalogue order: what a keyed shard of that kind runs.
     kind_rule_objects: dict[str, tuple[Rule, ...]]
+    #: Key kind -> the summaries all its rules accept (``Transitions.summaries``).
+    kind_summaries: dict[str, frozenset[str]]
 
 
 class UndeclaredTransitions(ValueError):
@@ -175,7 +190,18 @@ def _catalogue() -> _Catalogue:
         keyed_rules,
         {kind: tuple(r.name for r in members) for kind, members in kind_rules.items()},
         kind_rules,
+        {kind: _accepted(members) for kind, members in kind_rules.items()},
     )
+
+
+def _accepted(rules: Iterable[Rule]) -> frozenset[str]:
+    """The summary kinds that every one of ``rules`` naming their APIs accepts (``SUMMARY_APIS``)."""
+    out: set[str] = set()
+    for kind, apis in SUMMARY_APIS.items():
+        naming = [r for r in rules if any(TRANSITIONS[r.name].names_api(api) for api in apis)]
+        if naming and all(kind in TRANSITIONS[r.name].summaries for r in naming):
+            out.add(kind)
+    return frozenset(out)
 
 
 #: One routing step of a plan: the rule, its route-key prefix (``route_key(rule, "")``), its key kind,
@@ -501,6 +527,48 @@ class Router:
                 self.unrouted_responses += 1
         self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
+        return self._summarise(out)
+
+    def _summarise(self, routes: list[Route]) -> list[Route]:
+        """``routes`` with each run of ordinary exchanges of a key whose rules accept its summary
+        replaced by one summary route (``checks.summaries``), where its first route was."""
+        kinds = _catalogue().kind_summaries
+        by_key: dict[str, list[int]] = {}
+        for i, route in enumerate(routes):
+            if kinds.get(split_route_key(route.key)[0]):
+                by_key.setdefault(route.key, []).append(i)
+        if not by_key:
+            return routes
+        config = self.ctx.config
+        replaced: dict[int, Route | None] = {}
+        for key, indices in by_key.items():
+            kind, state_key = split_route_key(key)
+            ttl_ns = int(getattr(config, KEY_TTL_FIELDS[kind]) * 1e9)
+            mine = [routes[i] for i in indices]
+            found = [(s, m, run) for s in sorted(kinds[kind]) for m, run in RUNS[s](state_key, mine, ttl_ns)]
+            for summary_kind, members, run in found:
+                originals = [mine[m] for m in members]
+                first = originals[0].frame
+                summary = Summary(
+                    summary_kind,
+                    run,
+                    partial(list, originals),
+                    release_key(first),
+                    release_key(originals[-1].frame),
+                )
+                placeholder = TapFrame(first.conn, first.seq, first.ts_ns, "summary")
+                at_ns = max(r.at_ns for r in originals)
+                positions = sorted(indices[m] for m in members)
+                replaced[positions[0]] = Route(key, placeholder, at_ns, summary=summary)
+                replaced.update(dict.fromkeys(positions[1:]))
+        out: list[Route] = []
+        for i, route in enumerate(routes):
+            if i in replaced:
+                kept = replaced[i]
+                if kept is not None:
+                    out.append(kept)
+            else:
+                out.append(route)
         return out
 
     def _route_pair(self, request: TapFrame, response: TapFrame) -> bool:
@@ -674,16 +742,28 @@ class KeyedShard:
             )
         else:
             self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False)
+        #: Summaries this shard applied, and those it fed as their routes (not state: not saved).
+        self.summaries_applied = 0
+        self.summaries_expanded = 0
 
     def feed(self, routes: Iterable[Route]) -> list[Finding]:
         """Routed frames in event-time order (the caller releases them past its watermark)."""
         findings: list[Finding] = []
-        for route in routes:
+        for route in expand_conflicts(routes):
             frame = route.frame
             if route.incomplete:
                 self.ctx.incomplete_conns.add(frame.conn)
             else:
                 self.ctx.incomplete_conns.discard(frame.conn)
+            summary = route.summary
+            if summary is not None:
+                # Checked against the state, or fed as the routes it stands for (``checks.summaries``).
+                if self.monitor.apply_summary(summary):
+                    self.summaries_applied += 1
+                else:
+                    self.summaries_expanded += 1
+                    findings.extend(self.feed(summary.expand()))
+                continue
             findings.extend(self.monitor.feed(frame))
             if route.request_only and frame.correlation_id is not None:
                 self.monitor.forget_request(frame.conn, frame.correlation_id)

@@ -53,6 +53,7 @@ MODULES: Final = (
     "checks/engine.py",
     "checks/projections.py",
     "checks/sharding.py",
+    "checks/summaries.py",
     "checks/rules/apiversions.py",
     "checks/rules/envelope.py",
     "checks/rules/flexible.py",

@@ -8,7 +8,8 @@ records, before any shuffle, on each frame decoded once (``codec.taprecord.frame
   reports and the counts (``checks.sharding.ConnectionShard``, in the stateful stage), with what those
   read (``checks.projections.project_for_connection``);
 - to every entity key its exchange forms (producer, transaction, group, cluster), pruned to that key
-  kind's declared projection (``checks.sharding.Router``, ``checks.projections``).
+  kind's declared projection (``checks.sharding.Router``, ``checks.projections``); a run of ordinary
+  exchanges of one key as one summary entry (``checks.summaries``, ``streaming.rows.summary_entry``).
 
 It keeps nothing between batches: the tap writes a request and its response as one record (tap-record
 schema 2), so pairing needs no memory of earlier batches. The three meanings
@@ -52,6 +53,7 @@ from streaming.rows import (
     resolve_rows,
     route_entry,
     stat_row,
+    summary_entry,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
@@ -170,11 +172,16 @@ def _route(
     packed: dict[int, bytes] = {}
     bucket_of: dict[str, int] = {}
     router = Router(config)
-    for route in router.route(frames):
-        frame = route.frame
+
+    def pack(frame: TapFrame) -> bytes:
         data = packed.get(id(frame))
         if data is None:
             data = packed[id(frame)] = pack_frame(frame)
+        return data
+
+    for route in router.route(frames):
+        # A summary (``checks.summaries``) is one entry with the entries of the routes it stands for.
+        entry = route_entry(route, pack(route.frame)) if route.summary is None else summary_entry(route, pack)
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:
@@ -182,5 +189,5 @@ def _route(
         entries = bundles[bucket].routes.get(key)
         if entries is None:
             entries = bundles[bucket].routes[key] = []
-        entries.append(route_entry(route, data))
+        entries.append(entry)
     return router

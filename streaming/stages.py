@@ -25,7 +25,9 @@ batch's newest event time, as every source batch sends every bucket a bundle) mi
 watermark Spark will hand the next batch, applied in this one. Every routed frame at or before it is
 already in this batch's input (a connection's records arrive in order), so the order an entity entry
 releases in is the one the single monitor uses; ``checks.sharding``'s property test releases exactly
-this way.
+this way. A summary of a run of routes (``checks.summaries``) waits for its last route's time and holds
+back the key's routes that sort after its first: the shard sees them together and can tell whether one
+falls inside the run.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from streaming.pages import earliest, split_due
 from streaming.router import Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
+    SUMMARY,
     OutputRow,
     RouteEntry,
     add_stats,
@@ -79,8 +82,18 @@ def keyed_step(
     config: ChecksSettings, key: str, saved: bytes | None, buffer: list[RouteEntry], watermark_ms: int
 ) -> KeyedResult:
     """One entity key: release what the watermark passed, in event-time order."""
-    ready = sorted([b for b in buffer if b.at_ms <= watermark_ms], key=_RELEASE_ORDER)
-    waiting = [b for b in buffer if b.at_ms > watermark_ms]
+    # A summary waiting for the watermark holds back the routes that sort after its start: one of
+    # them may fall inside its run, and it must then go as the routes it stands for (checks.summaries).
+    hold = min(
+        (_RELEASE_ORDER(b) for b in buffer if b.flags & SUMMARY and b.at_ms > watermark_ms), default=None
+    )
+    ready = sorted(
+        [b for b in buffer if b.at_ms <= watermark_ms and (hold is None or _RELEASE_ORDER(b) < hold)],
+        key=_RELEASE_ORDER,
+    )
+    waiting = [
+        b for b in buffer if b.at_ms > watermark_ms or (hold is not None and _RELEASE_ORDER(b) >= hold)
+    ]
     try:
         shard = KeyedShard(config, key, saved or None)
     except KeyError:
@@ -93,7 +106,7 @@ def keyed_step(
     out.extend(resolve_rows(shard.ctx.resolved))
     counts: dict[str, int] = {}
     add_stats(counts, shard.ctx.stats)
-    timers = [b.at_ms for b in waiting]
+    timers = [b.at_ms for b in waiting if b.at_ms > watermark_ms]
     deadline = shard.next_timer_ns()
     if deadline is not None:
         timers.append(-(-deadline // NS_PER_MS))

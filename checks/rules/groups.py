@@ -623,6 +623,28 @@ class GroupProtocolRule(Rule):
         elif resp.body.get("ErrorCode", 0) == 0:
             self._seen(state, MEMBERSHIP[ex.api_key], ex, ctx)
 
+    # -- summaries (checks.summaries) -------------------------------------------------------------
+
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+        """A run of one member's steady heartbeats (``checks.summaries.HeartbeatRun``) reports nothing
+        and changes only the protocol's and the group's answer times and the member's place (newest
+        last) when the member is known at the run's epoch, not fenced, and nothing it would add is new."""
+        entry = (state.get("members") or {}).get(facts.member)
+        return (
+            entry is not None
+            and "fenced" not in entry
+            and int(entry.get("epoch", -1)) == facts.epoch
+            and HEARTBEATS[facts.api] in (state.get("protocols") or {})
+            and "last_ts" in state
+            and int(state.get("max_epoch", -1)) >= facts.epoch
+        )
+
+    def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:
+        answered = facts.times[-1]
+        state["protocols"][HEARTBEATS[facts.api]] = answered
+        keep_member(state, facts.member, member_entry(state, facts.member, {}), ctx)
+        state["last_ts"] = answered
+
     # -- helpers ----------------------------------------------------------------------------------
 
     @staticmethod

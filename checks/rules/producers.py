@@ -379,6 +379,43 @@ class ProducerRule(Rule):
                     if int(marker.get("ProducerId", -1)) == pid:
                         self._learn(state, int(marker.get("ProducerEpoch", -1)), "WriteTxnMarkers", ex)
 
+    # -- summaries (checks.summaries) -------------------------------------------------------------
+
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+        """A run of ordinary Produce exchanges (``checks.summaries.ProduceRun``) changes only its
+        streams' ``next``, ``acked``, ``at`` and ``via`` when: its epoch is the one known (none is
+        stale, none teaches a newer one), each stream exists and expects the run's first base sequence
+        (no gap), nothing acknowledged overlaps the run (no duplicate), and no decision waits on its
+        connection (an answer of the run would take it)."""
+        if int(state.get("epoch", -1)) != facts.epoch:
+            return False
+        pending = state.get("pending")
+        if pending and any(k.startswith(f"{facts.conn}|") for k in pending):
+            return False
+        streams = state.get("streams")
+        if streams is None:
+            return False
+        for topic, partition, first, after, _at, _acked in facts.streams:
+            stream = streams.get(f"{facts.epoch}|{topic}|{partition}")
+            if stream is None or int(stream["next"]) != first:
+                return False
+            span = (after - first) % SEQ_MOD
+            if any(seq_overlap(first, span, a[0], a[1]) for a in stream["acked"]):
+                return False
+        return True
+
+    def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:
+        if facts.txn is not None:
+            state["txn"] = facts.txn
+        streams = state["streams"]
+        for topic, partition, _first, after, at, acked in facts.streams:
+            stream = streams[f"{facts.epoch}|{topic}|{partition}"]
+            stream["next"], stream["at"], stream["via"] = after, at, facts.conn
+            window: list[list[int]] = stream["acked"]
+            window.extend([list(a) for a in acked])
+            del window[:-ACKED_WINDOW]
+        _unpend(state)
+
     # -- helpers ----------------------------------------------------------------------------------
 
     def _txn_rpc_answered(self, state: State, key: str, ex: Exchange, ctx: RuleContext) -> None:

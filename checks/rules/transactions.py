@@ -503,6 +503,19 @@ class PidOwnershipRule(Rule):
             since=_answered_ns(ex),
         )
 
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+        """A run of ordinary Produce exchanges (``checks.summaries.ProduceRun``) from the owner itself,
+        under its transactional id, reports nothing and at most raises the owner's epoch."""
+        return state.get("client") == facts.client and (
+            facts.txn is None or state.get("txn") in (None, facts.txn)
+        )
+
+    def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:
+        if facts.txn is not None and state.get("txn") is None:
+            state["txn"] = facts.txn
+        if facts.epoch > int(state.get("epoch", -1)):
+            state["epoch"] = facts.epoch
+
     @staticmethod
     def _report(
         state: State,

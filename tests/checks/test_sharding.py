@@ -29,6 +29,7 @@ from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
+from streaming.rows import summary_entry
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
@@ -186,17 +187,20 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
     max_ts = 0
 
     def release(key: str, upto: int | None) -> None:
-        ready = [r for r in buffers[key] if upto is None or r.at_ns <= upto]
-        buffers[key] = [r for r in buffers[key] if upto is not None and r.at_ns > upto]
-        shard = KeyedShard(CONFIG, key, key_states.get(key))
-        ready.sort(key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
-        # Routes cross a process boundary as bytes plus metadata: decode them again, as the job does.
-        findings.extend(
-            shard.feed(
-                Route(r.key, unpack_frame(pack_frame(r.frame)), r.at_ns, r.incomplete, r.request_only)
-                for r in ready
-            )
+        # A waiting summary holds back what sorts after its start, as the stage does (checks.summaries).
+        hold = min(
+            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
+            default=None,
         )
+        ready = [
+            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
+        ]
+        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
+        shard = KeyedShard(CONFIG, key, key_states.get(key))
+        ready.sort(key=order)
+        # Routes cross a process boundary as bytes plus metadata (summaries too): decode them again,
+        # as the job does.
+        findings.extend(shard.feed(crossed(r) for r in ready))
         findings.extend(shard.advance(upto if upto is not None else max_ts))
         key_states[key] = shard.export()
 
@@ -227,6 +231,19 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
     for key in list(buffers.keys() | key_states.keys()):
         release(key, None)
     return findings
+
+
+def order(route: Route) -> tuple[int, str, int]:
+    return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
+
+
+def crossed(route: Route) -> Route:
+    """``route`` packed as the bundle carries it and read back (``streaming.rows``)."""
+    if route.summary is not None:
+        return summary_entry(route).route(route.key)
+    return Route(
+        route.key, unpack_frame(pack_frame(route.frame)), route.at_ns, route.incomplete, route.request_only
+    )
 
 
 def single_records(records: list[list[TapFrame]]) -> list[Finding]:

@@ -416,3 +416,51 @@ def _counted_all(rows: list[OutputRow]) -> dict[str, int]:
         for name, n in payload.items():
             totals[name] += n
     return dict(totals)
+
+
+def test_summaries_through_the_stages_find_what_one_monitor_finds() -> None:
+    """Runs of ordinary Produce exchanges and of steady heartbeats travel as summary entries
+    (``checks.summaries``), held and applied by the stage, or fed as their routes where another route
+    falls inside them: the single monitor's findings in every micro-batching."""
+    from streaming.rows import SUMMARY
+    from tests.checks.test_summaries import group_traffic, traffic
+
+    producer = ["next"] * 5 + ["pipeline", "twin", "next", "fence", "next", "next", "gap", "next", "retry"]
+    producer += ["other", "next", "pipeline", "error", "next", "next", "partition", "next", "next", "zombie"]
+    producer += ["next", "next"]
+    frames = sorted(
+        traffic(producer, [1, 2])
+        + group_traffic(["beat"] * 4 + ["beat2", "fence", "beat", "beat", "rejoin", "beat", "beat2", "beat"]),
+        key=lambda f: (f.ts_ns, f.conn, f.seq),
+    )
+    expected = expected_of(frames)
+    assert {"producer.stale_epoch_accepted", "producer.sequence_gap", "group.member_epoch_fenced"} <= {
+        rule for _, rule, *_ in expected
+    }
+    routed = route_rows(CONFIG, rows_of(flatten(exchange_records(frames))), 4)
+    entries = [RouteEntry(*e) for b in routed.bundles.values() for es in b.routes.values() for e in es]
+    assert {"tap1-app", "tap1-m1"} <= {e.conn for e in entries if e.flags & SUMMARY}
+    for batch_size in (1, 3, 7, 1000):
+        assert findings_of(run_bucketed(frames, batch_size, 4)[0]) == expected, batch_size
+
+
+def test_a_waiting_summary_holds_back_the_routes_that_may_fall_inside_it() -> None:
+    """A zombie's run of writes spans the fence by another instance, and the batch clock passes the
+    fence before the run's end: released alone, the fence would be judged before the run's first write,
+    which was sent before it. The stage holds it with the summary, sees it inside and feeds the routes."""
+    from tests.checks import test_producers as pr
+
+    zombie, fencer = pr.two_clients()
+    frames = [*pr.init_pid(zombie, 0, epoch=0, txn_id=None), *pr.write(zombie, SECOND_NS, epoch=0, seq=0)]
+    frames += pr.write(zombie, 2 * SECOND_NS, epoch=0, seq=1)
+    frames += pr.init_pid(fencer, 2 * SECOND_NS + SECOND_NS // 2, epoch=1, txn_id=None)
+    frames += [
+        *pr.write(zombie, 3 * SECOND_NS, epoch=0, seq=2),
+        *pr.write(zombie, 6 * SECOND_NS, epoch=0, seq=3),
+    ]
+    frames.sort(key=lambda f: (f.ts_ns, f.conn, f.seq))
+    expected = expected_of(frames)
+    assert [rule for _, rule, *_ in expected if rule.startswith("producer")] == [
+        "producer.stale_epoch_accepted"
+    ] * 2
+    assert findings_of(run_bucketed(frames, 1000, 4)[0]) == expected

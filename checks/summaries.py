@@ -1,0 +1,389 @@
+"""Exact summaries of runs of ordinary exchanges: what the router sends an entity key instead of them.
+
+Most of an entity key's exchanges change nothing a rule could report on: an idempotent producer's
+next Produce continues its sequence, is answered without error at the epoch already known, and only
+moves the stream's ``next``, its acknowledged window and the touch times. The router
+(``checks.sharding.Router``) collapses each *run* of such exchanges of one connection and one batch
+into one summary route (``Summary``): the facts the rules need to end in the state those exchanges
+would have left, plus the original routes to fall back on. A rule accepts a summary kind by declaring
+it (``checks.projections.Transitions.summaries``); a key kind gets a summary kind only when every rule
+of it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``).
+
+The router cannot see other connections or earlier batches, so a summary is *checked* where it is
+applied (``checks.engine.Monitor.apply_summary``, in the keyed shard): the key's state must be what the run was built on
+(the stream's ``next`` is the run's first base sequence, the epoch known is the run's, nothing it
+acknowledged overlaps the run, ...: each rule's ``summary_applies``), and no other route of the key
+may fall inside the run's span in release order (``expand_conflicts``). Otherwise the keyed shard
+feeds the original routes, so the findings and the state are the same either way, always.
+
+Runs (``produce_runs``): per producer-id key, the Produce exchanges of one connection in a batch
+whose batches for that producer id all continue their stream contiguously from an earlier exchange of
+the same batch (the first exchange of each stream in a batch goes whole: it is judged against state
+from earlier batches), answered without error, one epoch, client id and transactional id; in release
+order, a run is a stretch of such exchanges' routes with no other route of the key between, each
+exchange wholly inside it (pipelined requests), consecutive frames closer than the key's TTL. Runs of
+a group member's steady heartbeats (``heartbeat_runs``: answered without error at the positive epoch
+sent, no assignor asked for) touch only answer times and the member's place among those kept.
+
+A caller holding routes until its watermark passes them holds a summary until its last route's time,
+and with it every route of the key that sorts after its first (``streaming.stages.keyed_step``): the
+shard then sees together whatever could fall inside the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from checks.codes import PRODUCE
+from checks.model import Exchange
+from checks.projections import HEARTBEAT_RUN, PRODUCE_RUN, SUMMARY_APIS
+from checks.rules.groups import JOIN_EPOCH
+from checks.rules.producers import (
+    ACKED_WINDOW,
+    SEQ_HALF,
+    SEQ_MOD,
+    produce_answers,
+    produce_batches,
+    seq_add,
+    seq_ahead,
+)
+from codec.messages import Request
+from codec.taprecord import REQ, RESP, TapFrame
+
+
+@dataclass
+class ProduceRun:
+    """What a run of ordinary Produce exchanges of one producer id did to its state."""
+
+    conn: str
+    #: The client's identity as ``txn_pid`` keeps it (client host and client id).
+    client: str
+    #: The requests' transactional id (None for an idempotent producer).
+    txn: str | None
+    epoch: int
+    #: Per stream the run wrote: [topic, partition, first base sequence, next sequence after the run,
+    #: time of the run's last request to it, the acknowledged batches it added (the last
+    #: ``ACKED_WINDOW``, each [base, count, base offset])].
+    streams: list[list[Any]]
+    #: The requests' correlation ids (a decision pending under one would be taken by the run).
+    corrs: list[int]
+    #: Release times (ns) of the run's frames, ascending: the engine's sweep and touch times.
+    times: list[int]
+    #: The most requests of the run waiting for their answers at once.
+    open_most: int
+
+    def to_list(self) -> list[Any]:
+        return [
+            self.conn,
+            self.client,
+            self.txn,
+            self.epoch,
+            self.streams,
+            self.corrs,
+            self.times,
+            self.open_most,
+        ]
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> ProduceRun:
+        return cls(*values)
+
+
+@dataclass
+class HeartbeatRun:
+    """What a run of one group member's steady heartbeats (answered without error at the epoch it
+    sent, with no assignor asked for) did to its group's state: only touch times and its place among
+    the members kept (newest last)."""
+
+    conn: str
+    #: The heartbeat's API (KIP-848, KIP-932 or KIP-1071).
+    api: int
+    member: str
+    epoch: int
+    corrs: list[int]
+    times: list[int]
+    open_most: int
+
+    def to_list(self) -> list[Any]:
+        return [self.conn, self.api, self.member, self.epoch, self.corrs, self.times, self.open_most]
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> HeartbeatRun:
+        return cls(*values)
+
+
+#: Summary kind -> its facts' class.
+FACTS: Final[dict[str, type[ProduceRun] | type[HeartbeatRun]]] = {
+    PRODUCE_RUN: ProduceRun,
+    HEARTBEAT_RUN: HeartbeatRun,
+}
+
+
+@dataclass
+class Summary:
+    """A summary route's content: its kind, its facts, and the routes it stands for (``expand``: made
+    on demand, as the stage keeps them packed)."""
+
+    kind: str
+    facts: ProduceRun | HeartbeatRun
+    expand: Callable[[], list[Any]]
+    #: (ts_ns, conn, seq) of the run's first and last route in release order: its span.
+    first: tuple[int, str, int]
+    last: tuple[int, str, int]
+
+
+def release_key(frame: TapFrame) -> tuple[int, str, int]:
+    """The order a keyed shard is fed in (as the single monitor releases frames)."""
+    return (frame.ts_ns, frame.conn, frame.seq)
+
+
+#: A batch of a run for its producer id: topic, partition, base sequence, record count (at least 1),
+#: base offset (-1 but for a partition's first batch: the answer gives only that one's).
+_Batch = tuple[str, int, int, int, int]
+#: (epoch, client id, transactional id): what every exchange of one run shares.
+_Signature = tuple[int, str, str | None]
+
+
+def _ordinary(
+    pid: int, request: TapFrame, response: TapFrame, ends: dict[tuple[int, str, int], int]
+) -> tuple[_Signature, list[_Batch]] | None:
+    """The signature and batches of a Produce exchange that only continues its streams (None: an
+    exchange the key must get whole). ``ends``: each stream's end after the requests before this one
+    in the batch, updated as the rule updates ``next``."""
+    ex = Exchange(request, response)
+    if ex.api_key != PRODUCE or ex.req.body.get("Acks") == 0 or ex.resp is None:
+        return None
+    answers = produce_answers(ex)
+    ok = True
+    epochs: set[int] = set()
+    batches: list[_Batch] = []
+    for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
+        if batch_pid != pid:
+            continue
+        epochs.add(epoch)
+        count = max(count, 1)
+        if base < 0 or epoch < 0:
+            ok = False
+            continue
+        skey = (epoch, topic, partition)
+        expected = ends.get(skey)
+        end = seq_add(base, count)
+        if expected is None or base != expected or count >= SEQ_HALF:
+            ok = False
+        if expected is None or seq_ahead(end, expected) > 0:
+            ends[skey] = end
+        answer = answers.get((topic, partition))
+        if answer is None or int(answer.get("ErrorCode", 0)) != 0:
+            ok = False
+            continue
+        batches.append(
+            (topic, partition, base, count, int(answer.get("BaseOffset", -1)) if index == 0 else -1)
+        )
+    if not ok or len(epochs) != 1:
+        return None
+    txn = ex.req.body.get("TransactionalId")
+    return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None), batches
+
+
+def _pairs(routes: Sequence[Any]) -> list[tuple[int, int]]:
+    """(request, answer) route indices of the exchanges among ``routes`` (routing order)."""
+    asked: dict[int, int] = {}
+    pairs: list[tuple[int, int]] = []
+    for i, route in enumerate(routes):
+        frame = route.frame
+        if route.incomplete or route.request_only or frame.correlation_id is None:
+            continue
+        if frame.direction == REQ and isinstance(frame.message, Request):
+            asked[frame.correlation_id] = i
+        elif frame.direction == RESP and frame.message is not None:
+            req = asked.pop(frame.correlation_id, None)
+            if req is not None:
+                pairs.append((req, i))
+    pairs.sort()
+    return pairs
+
+
+def _segments(
+    routes: Sequence[Any], pairs: list[tuple[int, int]], signature: dict[int, Any]
+) -> list[list[int]]:
+    """The runs among ``routes``: stretches, in release order, of the routes of candidate exchanges
+    (``pairs`` whose indices ``signature`` maps to what the exchanges of one run share) with one
+    signature and no other route between, each exchange wholly inside one."""
+    exchange_of: dict[int, tuple[int, int]] = {}
+    for pair in pairs:
+        if pair[0] in signature:
+            exchange_of[pair[0]] = exchange_of[pair[1]] = pair
+    order = sorted(range(len(routes)), key=lambda i: release_key(routes[i].frame))
+    while True:
+        segment_of: dict[int, int] = {}
+        segment, last_sig = 0, None
+        for i in order:
+            sig = signature.get(i)
+            if sig is None:
+                segment, last_sig = segment + 1, None
+                continue
+            if sig != last_sig:
+                segment, last_sig = segment + 1, sig
+            segment_of[i] = segment
+        # An exchange split by another route is no part of a run (its routes go whole).
+        split = {ex for ex in set(exchange_of.values()) if len({segment_of[i] for i in ex}) > 1}
+        if not split:
+            break
+        for ex in split:
+            for i in ex:
+                signature.pop(i, None)
+                exchange_of.pop(i, None)
+    members = [i for i in order if i in segment_of]
+    return [list(group) for _, group in itertools.groupby(members, key=segment_of.__getitem__)]
+
+
+def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
+    """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
+    producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
+    key_pid = int(pid)
+    ends: dict[tuple[int, str, int], int] = {}
+    signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
+    batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
+    pairs = _pairs(routes)
+    for req, resp in pairs:
+        found = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
+        if found is not None:
+            signature[req] = signature[resp] = found[0]
+            batches[req] = batches[resp] = found[1]
+    runs: list[tuple[list[int], ProduceRun]] = []
+    for indices in _segments(routes, pairs, signature) if signature else []:
+        run = _run_facts(
+            [routes[i].frame for i in indices], [batches[i] for i in indices], signature[indices[0]], ttl_ns
+        )
+        if run is not None:
+            runs.append((indices, run))
+    return runs
+
+
+def _run_facts(
+    frames: list[TapFrame], batches: list[list[_Batch]], signature: _Signature, ttl_ns: int
+) -> ProduceRun | None:
+    """The summary of a run's frames (release order) and their exchanges' batches; None when the
+    engine would sweep within it."""
+    timing = _timing(frames, ttl_ns)
+    if timing is None:
+        return None
+    streams: dict[tuple[str, int], list[Any]] = {}
+    for frame, sent in zip(frames, batches, strict=True):
+        for topic, partition, base, count, offset in sent:
+            stream = streams.get((topic, partition))
+            if frame.direction == REQ:
+                if stream is None:
+                    stream = streams[(topic, partition)] = [topic, partition, base, base, 0, []]
+                stream[3], stream[4] = seq_add(base, count), frame.ts_ns
+                continue
+            assert stream is not None
+            acked: list[list[int]] = stream[5]
+            acked.append([base, count, offset])
+            del acked[:-ACKED_WINDOW]
+    if any((stream[3] - stream[2]) % SEQ_MOD >= SEQ_HALF for stream in streams.values()):
+        return None  # half the sequence space in one run: "ahead" and "behind" would blur
+    epoch, client_id, txn = signature
+    first = frames[0]
+    client = f"{first.client_host}|{client_id}"
+    return ProduceRun(first.conn, client, txn, epoch, list(streams.values()), *timing)
+
+
+def _timing(frames: list[TapFrame], ttl_ns: int) -> tuple[list[int], list[int], int] | None:
+    """A run's correlation ids, release times and most requests open at once; None when two of its
+    frames lie further apart than the key's TTL (the engine's sweep would drop the key between)."""
+    times = [f.ts_ns for f in frames]
+    if any(b - a > ttl_ns for a, b in itertools.pairwise(times)):
+        return None
+    corrs: list[int] = []
+    open_now = open_most = 0
+    for frame in frames:
+        if frame.direction == REQ:
+            assert frame.correlation_id is not None
+            corrs.append(frame.correlation_id)
+            open_now += 1
+            open_most = max(open_most, open_now)
+        else:
+            open_now -= 1
+    return corrs, times, open_most
+
+
+def _steady(request: TapFrame, response: TapFrame) -> tuple[int, str, int] | None:
+    """(API, member id, epoch) of a heartbeat that only touches its group's state: a member's, at a
+    positive epoch the answer repeats without error, asking for no assignor (None otherwise)."""
+    ex = Exchange(request, response)
+    resp = ex.resp
+    if ex.api_key not in SUMMARY_APIS[HEARTBEAT_RUN] or resp is None:
+        return None
+    body, answer = ex.req.body, resp.body
+    member = str(body.get("MemberId") or "")
+    epoch = body.get("MemberEpoch")
+    if (
+        not member
+        or not isinstance(epoch, int)
+        or epoch <= JOIN_EPOCH
+        or body.get("ServerAssignor")
+        or answer.get("ErrorCode", 0) != 0
+        or answer.get("MemberEpoch") != epoch
+        or answer.get("MemberId") not in (None, "", member)
+    ):
+        return None
+    return (ex.api_key, member, epoch)
+
+
+def heartbeat_runs(group: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], HeartbeatRun]]:
+    """``produce_runs`` for the steady heartbeats of one member to the group key ``group``."""
+    signature: dict[int, tuple[int, str, int]] = {}
+    pairs = _pairs(routes)
+    for req, resp in pairs:
+        found = _steady(routes[req].frame, routes[resp].frame)
+        if found is not None:
+            signature[req] = signature[resp] = found
+    runs: list[tuple[list[int], HeartbeatRun]] = []
+    for indices in _segments(routes, pairs, signature) if signature else []:
+        frames = [routes[i].frame for i in indices]
+        timing = _timing(frames, ttl_ns)
+        if timing is not None:
+            api, member, epoch = signature[indices[0]]
+            runs.append((indices, HeartbeatRun(frames[0].conn, api, member, epoch, *timing)))
+    return runs
+
+
+#: Summary kind -> how the router finds its runs among one connection's routes to one key.
+RUNS: Final[dict[str, Callable[[str, Sequence[Any], int], list[tuple[list[int], Any]]]]] = {
+    PRODUCE_RUN: produce_runs,
+    HEARTBEAT_RUN: heartbeat_runs,
+}
+
+
+def expand_conflicts(routes: Iterable[Any]) -> list[Any]:
+    """``routes`` (release order) with every summary that another route falls inside replaced by the
+    routes it stands for: applied whole, it would be out of order with that route."""
+    out = list(routes)
+    spans = [(r.summary.first, r.summary.last, i) for i, r in enumerate(out) if r.summary is not None]
+    if not spans:
+        return out
+    keys = [r.summary.first if r.summary is not None else release_key(r.frame) for r in out]
+    expand: set[int] = set()
+    for first, last, i in spans:
+        for j, route in enumerate(out):
+            if j == i:
+                continue
+            other = route.summary
+            if other is not None:
+                inside = other.first <= last and first <= other.last
+            else:
+                inside = first <= keys[j] <= last
+            if inside:
+                expand.add(i)
+                break
+    if not expand:
+        return out
+    flat: list[Any] = []
+    for i, route in enumerate(out):
+        flat.extend(route.summary.expand() if i in expand else [route])
+    flat.sort(key=lambda r: r.summary.first if r.summary is not None else release_key(r.frame))
+    return flat

@@ -1,0 +1,297 @@
+"""Summaries of runs of ordinary exchanges (``checks.summaries``) leave every keyed shard exactly as the
+routes they stand for would: the same saved state, byte for byte (rule state and its order, trimmed
+windows, touch times, sweep times, held requests), and the same findings.
+
+The traffic: one producer id (idempotent or transactional) written on pipelined connections (three
+requests in flight), with
+the events a summary must not swallow mixed in: gaps, retries of acknowledged batches, errors, a
+fence by another client (its zombie keeps writing), a second connection of the same client writing
+the same stream, idle stretches past the key's TTL, several partitions. And two members of a KIP-848
+group heartbeating, with epoch bumps, fencing (and heartbeats after it), rejoins, leaves, assignors
+asked for, a share-group heartbeat under the same id and idle stretches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import checks.sharding as sharding
+from checks.model import Finding
+from checks.settings import ChecksSettings
+from checks.sharding import KeyedShard, Route, Router
+from codec.taprecord import TapFrame
+from streaming.rows import summary_entry
+from tests.checks import test_groups as gr
+from tests.checks import test_producers as pr
+from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
+from tests.checks.exchanges import exchange_records, flatten
+
+CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
+LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
+MS = 1_000_000
+
+STEPS = st.sampled_from(
+    ["next"] * 8
+    + ["pipeline"] * 4
+    + ["gap", "retry", "error", "fence", "zombie", "twin", "idle", "partition", "other"]
+)
+
+
+def traffic(steps: list[str], sizes: list[int], txn_id: str | None = None) -> list[TapFrame]:
+    """Frames (tap order) of a producer's life as ``steps`` say; ``sizes``: record counts to draw from;
+    ``txn_id``: a transactional producer's (its batches transactional)."""
+    app = Conversation(conn="tap1-app", client="10.0.0.7:40000", client_id="app")
+    twin = Conversation(conn="tap1-twin", client="10.0.0.7:40001", client_id="app")
+    other = Conversation(conn="tap1-other", client="10.0.0.8:40000", client_id="other")
+    shared_offsets(app, twin, other)
+    frames = [*pr.init_pid(app, 0, epoch=0, txn_id=txn_id)]
+    seqs: dict[tuple[int, int], int] = defaultdict(int)  # (epoch, partition) -> next
+    acked: list[tuple[int, int, int]] = []
+    epoch, t = 0, SECOND
+    size = itertools.cycle(sizes or [1])
+
+    def write(
+        conv: Conversation, at: int, partition: int = 0, base: int | None = None, error: int = 0
+    ) -> None:
+        count = next(size)
+        start = seqs[(epoch, partition)] if base is None else base
+        batch = pr.batch(epoch, start, count, txn=txn_id is not None)
+        request = pr.produce(conv, at, [(partition, batch)], txn_id=txn_id)
+        frames.extend([request, pr.answer(conv, request, at + 2 * MS, [(partition, error, at // MS)])])
+        if base is None:
+            seqs[(epoch, partition)] = start + count
+            acked.append((epoch, partition, start))
+
+    for step in steps:
+        t += 5 * MS
+        if step == "next":
+            write(app, t)
+        elif step == "pipeline":
+            # Several requests in flight on one connection, answered in order.
+            requests = []
+            for i in range(3):
+                count = next(size)
+                batch = pr.batch(epoch, seqs[(epoch, 0)], count, txn=txn_id is not None)
+                requests.append(pr.produce(app, t + i * MS, [(0, batch)], txn_id=txn_id))
+                seqs[(epoch, 0)] += count
+            frames += requests
+            for i, request in enumerate(requests):
+                frames.append(pr.answer(app, request, t + (4 + i) * MS, [(0, 0, t // MS + i)]))
+            t += 8 * MS
+        elif step == "gap":
+            seqs[(epoch, 0)] += 3
+            write(app, t)
+        elif step == "retry" and acked:
+            e, partition, base = acked[-1]
+            if e == epoch:
+                write(app, t, partition, base=base, error=pr.DUPLICATE)
+        elif step == "error":
+            write(app, t, error=pr.NOT_LEADER)
+        elif step == "fence":
+            # Another instance takes the producer id over: the old one is a zombie from now on.
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1, txn_id=txn_id))
+            t += 5 * MS
+            write(app, t)
+            epoch += 1
+        elif step == "zombie":
+            # Another instance takes over and the old one keeps writing at its epoch, unaware.
+            frames.extend(pr.init_pid(other, t, epoch=epoch + 1 + steps.count("zombie"), txn_id=txn_id))
+        elif step == "twin":
+            write(twin, t)
+        elif step == "idle":
+            t += int(CONFIG.producer_ttl_seconds * 1e9) + SECOND
+        elif step == "partition":
+            write(app, t, partition=1)
+        elif step == "other":
+            write(other, t)
+    return sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq))
+
+
+def run(
+    records: list[list[TapFrame]], cuts: list[int], summarise: bool, kind: str = "producer|"
+) -> tuple[list[Finding], list[bytes]]:
+    """The keys of ``kind`` fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
+    drives them: with summaries, or with every summary replaced by the routes it stands for. Returns
+    the findings and every key's saved state after each batch."""
+    states: dict[str, bytes] = {}
+    buffers: dict[str, list[Route]] = defaultdict(list)
+    findings: list[Finding] = []
+    saved: list[bytes] = []
+    max_ts = 0
+
+    def order(route: Route) -> tuple[int, str, int]:
+        return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
+
+    def release(key: str, upto: int | None) -> None:
+        hold = min(
+            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
+            default=None,
+        )
+        ready = [
+            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
+        ]
+        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
+        ready.sort(key=order)
+        shard = KeyedShard(CONFIG, key, states.get(key))
+        crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
+        findings.extend(shard.feed(crossed))
+        findings.extend(shard.advance(upto if upto is not None else max_ts))
+        states[key] = shard.export()
+        saved.append(states[key])
+
+    bounds = [0, *sorted(set(cuts)), len(records)]
+    for lo, hi in itertools.pairwise(bounds):
+        batch = flatten(records[lo:hi])
+        if not batch:
+            continue
+        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
+        for frame in batch:
+            per_conn[frame.conn].append(frame)
+            max_ts = max(max_ts, frame.ts_ns)
+        for mine in per_conn.values():
+            mine.sort(key=lambda f: f.seq)
+            for route in Router(CONFIG).route(mine):
+                if not route.key.startswith(kind):
+                    continue
+                if route.summary is not None and not summarise:
+                    buffers[route.key].extend(route.summary.expand())
+                else:
+                    buffers[route.key].append(route)
+        for key in sorted(buffers.keys() | states.keys()):
+            release(key, max_ts - LATENESS_NS)
+    for key in sorted(buffers.keys() | states.keys()):
+        release(key, None)
+    return findings, saved
+
+
+def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
+    return sorted((f.id, f.rule, f.severity.value, f.incomplete) for f in findings)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(STEPS, min_size=1, max_size=40),
+    st.lists(st.integers(1, 3), max_size=5),
+    st.sampled_from([None, "tx"]),
+    st.data(),
+)
+def test_summaries_leave_the_state_and_findings_of_every_route(
+    steps: list[str], sizes: list[int], txn_id: str | None, data: Any
+) -> None:
+    records = exchange_records(traffic(steps, sizes, txn_id))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
+    summarised, states = run(arrived, cuts, summarise=True)
+    whole, whole_states = run(arrived, cuts, summarise=False)
+    assert ids(summarised) == ids(whole)
+    assert states == whole_states
+
+
+def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
+    """The property above is not vacuous: ordinary runs become summaries, and the shard applies them."""
+    records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
+    routes = [r for r in Router(CONFIG).route(flatten(records)) if r.key.startswith("producer|")]
+    summaries = [r.summary for r in routes if r.summary is not None]
+    # The InitProducerId and the stream's first write go whole; the 18 writes after it are one run.
+    assert len(routes) == 2 + 2 + 1
+    assert len(summaries) == 1 and len(summaries[0].expand()) == 2 * 18
+    order = sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
+    shard = KeyedShard(CONFIG, routes[0].key)
+    assert shard.feed(order) == []
+    assert (shard.summaries_applied, shard.summaries_expanded) == (1, 0)
+    whole = KeyedShard(CONFIG, routes[0].key)
+    whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
+    assert shard.export() == whole.export()
+
+
+GROUP_STEPS = st.sampled_from(
+    ["beat"] * 8 + ["beat2"] * 4 + ["bump", "fence", "rejoin", "leave", "assignor", "idle", "share"]
+)
+
+
+def group_traffic(steps: list[str]) -> list[TapFrame]:
+    """Frames (tap order) of a two-member consumer group as ``steps`` say."""
+    one = Conversation(conn="tap1-m1", client="10.0.0.7:40000", client_id="m1")
+    two = Conversation(conn="tap1-m2", client="10.0.0.8:40000", client_id="m2")
+    shared_offsets(one, two)
+    epochs = {"m1": 1, "m2": 1}
+    frames = [
+        *gr.heartbeat(one, 0, "m1", 0, answer_epoch=1, assignor="uniform"),
+        *gr.heartbeat(two, MS, "m2", 0, answer_epoch=1),
+    ]
+    t = SECOND
+    for step in steps:
+        t += 5 * MS
+        if step == "beat":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"])
+        elif step == "beat2":
+            frames += gr.heartbeat(two, t, "m2", epochs["m2"])
+        elif step == "bump":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], answer_epoch=epochs["m1"] + 1)
+            epochs["m1"] += 1
+        elif step == "fence":
+            # The member keeps its epoch afterwards: its next heartbeats are fenced ones.
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], error=gr.FENCED_EPOCH)
+        elif step == "rejoin":
+            frames += gr.heartbeat(one, t, "m1", 0, answer_epoch=epochs["m1"] + 1)
+            epochs["m1"] += 1
+        elif step == "leave":
+            frames += gr.heartbeat(one, t, "m1", -1, answer_epoch=-1)
+        elif step == "assignor":
+            frames += gr.heartbeat(one, t, "m1", epochs["m1"], assignor="range")
+        elif step == "idle":
+            t += int(CONFIG.group_ttl_seconds * 1e9) + SECOND
+        elif step == "share":
+            frames += gr.heartbeat(two, t, "m2", epochs["m2"], api=gr.SHARE_HEARTBEAT)
+    return sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(GROUP_STEPS, min_size=1, max_size=40), st.data())
+def test_heartbeat_summaries_leave_the_state_and_findings_of_every_route(steps: list[str], data: Any) -> None:
+    records = exchange_records(group_traffic(steps))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
+    summarised, states = run(arrived, cuts, summarise=True, kind="group|")
+    whole, whole_states = run(arrived, cuts, summarise=False, kind="group|")
+    assert ids(summarised) == ids(whole)
+    assert states == whole_states
+
+
+def test_steady_heartbeats_are_one_summary_and_applied() -> None:
+    frames = [f for f in flatten(exchange_records(group_traffic(["beat"] * 5))) if f.conn == "tap1-m1"]
+    routes = [r for r in Router(CONFIG).route(frames) if r.key.startswith("group|")]
+    # The join (epoch 0) goes whole; the five steady heartbeats are one run.
+    assert [len(r.summary.expand()) if r.summary is not None else 0 for r in routes] == [0, 0, 10]
+    shard, whole = KeyedShard(CONFIG, routes[0].key), KeyedShard(CONFIG, routes[0].key)
+    assert shard.feed(routes) == []
+    assert (shard.summaries_applied, shard.summaries_expanded) == (1, 0)
+    whole.feed([x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])])
+    assert shard.export() == whole.export()
+
+
+def test_a_key_kind_with_a_rule_that_does_not_accept_a_summary_gets_every_route() -> None:
+    """The transaction rule declares no summary: a transactional producer's run is one summary for its
+    producer id, and every route for its transactional id."""
+    frames = [f for f in flatten(exchange_records(traffic(["next"] * 6, [1], "tx"))) if f.conn == "tap1-app"]
+    routes = Router(CONFIG).route(frames)
+    by_kind = {
+        kind: [r.summary is not None for r in routes if r.key.startswith(kind)]
+        for kind in ("producer|", "txn|")
+    }
+    assert by_kind["producer|"].count(True) == 1
+    assert by_kind["txn|"] and not any(by_kind["txn|"])
+    assert len(by_kind["txn|"]) == 2 * (1 + 6)  # the InitProducerId and the six writes
+    assert (
+        sharding._accepted([r for r in sharding._catalogue().keyed_rules if r.key_kind == "txn"])
+        == frozenset()
+    )
