@@ -682,6 +682,8 @@ def main() -> int:
         "spark_conf": dict(SPARK_CONF),
         "state_buckets": STATE_BUCKETS.get("state_buckets"),
         "live_connections": args.live_connections,
+        # kpmon.figures cites no figure from a smoke run.
+        "quick": args.quick,
     }
     try:
         bootstrap = stack.bootstrap_servers
