@@ -9,7 +9,9 @@ record per the tap topic contract, then measures on ``local[2]`` in one run:
    decoded once and routed with no state into a bundle per bucket, ``streaming.router``);
 3. **job**: the whole monitor (that stage, the one stateful stage, alert book, Great Expectations,
    hooks);
-   frames/s, and the batch-time breakdown from Spark's progress (state operator time, GX time);
+   frames/s, and the batch-time breakdown from Spark's progress (state operator time, GX time); and
+   ``stage``: the rows the job's router handed its stateful stage per wire frame, from its own counters
+   (``wire_frames``, ``stage_rows``, ``stage_header_exchanges`` engine events);
 4. **latency**: the job live on a 1 s trigger while frames arrive at half its sustained rate, with
    violations injected; p50/p95 from a violating frame's ``ts_ns`` to webhook receipt, over the whole
    run (the verdict) and after the first 15 s of traffic (the job starts cold), with every alert's
@@ -471,10 +473,13 @@ def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path)
     gate = QualityGate(config.quality, None)
     quality_seconds: list[float] = []
     sink_seconds: list[float] = []
+    counted = dict.fromkeys(STAGE_COUNTERS, 0)
 
     def on_result(result: Any) -> None:
         quality_seconds.append(result.quality_seconds)
         sink_seconds.append(result.seconds)
+        for name in counted:
+            counted[name] += result.stats.get(name, 0)
 
     sink = BatchSink(paths, hooks, gate, on_result=on_result)
     try:
@@ -483,7 +488,28 @@ def run_job(spark: Any, config: KpmonConfig, stream_dir: Path, checkpoint: Path)
         hooks.close()
     out["quality_seconds"] = round(sum(quality_seconds), 3)
     out["sink_seconds_per_batch"] = [round(s, 3) for s in sink_seconds]
+    out["stage"] = stage_figures(counted)
     return out
+
+
+#: The router's counters (``streaming.router.route_frames``, engine events) the ``stage`` figures read.
+STAGE_COUNTERS = ("wire_frames", "stage_rows", "stage_header_exchanges")
+
+
+def stage_figures(counted: dict[str, int]) -> dict[str, Any]:
+    """Rows the job's bundles handed its stateful stage per wire frame (issue 35's
+    ``stage.rows_per_wire_frame``), and the exchanges its connection rows carried by their headers."""
+    wire = counted["wire_frames"]
+
+    def per_wire_frame(name: str) -> float | None:
+        return round(counted[name] / wire, 4) if wire else None
+
+    return {
+        "rows_per_wire_frame": per_wire_frame("stage_rows"),
+        "header_exchanges_per_wire_frame": per_wire_frame("stage_header_exchanges"),
+        "wire_frames": wire,
+        "rows": counted["stage_rows"],
+    }
 
 
 def measure_latency(
@@ -655,6 +681,9 @@ def main() -> int:
         "machine": machine(),
         "spark_conf": dict(SPARK_CONF),
         "state_buckets": STATE_BUCKETS.get("state_buckets"),
+        "live_connections": args.live_connections,
+        # kpmon.figures cites no figure from a smoke run.
+        "quick": args.quick,
     }
     try:
         bootstrap = stack.bootstrap_servers
@@ -716,6 +745,15 @@ def main() -> int:
         print(
             f"    {job['wire_frames_per_second']:,} wire frames/s, {job['cpu_us_per_wire_frame']} us of CPU per "
             f"wire frame; job / raw read {out['ratios']['job_over_raw']:.3f}x"
+        )
+        out["stage"] = stage = job.pop("stage")
+        traffic = (
+            f"{args.live_connections} long-lived connections" if args.live_connections else "short sessions"
+        )
+        print(
+            f"    rows into the stateful stage: {stage['rows_per_wire_frame']} per wire frame "
+            f"({stage['rows']:,} for {stage['wire_frames']:,}; {stage['header_exchanges_per_wire_frame']} "
+            f"exchanges by their headers per wire frame), {traffic}"
         )
         rate = args.latency_rate or max(job["wire_frames_per_second"] * 0.5, 100.0)
         if args.latency_seconds > 0:

@@ -153,7 +153,14 @@ def route_frames(
         judged += [finding_row(f) for f in router.findings]
         judged += resolve_rows(router.ctx.resolved)
     passed = judged + aggregate_rows(frames, newest_ms * NS_PER_MS)
-    counted = stat_row({"unrouted_responses": unrouted} if unrouted else {}, newest_ms * NS_PER_MS)
+    # What the stateful stage is handed per wire frame (requests and responses: tap events are not).
+    counts = {
+        "unrouted_responses": unrouted,
+        "wire_frames": sum(1 for f in frames if f.direction in ("req", "resp")),
+        "stage_rows": sum(stage_rows(b) for b in bundles.values()),
+        "stage_header_exchanges": sum(header_exchanges(b) for b in bundles.values()),
+    }
+    counted = stat_row({k: n for k, n in counts.items() if n}, newest_ms * NS_PER_MS)
     if counted is not None:
         passed.append(counted)
     return RoutedBatch(newest_ms, bundles, passed)

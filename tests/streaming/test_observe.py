@@ -16,8 +16,13 @@ from checks.model import Severity
 from kpconfig.model import StreamConfig
 from streaming.observe import ProgressListener, StreamMetrics, watermark_lag_seconds
 from streaming.paths import StreamPaths
-from streaming.sink import BatchResult
+from streaming.router import header_exchanges, route_rows, stage_rows
+from streaming.sink import BatchResult, BatchSink, read_batches
 from streaming.status import judge, lag_records, read_progress
+from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.test_sharding import CONFIG as CHECKS
+from tests.checks.test_sharding import scenario
+from tests.streaming.test_stages import rows_of
 
 CONFIG = StreamConfig(stall_seconds=60, max_lag_records=1000)
 
@@ -132,6 +137,29 @@ def test_batch_results_count_findings_and_alerts() -> None:
         == 1
     )
     assert registry.get_sample_value("kpmon_stream_engine_events_total", {"event": "late_frames"}) == 2
+
+
+def test_the_routers_stage_counts_reach_the_batch_file_and_the_metrics(tmp_path: Path) -> None:
+    """The counters ``stream_bench`` reads rows per wire frame from (issue 35), summed over a
+    micro-batch's source batches (one per Kafka partition's split) on their way out of the job."""
+    frames = flatten(exchange_records(scenario()))
+    conns = sorted({f.conn for f in frames})
+    parts = [[f for f in frames if f.conn in conns[::2]], [f for f in frames if f.conn in conns[1::2]]]
+    routed = [route_rows(CHECKS, rows_of(part), 4) for part in parts]
+    expected = {
+        "wire_frames": sum(1 for f in frames if f.direction in ("req", "resp")),
+        "stage_rows": sum(stage_rows(b) for r in routed for b in r.bundles.values()),
+        "stage_header_exchanges": sum(header_exchanges(b) for r in routed for b in r.bundles.values()),
+    }
+    paths = StreamPaths(tmp_path / "stream")
+    paths.make()
+    registry = CollectorRegistry()
+    sink = BatchSink(paths, None, None, on_result=StreamMetrics(registry).on_result)
+    result = sink.process(0, [row._asdict() for r in routed for row in r.passed])
+    assert {k: result.stats[k] for k in expected} == expected and min(expected.values()) > 0
+    assert {k: read_batches(paths)[0]["stats"][k] for k in expected} == expected
+    for event, n in expected.items():
+        assert registry.get_sample_value("kpmon_stream_engine_events_total", {"event": event}) == n
 
 
 def test_the_jobs_metrics_bind_loopback_unless_configured() -> None:

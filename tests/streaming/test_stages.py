@@ -11,7 +11,7 @@ import pytest
 from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, pack_static
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
-from streaming.router import route_rows
+from streaming.router import header_exchanges, route_rows, stage_rows
 from streaming.rows import OutputRow, RouteEntry, conn_key, read_connection_row
 from streaming.stages import (
     DictBucketStore,
@@ -354,6 +354,19 @@ def test_a_source_batch_sends_one_bundle_per_bucket_and_one_row_per_aggregate() 
     aggs = payloads(routed.passed, "agg")
     assert len({(a["dir"], a["api_key"], a["api_version"]) for a in aggs}) == len(aggs)
     assert sum(a["frames"] for a in aggs) == sum(1 for f in frames if f.direction in ("req", "resp"))
+
+
+def test_a_source_batchs_counters_say_what_its_bundles_hand_the_stage() -> None:
+    """``stage.rows_per_wire_frame`` (issue 35) as the job reports it: per source batch, the requests and
+    responses routed (not the tap's events) and what the bundles it returned hand the stateful stage."""
+    frames = scenario()
+    assert any(f.direction not in ("req", "resp") for f in frames), "a tap event the count leaves out"
+    routed = route_rows(CONFIG, rows_of(flatten(exchange_records(frames))), 4)
+    [counted] = payloads(routed.passed, "stat")
+    bundles = routed.bundles.values()
+    assert counted["wire_frames"] == sum(1 for f in frames if f.direction in ("req", "resp"))
+    assert counted["stage_rows"] == sum(stage_rows(b) for b in bundles) > 0
+    assert counted["stage_header_exchanges"] == sum(header_exchanges(b) for b in bundles) > 0
 
 
 def batch_findings(stages: LocalStages, frames: list[TapFrame], watermark_ms: int) -> list[Any]:
