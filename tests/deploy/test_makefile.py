@@ -108,3 +108,22 @@ def test_the_default_choice_on_this_machine_works() -> None:
         [chosen, "-c", "import sys; print(sys.version_info >= (3, 11))"], capture_output=True, text=True
     )
     assert version.stdout.strip() == "True"
+
+
+def test_the_compiled_cores_are_rebuilt_when_any_of_their_sources_changes() -> None:
+    """``make native`` (``$(NATIVE)``) must list every module mypyc compiles among its prerequisites, or
+    an edit to one leaves a build that ``codec.native`` refuses as stale, and the cores run as plain Python."""
+    import fnmatch
+    import re
+
+    from codec.native import MODULES
+
+    rule = re.search(r"^\$\(NATIVE\): (.+)$", (REPO / "Makefile").read_text(), flags=re.MULTILINE)
+    assert rule is not None
+    patterns = re.findall(r"[\w./*]+\.py", rule.group(1))
+    missing = [
+        m
+        for m in MODULES
+        if not any(fnmatch.fnmatch(m, p) and p.count("/") == m.count("/") for p in patterns)
+    ]
+    assert not missing, f"$(NATIVE) does not depend on {missing}"
