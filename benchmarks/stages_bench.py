@@ -79,7 +79,8 @@ def tap_records(sessions: int, produces: int = 18) -> list[tuple[dict[str, str],
 
 
 def frames_of(records: list[tuple[dict[str, str], bytes, int, int]]) -> int:
-    """The frames the records hold (one per schema-1 record, an exchange's two per schema-2 one)."""
+    """The frames the records hold (one per schema-1 record, an exchange's two per schema-2 one, every
+    entry's in a schema-3 flush)."""
     return sum(len(e.parts) for h, raw, _, _ in records for e in taprecord.parse_records(h, raw))
 
 
@@ -290,9 +291,9 @@ def main() -> int:
     parser.add_argument(
         "--schema",
         type=int,
-        choices=[1, 2],
-        default=2,
-        help="tap-record schema: 2 (one record per exchange, what taps write) or 1 (one per frame)",
+        choices=[1, 2, 3],
+        default=3,
+        help="tap-record schema: 3 (one record per connection flush, what taps write), 2 (one per exchange) or 1 (one per frame)",
     )
     args = parser.parse_args()
     SCHEMA["version"] = args.schema

@@ -54,13 +54,16 @@ from benchmarks.results_file import machine  # noqa: E402
 from codec import taprecord  # noqa: E402
 from codec.records import build_record_batch  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
-from kpconfig.model import KpmonConfig  # noqa: E402
+from kpconfig.model import KpmonConfig, TapConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
 
 
 #: The tap-record schema the backlog and the latency feed are written in (``--schema``).
-SCHEMA = {"version": 2}
+SCHEMA = {"version": 3}
+#: Schema 3's flush bounds, as a tap with the default config closes a connection's flush.
+_FLUSH_ENTRIES = TapConfig().flush_max_entries
+_FLUSH_AGE_NS = int(TapConfig().flush_max_age_ms * 1_000_000)
 #: The connection fields of every synthetic session, as a schema-2 tap packs them once per connection.
 _CLIENT, _BROKER = "10.1.0.1:40000", "127.0.0.1:9092"
 
@@ -76,6 +79,27 @@ def _exchange(conn: str, seq: int, request: taprecord.Part, response: taprecord.
         taprecord.pack_record(taprecord.EXCHANGE, seq, _static(conn), [request, response]),
         None,
     )
+
+
+class _Flushes:
+    """One connection's schema-3 records: entries gathered as the tap's flush buffer gathers them, a
+    record each time the entry or age bound is reached, and the rest when the connection closes."""
+
+    def __init__(self, conn: str) -> None:
+        self.conn = conn
+        self.entries: list[taprecord.Entry] = []
+
+    def add(self, kind: str, seq: int, parts: list[taprecord.Part]) -> Iterator[tuple]:
+        if self.entries and parts[0].ts_ns - self.entries[0][2][0].ts_ns >= _FLUSH_AGE_NS:
+            yield from self.flush()
+        self.entries.append((kind, seq, parts))
+        if len(self.entries) >= _FLUSH_ENTRIES:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[tuple]:
+        if self.entries:
+            yield self.conn.encode(), taprecord.pack_flush(_static(self.conn), self.entries), None
+            self.entries = []
 
 
 def _lifecycle(conn: str, seq: int, ts: int, direction: str) -> tuple:
@@ -109,21 +133,24 @@ def session(
     conn = f"bench-{index}"
     pid = 100_000 + index
     seq, corr, ts = 0, 0, start_ns
-    packed = SCHEMA["version"] == 2
+    packed = SCHEMA["version"] >= 2
+    flushes = _Flushes(conn) if SCHEMA["version"] == 3 else None
 
     def pair(api: int, version: int, req: dict[str, Any], resp: dict[str, Any]) -> Iterator[tuple]:
         nonlocal seq, corr, ts
         corr += 1
         if packed:
             seq += 1
-            request = codec.encode_request(api, version, corr, "bench", req)
-            response = codec.encode_response(api, version, corr, resp)
-            yield _exchange(
-                conn,
-                seq,
-                taprecord.Part("req", ts, api, version, corr, request),
-                taprecord.Part("resp", ts + 500_000, api, version, corr, response),
+            request = taprecord.Part(
+                "req", ts, api, version, corr, codec.encode_request(api, version, corr, "bench", req)
             )
+            response = taprecord.Part(
+                "resp", ts + 500_000, api, version, corr, codec.encode_response(api, version, corr, resp)
+            )
+            if flushes is not None:
+                yield from flushes.add(taprecord.EXCHANGE, seq, [request, response])
+            else:
+                yield _exchange(conn, seq, request, response)
             ts += step_ns
             return
         yield _record(
@@ -170,7 +197,10 @@ def session(
             ]
         }
         yield from pair(0, 9, req, resp)
-    if packed:
+    if flushes is not None:
+        yield from flushes.add("close", seq + 1, [taprecord.Part("close", ts, None, None, None, b"")])
+        yield from flushes.flush()
+    elif packed:
         yield _lifecycle(conn, seq + 1, ts, "close")
     else:
         yield _record(conn, seq, ts, "close", b"", (0, 0, 0))
@@ -190,11 +220,12 @@ FLEET_FRAMES_PER_S = 20_000
 
 
 def _parts(record: tuple) -> list[str]:
-    """The directions of a backlog record's parts: one for schema 1, an exchange's two for schema 2."""
+    """The directions of a backlog record's parts: one for schema 1, an exchange's two for schema 2,
+    every entry's for schema 3."""
     _, value, headers = record
     if headers is not None:
         return [str(dict(headers)["dir"])]
-    return [part.direction for part in taprecord.parse_record_2(value).parts]
+    return [part.direction for entry in taprecord.parse_records(None, value) for part in entry.parts]
 
 
 def wire_frames(record: tuple) -> int:
@@ -650,11 +681,11 @@ def main() -> int:
     parser.add_argument(
         "--schema",
         type=int,
-        choices=(1, 2),
-        default=2,
-        help="tap-record schema of the job's backlog and the latency feed: 2 (one record per exchange, "
-        "what taps write) or 1 (one record per frame); the raw read always reads a schema-1 backlog of "
-        "the same sessions, so job_over_raw compares across builds",
+        choices=(1, 2, 3),
+        default=3,
+        help="tap-record schema of the job's backlog and the latency feed: 3 (one record per connection "
+        "flush, what taps write), 2 (one per exchange) or 1 (one per frame); the raw read always reads a "
+        "schema-1 backlog of the same sessions, so job_over_raw compares across builds",
     )
     parser.add_argument("--quick", action="store_true", help="50k frames, 20 s of latency")
     parser.add_argument("--no-write", action="store_true")

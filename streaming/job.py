@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from codec import native
 from kpconfig.model import ConfigError, KpmonConfig, load_config
 from streaming.compat import BUCKET
-from streaming.orphan import exit_with_the_jvm
+from streaming.orphan import exit_with_the_jvm, spark_submit_parent
 from streaming.paths import StreamPaths
 
 if TYPE_CHECKING:
@@ -203,8 +203,14 @@ def start(
     metrics = StreamMetrics(registry)
     metrics.serve(config.stream.metrics_port, config.stream.metrics_host)
     # A driver replacing one its cluster just killed waits for the old process to let the spool go
-    # (it exits once its JVM is gone: streaming.orphan).
-    hooks = AlertHooks(config, paths.spool, registry, lock_wait_seconds=config.stream.spool_lock_wait_seconds)
+    # (it exits once its JVM is gone: streaming.orphan), and ends it if it outlives its JVM.
+    hooks = AlertHooks(
+        config,
+        paths.spool,
+        registry,
+        lock_wait_seconds=config.stream.spool_lock_wait_seconds,
+        lock_parent_pid=spark_submit_parent(),
+    )
     gate = QualityGate(config.quality, paths.data_docs if config.quality.data_docs else None)
     last: dict[str, Any] = {}
 

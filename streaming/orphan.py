@@ -27,6 +27,11 @@ ORPHANED_EXIT = 70
 LOG_GRACE_SECONDS = 2.0
 
 
+def spark_submit_parent(environ: Mapping[str, str] | None = None) -> int | None:
+    """The pid of the spark-submit JVM this process runs under, None when spark-submit did not start it."""
+    return os.getppid() if GATEWAY_ENV in (os.environ if environ is None else environ) else None
+
+
 def exit_with_the_jvm(
     environ: Mapping[str, str] | None = None,
     poll_seconds: float = 1.0,
@@ -35,9 +40,9 @@ def exit_with_the_jvm(
     """When spark-submit's JVM is this process's parent, watch it from a daemon thread and ``exit``
     as soon as it is gone (the parent changes: the process was reparented). None when this process
     was not started by spark-submit (``python -m streaming``: its JVM is its own child)."""
-    if GATEWAY_ENV not in (os.environ if environ is None else environ):
+    parent = spark_submit_parent(environ)
+    if parent is None:
         return None
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -228,11 +228,12 @@ class AlertHooks:
         spool_dir: Path,
         registry: CollectorRegistry | None = None,
         lock_wait_seconds: float = 0.0,
+        lock_parent_pid: int | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = HookMetrics(self.registry)
         self.spool_dir = Path(spool_dir)
-        self._lock = SpoolLock(self.spool_dir, lock_wait_seconds)
+        self._lock = SpoolLock(self.spool_dir, lock_wait_seconds, lock_parent_pid)
         self._closed = False
         self.workers: list[HookWorker] = []
         try:

@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -35,6 +36,34 @@ _DEAD_RATIO = 4
 _WAIT_REPORT_SECONDS = 10.0
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, ..."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def _process_state(pid: int) -> str | None:
+    """The process's state letter (``Z``: exited, not reaped), None when no process has the pid."""
+    fields = _stat_fields(pid)
+    if fields is not None:
+        return fields[0]
+    try:
+        os.kill(pid, 0)  # no /proc: alive or not, without the state
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass
+    return "?"
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
 class SpoolLockedError(RuntimeError):
     """Another process (or another AlertHooks) already uses this spool directory."""
 
@@ -45,10 +74,12 @@ class SpoolLock:
     The holder writes who it is into the lock file, so a process that waits for it, or is refused, can
     say which process holds the spool."""
 
-    def __init__(self, directory: Path, wait_seconds: float = 0.0) -> None:
+    def __init__(self, directory: Path, wait_seconds: float = 0.0, parent_pid: int | None = None) -> None:
         """``wait_seconds``: how long to wait for a holder to let go (a driver replacing one its cluster
         just killed: the old process exits once its JVM is gone, which a loaded host can delay by tens
-        of seconds) before ``SpoolLockedError``."""
+        of seconds) before ``SpoolLockedError``. ``parent_pid``: the process this holder must not outlive
+        (a driver's spark-submit JVM, ``streaming.orphan``); a later waiter ends a holder still running
+        once that process is gone."""
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "lock"
         self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 - held until release()
@@ -60,6 +91,19 @@ class SpoolLock:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as exc:
+                orphan = self._orphaned_holder()
+                if orphan is not None:
+                    # Its JVM is gone, so nothing it does can still reach Spark; it should have exited
+                    # (``streaming.orphan``) and holds the spool from the driver that replaces it.
+                    log.warning(
+                        "alert spool %s: its holder (%s) outlived the process it ran under; ending it",
+                        directory,
+                        self.holder(),
+                    )
+                    with contextlib.suppress(OSError):
+                        os.kill(orphan, signal.SIGKILL)
+                    time.sleep(0.2)
+                    continue
                 if self._holder_is_gone():
                     # The process that took the lock has exited, yet the lock is held: a process it
                     # forked kept the open file (flock locks belong to it, not to a pid). No spool
@@ -93,21 +137,42 @@ class SpoolLock:
                     f"alert spool {directory} is in use by another process ({holder})"
                 ) from exc
         self._file.truncate(0)
-        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        under = "" if parent_pid is None else f" under {parent_pid}"
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}{under}\n")
         self._file.flush()
 
-    def _holder_is_gone(self) -> bool:
-        """Whether the holder wrote this host's name and a pid no process has any more."""
+    def _holder_pids(self) -> tuple[int, int | None] | None:
+        """The holder's pid and the pid it runs under, when it wrote them on this host."""
         words = self.holder().split()
-        if len(words) != 4 or words[0] != "pid" or not words[1].isdigit() or words[3] != socket.gethostname():
-            return False
-        try:
-            os.kill(int(words[1]), 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
+        if len(words) not in (4, 6) or words[:3:2] != ["pid", "on"] or not words[1].isdigit():
+            return None
+        if words[3] != socket.gethostname():
+            return None
+        if len(words) == 6:
+            if words[4] != "under" or not words[5].isdigit():
+                return None
+            return int(words[1]), int(words[5])
+        return int(words[1]), None
+
+    def _holder_is_gone(self) -> bool:
+        """Whether the holder wrote this host's name and a pid no process runs as any more."""
+        pids = self._holder_pids()
+        return pids is not None and _process_state(pids[0]) in (None, "Z", "X")
+
+    def _orphaned_holder(self) -> int | None:
+        """The holder's pid when it still runs but the process it ran under is gone (it was
+        reparented): a driver whose JVM its cluster killed, stuck instead of exiting."""
+        pids = self._holder_pids()
+        if pids is None:
+            return None
+        pid, parent = pids
+        if (
+            parent is None
+            or _process_state(pid) in (None, "Z", "X")
+            or _process_state(parent) not in (None, "Z", "X")
+        ):
+            return None
+        return pid if _parent_of(pid) != parent else None
 
     def holder(self) -> str:
         """Who holds the lock, as the holder wrote it."""

@@ -115,3 +115,43 @@ def test_a_lock_left_to_a_forked_child_of_an_exited_holder_is_taken_over(tmp_pat
     with pytest.raises(SpoolLockedError):
         SpoolLock(tmp_path, wait_seconds=0.0)
     held.release()
+
+
+def test_a_holder_that_outlived_the_process_it_ran_under_is_ended_and_the_lock_taken(tmp_path: Path) -> None:
+    """A driver whose JVM its cluster killed should exit (``streaming.orphan``); one that is stuck instead
+    holds the spool from the driver that replaces it. The waiter ends it once its JVM is gone, and a
+    holder whose JVM still runs is waited for, never ended."""
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from streaming.hooks.spool import SpoolLock\n"
+        "lock = SpoolLock(Path(sys.argv[1]), parent_pid=int(sys.argv[2]))\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    jvm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path), str(jvm.pid)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert f"under {jvm.pid}" in (tmp_path / "lock").read_text()
+        # Its JVM runs: the holder is waited for, then the waiter is refused; nothing is ended.
+        with pytest.raises(SpoolLockedError):
+            SpoolLock(tmp_path, wait_seconds=0.5)
+        assert holder.poll() is None
+        jvm.kill()
+        jvm.wait()
+        taken = SpoolLock(tmp_path, wait_seconds=60.0)
+        assert holder.wait(10) == -signal.SIGKILL
+        assert f"pid {os.getpid()} " in (tmp_path / "lock").read_text()
+        taken.release()
+    finally:
+        for process in (jvm, holder):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
