@@ -54,16 +54,14 @@ from benchmarks.results_file import machine  # noqa: E402
 from codec import taprecord  # noqa: E402
 from codec.records import build_record_batch  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
-from kpconfig.model import KpmonConfig, TapConfig  # noqa: E402
+from kpconfig.model import KpmonConfig  # noqa: E402
+from tap.flush import FlushBuffer, FlushLimits  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stream_bench.json"
 
 
 #: The tap-record schema the backlog and the latency feed are written in (``--schema``).
 SCHEMA = {"version": 3}
-#: Schema 3's flush bounds, as a tap with the default config closes a connection's flush.
-_FLUSH_ENTRIES = TapConfig().flush_max_entries
-_FLUSH_AGE_NS = int(TapConfig().flush_max_age_ms * 1_000_000)
 #: The connection fields of every synthetic session, as a schema-2 tap packs them once per connection.
 _CLIENT, _BROKER = "10.1.0.1:40000", "127.0.0.1:9092"
 
@@ -82,24 +80,23 @@ def _exchange(conn: str, seq: int, request: taprecord.Part, response: taprecord.
 
 
 class _Flushes:
-    """One connection's schema-3 records: entries gathered as the tap's flush buffer gathers them, a
-    record each time the entry or age bound is reached, and the rest when the connection closes."""
+    """One connection's schema-3 records, gathered by the tap's own flush buffer under its default
+    bounds, the clock being each entry's frame time; the rest when the connection closes."""
 
     def __init__(self, conn: str) -> None:
         self.conn = conn
-        self.entries: list[taprecord.Entry] = []
+        self.buffer = FlushBuffer(FlushLimits())
 
     def add(self, kind: str, seq: int, parts: list[taprecord.Part]) -> Iterator[tuple]:
-        if self.entries and parts[0].ts_ns - self.entries[0][2][0].ts_ns >= _FLUSH_AGE_NS:
-            yield from self.flush()
-        self.entries.append((kind, seq, parts))
-        if len(self.entries) >= _FLUSH_ENTRIES:
-            yield from self.flush()
+        for entries in self.buffer.add(kind, seq, parts, parts[0].ts_ns):
+            yield self._record(entries)
 
     def flush(self) -> Iterator[tuple]:
-        if self.entries:
-            yield self.conn.encode(), taprecord.pack_flush(_static(self.conn), self.entries), None
-            self.entries = []
+        if len(self.buffer):
+            yield self._record(self.buffer.take())
+
+    def _record(self, entries: list[taprecord.Entry]) -> tuple:
+        return self.conn.encode(), taprecord.pack_flush(_static(self.conn), entries), None
 
 
 def _lifecycle(conn: str, seq: int, ts: int, direction: str) -> tuple:
