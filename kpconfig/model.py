@@ -214,8 +214,9 @@ class StreamConfig(_Section):
     #: gets buckets despite hash collisions while a batch still makes only tens of calls. Raise it to at
     #: least the tap topic's partition count on a wide topic. Fixed by the first start of a checkpoint.
     state_buckets: int | None = Field(default=None, gt=0)
-    #: Freeze the stateful Python workers' long-lived objects and collect their young generation every
-    #: 50,000 allocations instead of 700 (streaming/workergc.py): the collector took 16 % of their CPU.
+    #: Freeze the job's Python workers' long-lived objects (routing and stateful stages) and collect their
+    #: young generation every 50,000 allocations instead of 700 (streaming/workergc.py): the collector
+    #: took 16 % of the stateful workers' CPU and a third of the routing ones'.
     worker_gc: bool = True
     #: A starting job waits this long for the alert spool's lock (``<state_dir>/stream/hooks-spool``):
     #: a driver replacing one its cluster killed waits for the old process, which exits once its JVM is

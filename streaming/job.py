@@ -83,11 +83,18 @@ def frame_bundles(spark: SparkSession, config: KpmonConfig) -> DataFrame:
     (``streaming.bundles``, ``streaming.router``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from streaming.bundles import BUNDLE_SCHEMA, bundler
+    from streaming.bundles import BUNDLE_SCHEMA
+
+    return source_rows(spark, config).mapInArrow(bundle_function(config), from_arrow_schema(BUNDLE_SCHEMA))
+
+
+def bundle_function(config: KpmonConfig) -> Any:
+    """The ``mapInArrow`` function of ``frame_bundles``: its workers' collector tuned as the stateful
+    stage's (``stream.worker_gc``), since routing allocates as much per frame as the stage."""
+    from streaming.bundles import bundler
 
     labels = bucket_labels(config.stream.buckets, config.stream.shuffle_partitions)
-    function = bundler(config.checks.settings(), labels)
-    return source_rows(spark, config).mapInArrow(function, from_arrow_schema(BUNDLE_SCHEMA))
+    return bundler(config.checks.settings(), labels, tune_gc=config.stream.worker_gc)
 
 
 def _rotl32(x: int, r: int) -> int:

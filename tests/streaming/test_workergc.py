@@ -1,4 +1,4 @@
-"""streaming.workergc: the stateful workers' collector settings, applied once per process."""
+"""streaming.workergc: the job's Python workers' collector settings, applied once per process."""
 
 from __future__ import annotations
 
@@ -49,6 +49,22 @@ def test_the_job_tunes_its_stateful_workers_as_configured(worker_gc: bool) -> No
     assert config.stream.worker_gc is True
     config = config.model_copy(update={"stream": config.stream.model_copy(update={"worker_gc": worker_gc})})
     assert stage_processor(config).tune_gc == worker_gc
+
+
+@pytest.mark.usefixtures("restored_gc")
+@pytest.mark.parametrize("worker_gc", [True, False])
+def test_the_job_tunes_its_routing_workers_as_configured(worker_gc: bool) -> None:
+    # The mapInArrow workers allocate per frame as the stateful ones do: one setting for both.
+    pytest.importorskip("pyspark")
+    from kpconfig.model import KpmonConfig
+    from streaming.job import bundle_function
+
+    config = KpmonConfig()
+    config = config.model_copy(update={"stream": config.stream.model_copy(update={"worker_gc": worker_gc})})
+    gc.set_threshold(700, 10, 10)
+    assert list(bundle_function(config)([])) == []
+    tuned = (workergc.GEN0_THRESHOLD, workergc.GEN1_THRESHOLD, workergc.GEN2_THRESHOLD)
+    assert gc.get_threshold() == (tuned if worker_gc else (700, 10, 10))
 
 
 def test_processors_made_elsewhere_leave_the_collector_alone() -> None:
