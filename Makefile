@@ -39,7 +39,7 @@ setup: $(STAMP) jars tools debian-tools native tapcore
 NATIVE := build/native/manifest.json
 PURE_TESTS := tests/checks tests/streaming/test_stages.py tests/streaming/test_bundles.py tests/codec/test_taprecord.py tests/codec/test_facts.py tests/codec/test_native.py
 native: $(NATIVE)
-$(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py streaming/router.py streaming/rows.py deploy/native.py)
+$(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py streaming/router.py streaming/rows.py streaming/frames.py deploy/native.py)
 	$(PY) -m deploy.native
 
 # The tap's native core (tap/native, Rust: docs/tap.md), built with maturin and installed into the venv;

@@ -60,6 +60,7 @@ MODULES: Final = (
     "checks/rules/groups.py",
     "checks/rules/producers.py",
     "checks/rules/transactions.py",
+    "streaming/frames.py",
     "streaming/rows.py",
     "streaming/router.py",
     "streaming/stages.py",

@@ -90,7 +90,9 @@ FRAME_ROW_SCHEMA = pa.schema(
 )
 
 
-def frame_row(headers: dict[str, str], value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
+def frame_row(
+    headers: dict[str, str], value: bytes | None, partition: int | None, offset: int | None
+) -> dict[str, Any]:
     """One tap record as a row. Header-derived columns are named after their headers; the record's own
     place gets ``ROW_KEYS``. The api key, version and correlation id come from the tap's headers, on
     requests and responses alike; for a request, the router's decode replaces them with the frame's
@@ -244,7 +246,7 @@ def _per_distinct(values: pa.Array, read: Callable[[Any], Any], type_: pa.DataTy
 
 
 def record_rows(
-    headers: dict[str, str], value: bytes | None, partition: int, offset: int
+    headers: dict[str, str], value: bytes | None, partition: int | None, offset: int | None
 ) -> list[dict[str, Any]]:
     """One tap record of any schema as its frames' rows: a schema-1 record is one frame
     (``frame_row``), a schema-2 record one row per part, each with the record's ``seq`` and ``lost``,
@@ -264,7 +266,7 @@ def record_rows(
     return rows
 
 
-def _entry_rows(record: TapRecord, partition: int, offset: int) -> list[dict[str, Any]]:
+def _entry_rows(record: TapRecord, partition: int | None, offset: int | None) -> list[dict[str, Any]]:
     c = record.connection
     conn = connection_of(c.conn, partition)
     rows: list[dict[str, Any]] = []
