@@ -4,7 +4,7 @@ Runs the fleet workload of ``benchmarks/stream_bench.py`` (client sessions: ApiV
 InitProducerId, 18 idempotent Produce exchanges with real v2 batches, close) through exactly what the
 job's Python workers run, in micro-batches, with the job's default bucket count:
 
-1. **route**: the ``mapInArrow`` stage (``streaming.bundles.bundle_batch``: the one decode, the
+1. **route**: the ``mapInArrow`` stage (``streaming.bundles.bundle_batches``: the one decode, the
    stateless routing, a bundle per bucket) on Kafka-source Arrow batches of 10,000 records, and the
    stage's reading of the bundles (``streaming.router.read_bundle``);
 2. **stage**: the one stateful stage, ``streaming.stages.monitor_bucket`` per bucket (plus its timers).
@@ -49,7 +49,7 @@ from benchmarks.stream_bench import SCHEMA, session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from codec import taprecord  # noqa: E402
 from kpconfig.model import StreamConfig  # noqa: E402
-from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batch  # noqa: E402
+from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batches  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
 from streaming.router import PASS_BUCKET, Bundle, header_exchanges, read_bundle, stage_rows  # noqa: E402
@@ -115,14 +115,15 @@ BUCKET_OF_LABEL = {label: index for index, label in enumerate(LABELS)}
 #: Rows the bundles handed the stateful stage's entries so far (``streaming.router.stage_rows``), and the
 #: exchanges the connection rows among them carried by their headers (``header_exchanges``).
 STAGE_ROWS = [0, 0]
+#: Whether the routing runs with the job workers' collector settings (``--default-gc`` clears it).
+WORKER_GC = [True]
 
 
 def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
     """The job's ``mapInArrow`` stage, then the stage reading what it made: each bucket's bundles (the
     passed aggregates are read too, as the stage passes them on)."""
     out: dict[int, list[Bundle]] = {}
-    for batch in batches:
-        bundled = bundle_batch(SETTINGS, batch, LABELS)
+    for bundled in bundle_batches(SETTINGS, LABELS, WORKER_GC[0], batches):
         for label, data in zip(
             bundled.column("bucket").to_pylist(), bundled.column("bundle").to_pylist(), strict=True
         ):
@@ -300,6 +301,7 @@ def main() -> int:
     print(f"building {args.sessions} sessions (tap-record schema {args.schema})...", flush=True)
     records = tap_records(args.sessions, args.produces)
     worker_gc = not args.default_gc and StreamConfig().worker_gc
+    WORKER_GC[0] = worker_gc
     if worker_gc:
         # As the job's stateful workers run (streaming/workergc.py), after the imports and the input.
         tune_worker_gc()

@@ -29,7 +29,7 @@ from codec.taprecord import ROW_COLUMNS, Header, frames_from_columns
 from streaming.frames import frame_columns
 from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_frames
 from streaming.rows import NS_PER_MS
-from streaming.workergc import tune_worker_gc
+from streaming.workergc import collector_paused, tune_worker_gc
 
 #: What the job's ``mapInArrow`` stage reads: the Kafka source's value, headers, partition and offset,
 #: as Spark hands them over (``streaming.job.source_rows``).
@@ -89,16 +89,20 @@ def bundle_batch(
     return pa.RecordBatch.from_pydict(out, schema=BUNDLE_SCHEMA)
 
 
-def _bundles(
+def bundle_batches(
     config: ChecksSettings, labels: list[int], tune_gc: bool, batches: Iterable[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
+    """``bundle_batch`` of each batch; ``tune_gc`` (``stream.worker_gc``): the worker's collector tuned
+    before the first batch and paused while each is routed (``streaming.workergc``)."""
     if tune_gc:
         tune_worker_gc()
     for batch in batches:
-        yield bundle_batch(config, batch, labels)
+        with collector_paused(tune_gc):
+            bundled = bundle_batch(config, batch, labels)
+        yield bundled
 
 
 def bundler(config: ChecksSettings, labels: list[int], tune_gc: bool = False) -> Any:
     """The ``mapInArrow`` function for buckets labelled ``labels`` (picklable: Spark ships it to
-    workers); ``tune_gc``: ``stream.worker_gc``, applied in the worker before its first batch."""
-    return partial(_bundles, config, labels, tune_gc)
+    workers): ``bundle_batches``."""
+    return partial(bundle_batches, config, labels, tune_gc)

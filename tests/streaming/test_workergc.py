@@ -74,3 +74,42 @@ def test_processors_made_elsewhere_leave_the_collector_alone() -> None:
     from streaming.processors import MonitorProcessor
 
     assert not MonitorProcessor(KpmonConfig().checks.settings()).tune_gc
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_the_collector_is_paused_only_while_asked_and_back_after_an_error(paused: bool) -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), workergc.collector_paused(paused):
+        assert gc.isenabled() is not paused
+        raise RuntimeError("a batch that fails")
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_by_the_caller_stays_disabled() -> None:
+    gc.disable()
+    try:
+        with workergc.collector_paused(True):
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("restored_gc")
+@pytest.mark.parametrize("tune_gc", [True, False])
+def test_routing_pauses_the_collector_for_each_batch_when_tuned(
+    tune_gc: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streaming import bundles
+
+    seen: list[bool] = []
+
+    def bundle_batch(config: object, batch: object, labels: object) -> object:
+        seen.append(gc.isenabled())
+        return batch
+
+    monkeypatch.setattr(bundles, "bundle_batch", bundle_batch)
+    out = bundles.bundle_batches(None, [0], tune_gc, ["b1", "b2"])  # type: ignore[arg-type]
+    assert list(out) == ["b1", "b2"]
+    assert seen == [not tune_gc] * 2
+    assert gc.isenabled()
