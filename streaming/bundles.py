@@ -20,13 +20,11 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from checks.settings import ChecksSettings
-from codec.taprecord import ROW_COLUMNS, Header, frames_from_columns
-from streaming.frames import frame_columns
+from codec.taprecord import Header, frames_from_columns
+from streaming.frames import frame_values
 from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_frames
 from streaming.rows import NS_PER_MS
 from streaming.workergc import collector_paused, tune_worker_gc
@@ -53,13 +51,12 @@ BUNDLE_SCHEMA = pa.schema(
 )
 
 
-def _event_ms(rows: pa.RecordBatch, arrival_ms: int) -> np.ndarray:
-    """Each frame's event time: its tap clock, or its arrival for a record without one (not from a tap)."""
-    column = rows.column(Header.TS_NS)
-    # Never through floats: a double cannot hold the tap clock (~1.8e18 ns) exactly.
-    ts_ns = pc.fill_null(column, 0).to_numpy()
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    return np.where(valid, ts_ns // NS_PER_MS, arrival_ms).astype(np.int64)
+def _newest_ms(ts_ns: list[int | None], arrival_ms: int) -> int:
+    """The newest frame's event time: each frame's tap clock, or its arrival for a record without one
+    (not from a tap)."""
+    known = [t for t in ts_ns if t is not None]
+    newest = max(known) // NS_PER_MS if known else arrival_ms
+    return max(newest, arrival_ms) if len(known) < len(ts_ns) else newest
 
 
 def bundle_batch(
@@ -68,13 +65,13 @@ def bundle_batch(
     """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → one bundle row per bucket
     (every bucket gets the batch clock) and one of aggregates; ``labels[b]`` is bucket ``b``'s grouping
     value (``streaming.job``)."""
-    rows = frame_columns(batch)
-    if rows.num_rows == 0:
+    columns = frame_values(batch)
+    count = len(columns[Header.CONN])
+    if count == 0:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms
-    newest_ms = int(_event_ms(rows, now_ms).max())
-    columns = {name: rows.column(name).to_pylist() for name in ROW_COLUMNS}
-    frames = frames_from_columns(columns, rows.num_rows)
+    newest_ms = _newest_ms(columns[Header.TS_NS], now_ms)
+    frames = frames_from_columns(columns, count)
     routed = route_frames(config, frames, newest_ms, len(labels))
     event_us = newest_ms * 1000
     out: dict[str, list[Any]] = {

@@ -317,23 +317,48 @@ def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
     )
     if not pc.any(packed).as_py():
         return _schema_1_columns(batch, headers, value)
-    new_rows, origins = _schema_2_rows(
+    lists, origins = _schema_2_lists(
         batch.filter(packed), np.flatnonzero(packed.to_numpy(zero_copy_only=False))
     )
+    new_rows = _as_batch(lists)
     old = pc.invert(packed)
     if not pc.any(old).as_py():
         return new_rows
     kept = batch.filter(old)
     old_rows = _schema_1_columns(kept, _Headers(kept.column("headers")), value.filter(old))
     both = pa.Table.from_batches([old_rows, new_rows]).combine_chunks()
-    origin = np.concatenate([np.flatnonzero(old.to_numpy(zero_copy_only=False)), origins])
+    origin = np.concatenate([np.flatnonzero(old.to_numpy(zero_copy_only=False)), np.array(origins, np.int64)])
     # A stable sort on the source row: the records' order, and each record's frames in theirs.
     order = pc.sort_indices(pa.array(origin))
     return both.take(order).to_batches()[0] if both.num_rows else new_rows
 
 
-def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
-    """The frames' rows of schema-2 records, and each row's source row (``sources[i]`` of record i).
+def frame_values(batch: pa.RecordBatch) -> dict[str, list[Any]]:
+    """``frame_columns(batch)``'s columns as Python lists, what the router reads
+    (``codec.taprecord.frames_from_columns``). A batch of schema-2 and 3 records only, what taps
+    write, is read straight into lists: no Arrow arrays made to be read back."""
+    value = batch.column("value")
+    if value.type != pa.binary():
+        value = value.cast(pa.binary())
+    # Taps write schema-2 and 3 records without headers; any header at all is read as ``frame_columns`` does.
+    headed = pc.any(pc.greater(pc.list_value_length(batch.column("headers")), 0)).as_py()
+    if headed or not pc.all(pc.starts_with(value, pattern=PACKED_PREFIX).fill_null(False)).as_py():
+        return _lists(frame_columns(batch))
+    return _schema_2_lists(batch, np.arange(len(value)))[0]
+
+
+def _lists(rows: pa.RecordBatch) -> dict[str, list[Any]]:
+    return {name: rows.column(name).to_pylist() for name in rows.schema.names}
+
+
+def _as_batch(lists: dict[str, list[Any]]) -> pa.RecordBatch:
+    arrays = [pa.array(lists[f.name], f.type) for f in FRAME_ROW_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA)
+
+
+def _schema_2_lists(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[dict[str, list[Any]], list[int]]:
+    """The frames' rows of schema-2 and 3 records as ``FRAME_ROW_SCHEMA``'s columns of Python values,
+    and each row's source row (``sources[i]`` of record i).
 
     Column by column, as ``record_rows`` would make them row by row: this runs for every record of
     the stream, and a dict per frame then ``from_pylist`` cost more than reading the records. A part
@@ -420,8 +445,7 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
                 index_col.append(index)
                 loss_col.append(loss_ns)
                 origins.append(source)
-    arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
-    return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
+    return columns, origins
 
 
 def _schema_1_columns(batch: pa.RecordBatch, headers: _Headers, value: pa.Array) -> pa.RecordBatch:

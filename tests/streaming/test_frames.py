@@ -34,7 +34,7 @@ from codec.taprecord import (
     pack_static,
 )
 from streaming.bundles import KAFKA_SOURCE_SCHEMA
-from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row_batches, record_rows
+from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row_batches, frame_values, record_rows
 
 #: The Kafka source's columns, as Spark hands them to ``mapInArrow``.
 SOURCE_SCHEMA = KAFKA_SOURCE_SCHEMA
@@ -78,6 +78,8 @@ def assert_same(batch: pa.RecordBatch) -> None:
     got = frame_columns(batch)
     assert got.schema == FRAME_ROW_SCHEMA
     assert got.to_pylist() == expected.to_pylist()
+    # What the router reads: the same values, whichever way they were read.
+    assert frame_values(batch) == {name: expected.column(name).to_pylist() for name in FRAME_ROW_SCHEMA.names}
     assert got.equals(expected)
 
 
