@@ -1,9 +1,11 @@
 """The tap-record rows: one row per frame of a tap record, its metadata as typed columns, plus the frame.
 
-``frame_columns`` is the first step of the job's ``mapInArrow`` stage (``streaming.bundles``; the router,
-``streaming.router``, decodes and routes what it makes), and pure: an Arrow batch of Kafka source rows
-(value, headers, partition, offset) in, an Arrow batch of ``FRAME_ROW_SCHEMA`` rows out: a schema-1
-record's headers, or a schema-2 record's packed metadata, one row per frame.
+``frame_columns`` is pure: an Arrow batch of Kafka source rows (value, headers, partition, offset) in,
+an Arrow batch of ``FRAME_ROW_SCHEMA`` rows out: a schema-1 record's headers, or a schema-2 or 3
+record's packed metadata, one row per frame. ``frame_values`` gives the same columns as Python lists:
+the first step of the job's ``mapInArrow`` stage (``streaming.bundles``; the router,
+``streaming.router``, decodes and routes them), reading a batch of schema-2 and 3 records (what taps
+write) straight into lists.
 It reads tap-record metadata only (``codec.taprecord``, the one tap-record contract) and never runs
 the codec: the router decodes each frame once, right after (docs/decisions.md, "Decode once, in
 stage one").
