@@ -109,6 +109,10 @@ class Route:
     #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
     #: run's first connection, seq and time (where it sorts).
     summary: Summary | None = None
+    #: A request the router routed whole: the exchange it formed the keys from, whose ``memo`` holds
+    #: what the keys derived from the request's body, so a summary reads those instead of deriving them
+    #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
+    asked: Exchange | None = field(default=None, compare=False, repr=False)
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
@@ -639,14 +643,22 @@ class Router:
         return out
 
     def _route(
-        self, key: str, kind: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
+        self,
+        key: str,
+        kind: str,
+        frame: TapFrame,
+        at_ns: int,
+        incomplete: bool,
+        request_only: bool = False,
+        asked: Exchange | None = None,
     ) -> None:
-        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read."""
+        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read
+        (``asked``: ``Route.asked``)."""
         cached = (id(frame), kind)
         projected = self._projected.get(cached)
         if projected is None:
             projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-        self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
+        self.routes.append(Route(key, projected, at_ns, incomplete, request_only, None, asked))
 
     def _observe(self, event: Dispatched) -> None:
         """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
@@ -689,7 +701,7 @@ class Router:
         request, ts_ns = ex.request, ex.ts_ns
         for key, step in self._keys(ex, inner, first_use).items():
             first_use_only = step[3]
-            route(key, step[2], request, ts_ns, incomplete, first_use_only)
+            route(key, step[2], request, ts_ns, incomplete, first_use_only, ex)
             if not first_use_only:
                 paired.append(key)
         return paired or None
