@@ -352,8 +352,6 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
     origins: list[int] = []
     seq_lo, seq_hi = _INT_BOUNDS[Header.SEQ]
     ts_lo, ts_hi = _INT_BOUNDS[Header.TS_NS]
-    # A part whose time is not an int reads as 0 (then bounded like any other).
-    ts_zero = 0 if ts_lo <= 0 <= ts_hi else None
     i32_lo, i32_hi = _INT_BOUNDS[Header.API_KEY]
     id_lo, id_hi = _INT_BOUNDS[Header.BROKER_ID]
     names = FRAME_ROW_SCHEMA.names
@@ -385,42 +383,41 @@ def _schema_2_rows(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[pa.Recor
         if broker_id is not None and not id_lo <= broker_id <= id_hi:
             broker_id = None
         for index, (kind, seq, parts) in enumerate(entries):
-            count = len(parts)
-            if not count:
-                continue
-            # Column by column, each part's fields transposed at once: a record's constant fields
-            # are one list repeat, the rest one comprehension per column.
-            directions, stamps, apis, versions, corrs, redacted, flags, sizes, starts = zip(
-                *parts, strict=True
-            )
-            if any(flags) or any(redacted):
-                only_col += [part_of(value, raw).header_only if raw[6] or raw[5] else False for raw in parts]
-            else:
-                only_col += [False] * count
-            conn_col += [conn] * count
-            seq_col += [seq if seq_lo <= seq <= seq_hi else None] * count
-            ts_col += [
-                (ts if ts_lo <= ts <= ts_hi else None) if type(ts) is int else ts_zero for ts in stamps
-            ]
-            dir_col += directions
-            api_col += [v if type(v) is int and i32_lo <= v <= i32_hi else None for v in apis]
-            ver_col += [v if type(v) is int and i32_lo <= v <= i32_hi else None for v in versions]
-            corr_col += [v if type(v) is int and i32_lo <= v <= i32_hi else None for v in corrs]
-            client_col += [c.client] * count
-            broker_col += [c.broker] * count
-            broker_id_col += [broker_id] * count
-            listener_col += [c.listener] * count
-            tap_col += [c.tap] * count
-            capture_col += [c.capture] * count
-            partition_col += [partition] * count
-            offset_col += [offset] * count
-            size_col += sizes
-            value_col += [value[pos : pos + size] for pos, size in zip(starts, sizes, strict=True)]
-            lost_col += [lost] * count
-            lone_col += [kind == RESP] * count
-            index_col += [index] * count
-            loss_col += [loss_ns] * count
-            origins += [source] * count
+            lone = kind == RESP
+            seq_value = seq if seq_lo <= seq <= seq_hi else None
+            for raw in parts:
+                direction, ts_ns, api_key, api_version, corr, redacted, flags, size, pos = raw
+                if flags or redacted:
+                    part = part_of(value, raw)
+                    header_only = part.header_only
+                else:
+                    header_only = False
+                ts = ts_ns if type(ts_ns) is int else 0
+                conn_col.append(conn)
+                seq_col.append(seq_value)
+                ts_col.append(ts if ts_lo <= ts <= ts_hi else None)
+                dir_col.append(direction)
+                api_col.append(api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None)
+                ver_col.append(
+                    api_version if type(api_version) is int and i32_lo <= api_version <= i32_hi else None
+                )
+                corr_col.append(corr if type(corr) is int and i32_lo <= corr <= i32_hi else None)
+                client_col.append(c.client)
+                broker_col.append(c.broker)
+                broker_id_col.append(broker_id)
+                listener_col.append(c.listener)
+                tap_col.append(c.tap)
+                capture_col.append(c.capture)
+                only_col.append(header_only)
+                partition_col.append(partition)
+                offset_col.append(offset)
+                size_col.append(size)
+                value_col.append(value[pos : pos + size])
+                lost_col.append(lost)
+                lone_col.append(lone)
+                index_col.append(index)
+                loss_col.append(loss_ns)
+                origins.append(source)
     arrays = [pa.array(columns[f.name], f.type) for f in FRAME_ROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA), np.array(origins, np.int64)
 
