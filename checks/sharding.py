@@ -502,8 +502,8 @@ class Router:
         self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> route keys its request went to, until the response comes.
         self.sent: dict[str, list[str]] = {}
-        #: "conn|api|version" this batch already reported to the first-use-only rules.
-        self.used: set[str] = set()
+        #: (conn, api, version) this batch already reported to the first-use-only rules.
+        self.used: set[tuple[str, int, int]] = set()
         #: Answers this router could not pair (their request came in an earlier batch: a schema-1
         #: record, or a response the tap wrote alone): the entity keys never see them.
         self.unrouted_responses = 0
@@ -538,9 +538,19 @@ class Router:
         replaced by one summary route (``checks.summaries``), where its first route was."""
         kinds = _catalogue().kind_summaries
         by_key: dict[str, list[int]] = {}
+        # Keys of kinds that take no summary: each route's kind is looked up once per key, not per route.
+        unsummarised: set[str] = set()
         for i, route in enumerate(routes):
-            if kinds.get(split_route_key(route.key)[0]):
-                by_key.setdefault(route.key, []).append(i)
+            key = route.key
+            indices = by_key.get(key)
+            if indices is None:
+                if key in unsummarised:
+                    continue
+                if not kinds.get(key.partition("|")[0]):
+                    unsummarised.add(key)
+                    continue
+                indices = by_key[key] = []
+            indices.append(i)
         if not by_key:
             return routes
         config = self.ctx.config
@@ -684,7 +694,7 @@ class Router:
         self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
-        use = f"{conn}|{ex.api_key}|{ex.api_version}"
+        use = (conn, ex.api_key, ex.api_version)
         first_use = use not in self.used
         if first_use:
             self.used.add(use)
@@ -724,7 +734,7 @@ class Router:
         if kept:
             # The kinds of the kept keys: the prefix of each (``route_key``).
             for key in kept:
-                route(key, split_route_key(key)[0], response, at, incomplete)
+                route(key, key.partition("|")[0], response, at, incomplete)
             for key, step in answered.items():
                 if key not in kept:
                     route(key, step[2], request, at, incomplete)
