@@ -284,7 +284,9 @@ ENGINE_READS: Final[Mapping[int, Reads]] = {
 def tree_of(paths: Iterable[str]) -> Tree:
     """Dotted paths as a tree; a path that ends at a node keeps it whole (None)."""
     tree: Tree = {}
-    for path in sorted(set(paths), key=lambda p: p.count(".")):
+    # Unique in the order declared (a set's order would follow the process's string hashing, and the
+    # pruned bodies' field order, so the packed facts, with it), shallowest first.
+    for path in sorted(dict.fromkeys(paths), key=lambda p: p.count(".")):
         node = tree
         *parents, leaf = path.split(".")
         for name in parents:

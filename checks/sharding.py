@@ -109,6 +109,10 @@ class Route:
     #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
     #: run's first connection, seq and time (where it sorts).
     summary: Summary | None = None
+    #: A request the router routed whole: the exchange it formed the keys from, whose ``memo`` holds
+    #: what the keys derived from the request's body, so a summary reads those instead of deriving them
+    #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
+    asked: Exchange | None = field(default=None, compare=False, repr=False)
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
@@ -498,8 +502,8 @@ class Router:
         self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> route keys its request went to, until the response comes.
         self.sent: dict[str, list[str]] = {}
-        #: "conn|api|version" this batch already reported to the first-use-only rules.
-        self.used: set[str] = set()
+        #: (conn, api, version) this batch already reported to the first-use-only rules.
+        self.used: set[tuple[str, int, int]] = set()
         #: Answers this router could not pair (their request came in an earlier batch: a schema-1
         #: record, or a response the tap wrote alone): the entity keys never see them.
         self.unrouted_responses = 0
@@ -534,9 +538,19 @@ class Router:
         replaced by one summary route (``checks.summaries``), where its first route was."""
         kinds = _catalogue().kind_summaries
         by_key: dict[str, list[int]] = {}
+        # Keys of kinds that take no summary: each route's kind is looked up once per key, not per route.
+        unsummarised: set[str] = set()
         for i, route in enumerate(routes):
-            if kinds.get(split_route_key(route.key)[0]):
-                by_key.setdefault(route.key, []).append(i)
+            key = route.key
+            indices = by_key.get(key)
+            if indices is None:
+                if key in unsummarised:
+                    continue
+                if not kinds.get(key.partition("|")[0]):
+                    unsummarised.add(key)
+                    continue
+                indices = by_key[key] = []
+            indices.append(i)
         if not by_key:
             return routes
         config = self.ctx.config
@@ -639,14 +653,22 @@ class Router:
         return out
 
     def _route(
-        self, key: str, kind: str, frame: TapFrame, at_ns: int, incomplete: bool, request_only: bool = False
+        self,
+        key: str,
+        kind: str,
+        frame: TapFrame,
+        at_ns: int,
+        incomplete: bool,
+        request_only: bool = False,
+        asked: Exchange | None = None,
     ) -> None:
-        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read."""
+        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read
+        (``asked``: ``Route.asked``)."""
         cached = (id(frame), kind)
         projected = self._projected.get(cached)
         if projected is None:
             projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-        self.routes.append(Route(key, projected, at_ns, incomplete, request_only))
+        self.routes.append(Route(key, projected, at_ns, incomplete, request_only, None, asked))
 
     def _observe(self, event: Dispatched) -> None:
         """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
@@ -672,7 +694,7 @@ class Router:
         self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
-        use = f"{conn}|{ex.api_key}|{ex.api_version}"
+        use = (conn, ex.api_key, ex.api_version)
         first_use = use not in self.used
         if first_use:
             self.used.add(use)
@@ -689,7 +711,7 @@ class Router:
         request, ts_ns = ex.request, ex.ts_ns
         for key, step in self._keys(ex, inner, first_use).items():
             first_use_only = step[3]
-            route(key, step[2], request, ts_ns, incomplete, first_use_only)
+            route(key, step[2], request, ts_ns, incomplete, first_use_only, ex)
             if not first_use_only:
                 paired.append(key)
         return paired or None
@@ -712,7 +734,7 @@ class Router:
         if kept:
             # The kinds of the kept keys: the prefix of each (``route_key``).
             for key in kept:
-                route(key, split_route_key(key)[0], response, at, incomplete)
+                route(key, key.partition("|")[0], response, at, incomplete)
             for key, step in answered.items():
                 if key not in kept:
                     route(key, step[2], request, at, incomplete)

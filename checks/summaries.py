@@ -148,19 +148,21 @@ _Signature = tuple[int, str, str | None]
 
 
 def _ordinary(
-    pid: int, request: TapFrame, response: TapFrame, ends: dict[tuple[int, str, int], int]
+    pid: int, request: Any, response: TapFrame, ends: dict[tuple[int, str, int], int]
 ) -> tuple[_Signature, list[_Batch]] | None:
-    """The signature and batches of a Produce exchange that only continues its streams (None: an
-    exchange the key must get whole). ``ends``: each stream's end after the requests before this one
-    in the batch, updated as the rule updates ``next``."""
-    ex = Exchange(request, response)
+    """The signature and batches of a Produce exchange (its request's route, and its response) that
+    only continues its streams (None: an exchange the key must get whole). ``ends``: each stream's end
+    after the requests before this one in the batch, updated as the rule updates ``next``."""
+    ex = Exchange(request.frame, response)
     if ex.api_key != PRODUCE or ex.req.body.get("Acks") == 0 or ex.resp is None:
         return None
     answers = produce_answers(ex)
+    # The router's own walk of the request where it made one for the keys (``Route.asked``).
+    walked = ex if request.asked is None else request.asked
     ok = True
     epochs: set[int] = set()
     batches: list[_Batch] = []
-    for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(ex):
+    for topic, partition, index, _batch, batch_pid, epoch, base, count in produce_batches(walked):
         if batch_pid != pid:
             continue
         epochs.add(epoch)
@@ -249,7 +251,7 @@ def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[lis
     batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
     pairs = _pairs(routes)
     for req, resp in pairs:
-        found = _ordinary(key_pid, routes[req].frame, routes[resp].frame, ends)
+        found = _ordinary(key_pid, routes[req], routes[resp].frame, ends)
         if found is not None:
             signature[req] = signature[resp] = found[0]
             batches[req] = batches[resp] = found[1]

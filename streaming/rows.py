@@ -135,7 +135,8 @@ def summary_entry(route: Route, pack: Callable[[TapFrame], bytes] = taprecord.pa
     for (``pack``: how each frame is packed, once per projected frame)."""
     summary = route.summary
     assert summary is not None
-    originals = [list(route_entry(r, pack(r.frame))) for r in summary.expand()]
+    # Entries are tuples: packed as the arrays lists would be.
+    originals = [route_entry(r, pack(r.frame)) for r in summary.expand()]
     data = facts.packb([summary.kind, summary.facts.to_list(), originals])
     f = route.frame
     return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)
