@@ -93,9 +93,10 @@ def forms_route_key(value: str) -> bool:
     return bool(_catalogue().kind_rule_objects.get(split_route_key(value)[0]))
 
 
-@dataclass
+@dataclass(init=False)
 class Route:
-    """One frame sent on to one keyed shard."""
+    """One frame sent on to one keyed shard. ``__init__`` is written out for mypyc to compile, as
+    ``codec.taprecord.TapFrame``'s: one or more per routed frame."""
 
     key: str
     frame: TapFrame
@@ -113,6 +114,24 @@ class Route:
     #: what the keys derived from the request's body, so a summary reads those instead of deriving them
     #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
     asked: Exchange | None = field(default=None, compare=False, repr=False)
+
+    def __init__(
+        self,
+        key: str,
+        frame: TapFrame,
+        at_ns: int,
+        incomplete: bool = False,
+        request_only: bool = False,
+        summary: Summary | None = None,
+        asked: Exchange | None = None,
+    ) -> None:
+        self.key = key
+        self.frame = frame
+        self.at_ns = at_ns
+        self.incomplete = incomplete
+        self.request_only = request_only
+        self.summary = summary
+        self.asked = asked
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:
