@@ -27,6 +27,7 @@ from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
+from checks.summaries import split_held
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
 from streaming.rows import summary_entry
@@ -187,17 +188,11 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
     max_ts = 0
 
     def release(key: str, upto: int | None) -> None:
-        # A waiting summary holds back what sorts after its start, as the stage does (checks.summaries).
-        hold = min(
-            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
-            default=None,
+        # A waiting summary holds back what sorts after its start, as in the stage.
+        ready, buffers[key] = split_held(
+            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
         )
-        ready = [
-            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
-        ]
-        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
         shard = KeyedShard(CONFIG, key, key_states.get(key))
-        ready.sort(key=order)
         # Routes cross a process boundary as bytes plus metadata (summaries too): decode them again,
         # as the job does.
         findings.extend(shard.feed(crossed(r) for r in ready))

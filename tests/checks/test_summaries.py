@@ -24,6 +24,7 @@ import checks.sharding as sharding
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import KeyedShard, Route, Router
+from checks.summaries import split_held
 from codec.taprecord import TapFrame
 from streaming.rows import summary_entry
 from tests.checks import test_groups as gr
@@ -128,15 +129,10 @@ def run(
         return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
 
     def release(key: str, upto: int | None) -> None:
-        hold = min(
-            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
-            default=None,
+        # A waiting summary holds back what sorts after its start, as in the stage.
+        ready, buffers[key] = split_held(
+            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
         )
-        ready = [
-            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
-        ]
-        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
-        ready.sort(key=order)
         shard = KeyedShard(CONFIG, key, states.get(key))
         crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
         findings.extend(shard.feed(crossed))
