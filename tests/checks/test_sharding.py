@@ -9,7 +9,6 @@ shard's state saved as bytes and restored between micro-batches, as a state stor
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import defaultdict
 from dataclasses import replace
@@ -36,7 +35,7 @@ from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
-from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.exchanges import exchange_records, flatten, micro_batches
 from tests.checks.test_envelope import envelope
 
 CONFIG = ChecksSettings(watermark_seconds=2.0)
@@ -199,17 +198,9 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
         findings.extend(shard.advance(upto if upto is not None else max_ts))
         key_states[key] = shard.export()
 
-    bounds = [0, *sorted(set(cuts)), len(records)]
-    for lo, hi in itertools.pairwise(bounds):
-        batch = flatten(records[lo:hi])
-        if not batch:
-            continue
-        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
-        for frame in batch:
-            per_conn[frame.conn].append(frame)
-            max_ts = max(max_ts, frame.ts_ns)
+    for per_conn in micro_batches(records, cuts):
+        max_ts = max(max_ts, *(f.ts_ns for mine in per_conn.values() for f in mine))
         for conn, mine in per_conn.items():
-            mine.sort(key=lambda f: f.seq)
             router = Router(CONFIG)
             for route in router.route(mine):
                 buffers[route.key].append(route)

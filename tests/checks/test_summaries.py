@@ -30,7 +30,7 @@ from streaming.rows import summary_entry
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
-from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.exchanges import exchange_records, flatten, micro_batches
 
 CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
@@ -140,17 +140,9 @@ def run(
         states[key] = shard.export()
         saved.append(states[key])
 
-    bounds = [0, *sorted(set(cuts)), len(records)]
-    for lo, hi in itertools.pairwise(bounds):
-        batch = flatten(records[lo:hi])
-        if not batch:
-            continue
-        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
-        for frame in batch:
-            per_conn[frame.conn].append(frame)
-            max_ts = max(max_ts, frame.ts_ns)
+    for per_conn in micro_batches(records, cuts):
+        max_ts = max(max_ts, *(f.ts_ns for mine in per_conn.values() for f in mine))
         for mine in per_conn.values():
-            mine.sort(key=lambda f: f.seq)
             for route in Router(CONFIG).route(mine):
                 if not route.key.startswith(kind):
                     continue
