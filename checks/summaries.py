@@ -26,8 +26,8 @@ a group member's steady heartbeats (``heartbeat_runs``: answered without error a
 sent, no assignor asked for) touch only answer times and the member's place among those kept.
 
 A caller holding routes until its watermark passes them holds a summary until its last route's time,
-and with it every route of the key that sorts after its first (``streaming.stages.keyed_step``): the
-shard then sees together whatever could fall inside the run.
+and with it every route of the key that sorts after its first (``split_held``, which
+``streaming.stages.keyed_step`` calls): the shard then sees together whatever could fall inside the run.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from checks.codes import PRODUCE
 from checks.model import Exchange
@@ -52,6 +52,28 @@ from checks.rules.producers import (
 )
 from codec.messages import Request
 from codec.taprecord import REQ, RESP, TapFrame
+
+_E = TypeVar("_E")
+
+
+def split_held(
+    held: Iterable[_E],
+    order: Callable[[_E], Any],
+    due: Callable[[_E], bool],
+    is_summary: Callable[[_E], bool],
+) -> tuple[list[_E], list[_E]]:
+    """One key's held routes: those that go now, in release ``order``, and those that wait, as held.
+
+    A route goes when it is ``due`` (its caller's watermark passed it) and sorts before every summary
+    still waiting: a later route may fall inside that summary's run."""
+    entries = list(held)
+    hold = min((order(e) for e in entries if is_summary(e) and not due(e)), default=None)
+    ready: list[_E] = []
+    waiting: list[_E] = []
+    for e in entries:
+        (ready if due(e) and (hold is None or order(e) < hold) else waiting).append(e)
+    ready.sort(key=order)
+    return ready, waiting
 
 
 @dataclass

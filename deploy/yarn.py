@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 
 from deploy.local.process import find_java, free_ports, is_alive, terminate
 from deploy.versions import HADOOP_YARN
-from kpconfig.mvn import FetchError, mvn
+from kpconfig.mvn import FetchError, copy_dependencies
 from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent / "maven" / "yarn-pom.xml"
@@ -87,29 +87,14 @@ def fetch_yarn(version: str = HADOOP_YARN) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     print(f"kpmon: fetching Hadoop {version} ResourceManager and NodeManager from Maven Central (once)",
           file=sys.stderr)  # fmt: skip
-    done = subprocess.run(
-        [
-            mvn(),
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            f"-Dhadoop.version={version}",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging / 'libs'}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    copy_dependencies(
+        POM,
+        [f"-Dhadoop.version={version}"],
+        staging / "libs",
+        f"mvn could not resolve Hadoop {version}'s ResourceManager and NodeManager from Maven Central",
+        wanted=staging / "libs" / f"hadoop-yarn-server-resourcemanager-{version}.jar",
+        discard=staging,
     )
-    wanted = staging / "libs" / f"hadoop-yarn-server-resourcemanager-{version}.jar"
-    if done.returncode != 0 or not wanted.is_file():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise FetchError(
-            f"mvn could not resolve Hadoop {version}'s ResourceManager and NodeManager from Maven Central:\n"
-            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
     (staging / ".complete").write_text(version + "\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)

@@ -8,11 +8,10 @@ each. The job then passes the directory's jars as ``spark.jars``: a second start
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from kpconfig.mvn import FetchError, mvn
+from kpconfig.mvn import copy_dependencies, mvn
 from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "deploy" / "spark" / "connector-pom.xml"
@@ -48,31 +47,16 @@ def fetch_connector(version: str | None = None) -> Path:
     target = connector_dir(version)
     if (target / ".complete").exists():
         return target
-    maven = mvn()
+    mvn()  # no Maven: say so before touching the cache
     staging = target.with_suffix(".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     print(f"kpmon: fetching spark-sql-kafka-0-10 {version} from Maven Central", file=sys.stderr)
-    done = subprocess.run(
-        [
-            maven,
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            f"-Dspark.version={version}",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    copy_dependencies(
+        POM,
+        [f"-Dspark.version={version}"],
+        staging,
+        f"mvn could not resolve spark-sql-kafka-0-10_2.13:{version} (is it on Maven Central?)",
     )
-    if done.returncode != 0:
-        raise FetchError(
-            f"mvn could not resolve spark-sql-kafka-0-10_2.13:{version} (is it on Maven Central?):\n"
-            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
     import pyspark
 
     shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}

@@ -42,6 +42,7 @@ import msgpack
 
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, forms_route_key
+from checks.summaries import split_held
 from streaming.pages import earliest, split_due
 from streaming.router import Bundle, route_rows
 from streaming.rows import (
@@ -83,17 +84,10 @@ def keyed_step(
 ) -> KeyedResult:
     """One entity key: release what the watermark passed, in event-time order."""
     # A summary waiting for the watermark holds back the routes that sort after its start: one of
-    # them may fall inside its run, and it must then go as the routes it stands for (checks.summaries).
-    hold = min(
-        (_RELEASE_ORDER(b) for b in buffer if b.flags & SUMMARY and b.at_ms > watermark_ms), default=None
+    # them may fall inside its run, and it must then go as the routes it stands for.
+    ready, waiting = split_held(
+        buffer, _RELEASE_ORDER, lambda b: b.at_ms <= watermark_ms, lambda b: bool(b.flags & SUMMARY)
     )
-    ready = sorted(
-        [b for b in buffer if b.at_ms <= watermark_ms and (hold is None or _RELEASE_ORDER(b) < hold)],
-        key=_RELEASE_ORDER,
-    )
-    waiting = [
-        b for b in buffer if b.at_ms > watermark_ms or (hold is not None and _RELEASE_ORDER(b) >= hold)
-    ]
     try:
         shard = KeyedShard(config, key, saved or None)
     except KeyError:

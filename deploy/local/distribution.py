@@ -8,12 +8,11 @@ launched with ``java -cp 'libs/*' kafka.Kafka``; there are no shell scripts.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpconfig.mvn import FetchError, mvn
+from kpconfig.mvn import copy_dependencies, mvn
 from kpconfig.paths import cache_dir
 
 POM = Path(__file__).resolve().parent.parent / "maven" / "pom.xml"
@@ -80,19 +79,14 @@ def fetch_distribution(version: str) -> Path:
     if is_fetched(version):
         fetch_distribution(tools_version(version))
         return target
-    maven = mvn()
+    mvn()  # no Maven: say so before touching the cache
     binding = _LOG4J2 if major(version) >= 4 else _RELOAD4J
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     print(f"kpmon: fetching Kafka {version} broker jars from Maven Central (once)", file=sys.stderr)
-    done = subprocess.run(
+    copy_dependencies(
+        POM,
         [
-            maven,
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
             f"-Dkafka.version={version}",
             f"-Dkafka.tools.version={tools_version(version)}",
             # A fallback kafka-tools jar would shadow nothing but crash with the newer clients: leave it out.
@@ -100,19 +94,12 @@ def fetch_distribution(version: str) -> Path:
             f"-Dlogging.groupId={binding.group}",
             f"-Dlogging.artifactId={binding.artifact}",
             f"-Dlogging.version={binding.version}",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging / 'libs'}",
         ],
-        capture_output=True,
-        text=True,
-        check=False,
+        staging / "libs",
+        f"mvn could not resolve Kafka {version} (org.apache.kafka:kafka_2.13) from Maven Central",
+        wanted=staging / "libs" / f"kafka_2.13-{version}.jar",
+        discard=staging,
     )
-    if done.returncode != 0 or not (staging / "libs" / f"kafka_2.13-{version}.jar").is_file():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise FetchError(
-            f"mvn could not resolve Kafka {version} (org.apache.kafka:kafka_2.13) from Maven Central:\n"
-            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
     (staging / ".complete").write_text(version + "\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)

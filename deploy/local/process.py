@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kpconfig.proc import proc_stat
+
 #: Small heaps and C1-only JIT: the stack starts in seconds and leaves the second core to Spark.
 BROKER_JVM_OPTS = [
     "-Xms128m",
@@ -88,13 +90,14 @@ def is_alive(pid: int, marker: str | None = None) -> bool:
 
     The marker guards against a stale pid file whose pid the kernel reused for something else.
     """
+    fields = proc_stat(pid)
+    if fields is None:
+        return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    if state in ("Z", "X"):
+    if fields[0] in ("Z", "X"):
         return False
     return marker is None or marker in cmdline
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kpconfig.proc import proc_stat
 from kpmon.runner.children import group_members
 
 RUNNING = "running"
@@ -37,12 +38,8 @@ STOPPED = "stopped"
 def start_time(pid: int) -> int | None:
     """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None if it is gone
     or a zombie. With the pid it identifies one process: pids are reused, start times are not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if fields[0] in ("Z", "X"):
+    fields = proc_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from kpconfig.proc import proc_stat
 from streaming.hooks.core import SpoolOp
 
 log = logging.getLogger("kpmon.alerts.hooks")
@@ -36,18 +37,9 @@ _DEAD_RATIO = 4
 _WAIT_REPORT_SECONDS = 10.0
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name (which may hold spaces): state, ppid, ..."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()
-
-
 def _process_state(pid: int) -> str | None:
     """The process's state letter (``Z``: exited, not reaped), None when no process has the pid."""
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     if fields is not None:
         return fields[0]
     try:
@@ -60,7 +52,7 @@ def _process_state(pid: int) -> str | None:
 
 
 def _parent_of(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return None if fields is None else int(fields[1])
 
 

@@ -8,6 +8,9 @@ record) stays a gap of the same size.
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 
 from codec.taprecord import CLOSE, REQ, RESP, TapFrame
@@ -72,3 +75,17 @@ def _numbered(records: list[list[TapFrame]]) -> list[list[TapFrame]]:
 
 def flatten(records: list[list[TapFrame]]) -> list[TapFrame]:
     return [frame for record in records for frame in record]
+
+
+def micro_batches(records: list[list[TapFrame]], cuts: list[int]) -> Iterator[dict[str, list[TapFrame]]]:
+    """``records`` cut into micro-batches before the records numbered in ``cuts``: each non-empty
+    batch's frames by connection (in the order connections first appear), each in sequence order."""
+    bounds = [0, *sorted(set(cuts)), len(records)]
+    for lo, hi in itertools.pairwise(bounds):
+        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
+        for frame in flatten(records[lo:hi]):
+            per_conn[frame.conn].append(frame)
+        for mine in per_conn.values():
+            mine.sort(key=lambda f: f.seq)
+        if per_conn:
+            yield per_conn

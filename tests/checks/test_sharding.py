@@ -9,7 +9,6 @@ shard's state saved as bytes and restored between micro-batches, as a state stor
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import defaultdict
 from dataclasses import replace
@@ -27,6 +26,7 @@ from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
+from checks.summaries import split_held
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
 from streaming.rows import summary_entry
@@ -35,7 +35,7 @@ from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
-from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.exchanges import exchange_records, flatten, micro_batches
 from tests.checks.test_envelope import envelope
 
 CONFIG = ChecksSettings(watermark_seconds=2.0)
@@ -187,34 +187,20 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
     max_ts = 0
 
     def release(key: str, upto: int | None) -> None:
-        # A waiting summary holds back what sorts after its start, as the stage does (checks.summaries).
-        hold = min(
-            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
-            default=None,
+        # A waiting summary holds back what sorts after its start, as in the stage.
+        ready, buffers[key] = split_held(
+            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
         )
-        ready = [
-            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
-        ]
-        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
         shard = KeyedShard(CONFIG, key, key_states.get(key))
-        ready.sort(key=order)
         # Routes cross a process boundary as bytes plus metadata (summaries too): decode them again,
         # as the job does.
         findings.extend(shard.feed(crossed(r) for r in ready))
         findings.extend(shard.advance(upto if upto is not None else max_ts))
         key_states[key] = shard.export()
 
-    bounds = [0, *sorted(set(cuts)), len(records)]
-    for lo, hi in itertools.pairwise(bounds):
-        batch = flatten(records[lo:hi])
-        if not batch:
-            continue
-        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
-        for frame in batch:
-            per_conn[frame.conn].append(frame)
-            max_ts = max(max_ts, frame.ts_ns)
+    for per_conn in micro_batches(records, cuts):
+        max_ts = max(max_ts, *(f.ts_ns for mine in per_conn.values() for f in mine))
         for conn, mine in per_conn.items():
-            mine.sort(key=lambda f: f.seq)
             router = Router(CONFIG)
             for route in router.route(mine):
                 buffers[route.key].append(route)

@@ -24,12 +24,13 @@ import checks.sharding as sharding
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import KeyedShard, Route, Router
+from checks.summaries import split_held
 from codec.taprecord import TapFrame
 from streaming.rows import summary_entry
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
-from tests.checks.exchanges import exchange_records, flatten
+from tests.checks.exchanges import exchange_records, flatten, micro_batches
 
 CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
@@ -128,15 +129,10 @@ def run(
         return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
 
     def release(key: str, upto: int | None) -> None:
-        hold = min(
-            (order(r) for r in buffers[key] if r.summary is not None and upto is not None and r.at_ns > upto),
-            default=None,
+        # A waiting summary holds back what sorts after its start, as in the stage.
+        ready, buffers[key] = split_held(
+            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
         )
-        ready = [
-            r for r in buffers[key] if (upto is None or r.at_ns <= upto) and (hold is None or order(r) < hold)
-        ]
-        buffers[key] = [r for r in buffers[key] if not any(r is s for s in ready)]
-        ready.sort(key=order)
         shard = KeyedShard(CONFIG, key, states.get(key))
         crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
         findings.extend(shard.feed(crossed))
@@ -144,17 +140,9 @@ def run(
         states[key] = shard.export()
         saved.append(states[key])
 
-    bounds = [0, *sorted(set(cuts)), len(records)]
-    for lo, hi in itertools.pairwise(bounds):
-        batch = flatten(records[lo:hi])
-        if not batch:
-            continue
-        per_conn: dict[str, list[TapFrame]] = defaultdict(list)
-        for frame in batch:
-            per_conn[frame.conn].append(frame)
-            max_ts = max(max_ts, frame.ts_ns)
+    for per_conn in micro_batches(records, cuts):
+        max_ts = max(max_ts, *(f.ts_ns for mine in per_conn.values() for f in mine))
         for mine in per_conn.values():
-            mine.sort(key=lambda f: f.seq)
             for route in Router(CONFIG).route(mine):
                 if not route.key.startswith(kind):
                     continue
