@@ -57,23 +57,24 @@ _E = TypeVar("_E")
 
 
 def split_held(
-    held: Iterable[_E],
-    order: Callable[[_E], Any],
-    due: Callable[[_E], bool],
-    is_summary: Callable[[_E], bool],
+    held: Sequence[_E], orders: Sequence[Any], due: Sequence[bool], summaries: Sequence[bool]
 ) -> tuple[list[_E], list[_E]]:
-    """One key's held routes: those that go now, in release ``order``, and those that wait, as held.
+    """One key's held routes: those that go now, in release order, and those that wait, as held.
+    Per route, in ``held``'s order: its release order, whether its caller's watermark passed it, and
+    whether it is a summary (plain values, so the stage and the tests' drivers call this alike).
 
-    A route goes when it is ``due`` (its caller's watermark passed it) and sorts before every summary
-    still waiting: a later route may fall inside that summary's run."""
-    entries = list(held)
-    hold = min((order(e) for e in entries if is_summary(e) and not due(e)), default=None)
-    ready: list[_E] = []
+    A route goes when it is due and sorts before every summary still waiting: a later route may fall
+    inside that summary's run."""
+    hold = min((o for o, d, s in zip(orders, due, summaries, strict=True) if s and not d), default=None)
+    going: list[tuple[Any, int]] = []
     waiting: list[_E] = []
-    for e in entries:
-        (ready if due(e) and (hold is None or order(e) < hold) else waiting).append(e)
-    ready.sort(key=order)
-    return ready, waiting
+    for i, (entry, o, d) in enumerate(zip(held, orders, due, strict=True)):
+        if d and (hold is None or o < hold):
+            going.append((o, i))
+        else:
+            waiting.append(entry)
+    going.sort()
+    return [held[i] for _, i in going], waiting
 
 
 @dataclass

@@ -86,7 +86,10 @@ def keyed_step(
     # A summary waiting for the watermark holds back the routes that sort after its start: one of
     # them may fall inside its run, and it must then go as the routes it stands for.
     ready, waiting = split_held(
-        buffer, _RELEASE_ORDER, lambda b: b.at_ms <= watermark_ms, lambda b: bool(b.flags & SUMMARY)
+        buffer,
+        [_RELEASE_ORDER(b) for b in buffer],
+        [b.at_ms <= watermark_ms for b in buffer],
+        [bool(b.flags & SUMMARY) for b in buffer],
     )
     try:
         shard = KeyedShard(config, key, saved or None)

@@ -188,8 +188,12 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
 
     def release(key: str, upto: int | None) -> None:
         # A waiting summary holds back what sorts after its start, as in the stage.
+        held = buffers[key]
         ready, buffers[key] = split_held(
-            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
+            held,
+            [order(r) for r in held],
+            [upto is None or r.at_ns <= upto for r in held],
+            [r.summary is not None for r in held],
         )
         shard = KeyedShard(CONFIG, key, key_states.get(key))
         # Routes cross a process boundary as bytes plus metadata (summaries too): decode them again,

@@ -130,8 +130,12 @@ def run(
 
     def release(key: str, upto: int | None) -> None:
         # A waiting summary holds back what sorts after its start, as in the stage.
+        held = buffers[key]
         ready, buffers[key] = split_held(
-            buffers[key], order, lambda r: upto is None or r.at_ns <= upto, lambda r: r.summary is not None
+            held,
+            [order(r) for r in held],
+            [upto is None or r.at_ns <= upto for r in held],
+            [r.summary is not None for r in held],
         )
         shard = KeyedShard(CONFIG, key, states.get(key))
         crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
