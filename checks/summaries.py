@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from checks.codes import PRODUCE
 from checks.model import Exchange
@@ -170,8 +170,15 @@ _Batch = tuple[str, int, int, int, int]
 _Signature = tuple[int, str, str | None]
 
 
+class _RequestRoute(Protocol):
+    """What ``_ordinary`` reads of a request's route (``checks.sharding.Route``, whose module imports this one)."""
+
+    frame: TapFrame
+    asked: Exchange | None
+
+
 def _ordinary(
-    pid: int, request: Any, response: TapFrame, ends: dict[tuple[int, str, int], int]
+    pid: int, request: _RequestRoute, response: TapFrame, ends: dict[tuple[int, str, int], int]
 ) -> tuple[_Signature, list[_Batch]] | None:
     """The signature and batches of a Produce exchange (its request's route, and its response) that
     only continues its streams (None: an exchange the key must get whole). ``ends``: each stream's end
