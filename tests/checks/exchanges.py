@@ -12,7 +12,9 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
+from checks.summaries import release_key, split_held
 from codec.taprecord import CLOSE, REQ, RESP, TapFrame
 
 
@@ -89,3 +91,15 @@ def micro_batches(records: list[list[TapFrame]], cuts: list[int]) -> Iterator[di
             mine.sort(key=lambda f: f.seq)
         if per_conn:
             yield per_conn
+
+
+def released(held: list[Any], upto: int | None) -> tuple[list[Any], list[Any]]:
+    """A test driver's buffered routes of one key (``checks.sharding.Route``) split as the stage splits
+    them (``checks.summaries.split_held``): those ``upto`` (ns; None: the end) passed, in release
+    order, and those that wait."""
+    return split_held(
+        held,
+        [release_key(r.frame) for r in held],
+        [upto is None or r.at_ns <= upto for r in held],
+        [r.summary is not None for r in held],
+    )

@@ -26,7 +26,6 @@ from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
-from checks.summaries import split_held
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
 from streaming.rows import summary_entry
@@ -35,7 +34,7 @@ from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
-from tests.checks.exchanges import exchange_records, flatten, micro_batches
+from tests.checks.exchanges import exchange_records, flatten, micro_batches, released
 from tests.checks.test_envelope import envelope
 
 CONFIG = ChecksSettings(watermark_seconds=2.0)
@@ -188,13 +187,7 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
 
     def release(key: str, upto: int | None) -> None:
         # A waiting summary holds back what sorts after its start, as in the stage.
-        held = buffers[key]
-        ready, buffers[key] = split_held(
-            held,
-            [order(r) for r in held],
-            [upto is None or r.at_ns <= upto for r in held],
-            [r.summary is not None for r in held],
-        )
+        ready, buffers[key] = released(buffers[key], upto)
         shard = KeyedShard(CONFIG, key, key_states.get(key))
         # Routes cross a process boundary as bytes plus metadata (summaries too): decode them again,
         # as the job does.
@@ -221,10 +214,6 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
     for key in list(buffers.keys() | key_states.keys()):
         release(key, None)
     return findings
-
-
-def order(route: Route) -> tuple[int, str, int]:
-    return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
 
 
 def crossed(route: Route) -> Route:

@@ -24,13 +24,12 @@ import checks.sharding as sharding
 from checks.model import Finding
 from checks.settings import ChecksSettings
 from checks.sharding import KeyedShard, Route, Router
-from checks.summaries import split_held
 from codec.taprecord import TapFrame
 from streaming.rows import summary_entry
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
-from tests.checks.exchanges import exchange_records, flatten, micro_batches
+from tests.checks.exchanges import exchange_records, flatten, micro_batches, released
 
 CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
@@ -125,18 +124,9 @@ def run(
     saved: list[bytes] = []
     max_ts = 0
 
-    def order(route: Route) -> tuple[int, str, int]:
-        return (route.frame.ts_ns, route.frame.conn, route.frame.seq)
-
     def release(key: str, upto: int | None) -> None:
         # A waiting summary holds back what sorts after its start, as in the stage.
-        held = buffers[key]
-        ready, buffers[key] = split_held(
-            held,
-            [order(r) for r in held],
-            [upto is None or r.at_ns <= upto for r in held],
-            [r.summary is not None for r in held],
-        )
+        ready, buffers[key] = released(buffers[key], upto)
         shard = KeyedShard(CONFIG, key, states.get(key))
         crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
         findings.extend(shard.feed(crossed))
