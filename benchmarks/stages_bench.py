@@ -84,8 +84,8 @@ def frames_of(records: list[tuple[dict[str, str], bytes, int, int]]) -> int:
     return sum(len(e.parts) for h, raw, _, _ in records for e in taprecord.parse_records(h, raw))
 
 
-#: Records per Arrow batch the Kafka source hands ``mapInArrow`` (Spark's ``maxRecordsPerBatch``).
-SOURCE_BATCH = 10_000
+#: Records per Arrow batch the Kafka source hands ``mapInArrow`` (``stream.source_batch_records``).
+SOURCE_BATCH = StreamConfig().source_batch_records
 LABELS = bucket_labels(StreamConfig().buckets, StreamConfig().shuffle_partitions)
 
 

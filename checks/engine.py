@@ -762,11 +762,14 @@ class Monitor:
         # The rules that look at the run's API: each must accept it; the others are not called.
         touched = [r for r in rules if r.api_keys is None or api in r.api_keys]
         states = []
+        contexts = []
         for rule in touched:
             state = self.states.get((rule.name, key))
-            if state is None or not rule.summary_applies(state, key, summary.kind, run):
+            rule_ctx = RuleContext(ctx, rule.name, key)
+            if state is None or not rule.summary_applies(state, key, summary.kind, run, rule_ctx):
                 return False
             states.append(state)
+            contexts.append(rule_ctx)
         # The engine's sweeps at the run's release times must drop nothing: before the run's first frame
         # the key's touch times are its own, after it the touched rules' are the run's.
         released, next_sweep = self.released_ts, self._next_sweep
@@ -783,8 +786,8 @@ class Monitor:
                 if seen is not None and seen < ts - ttl:
                     return False
                 next_sweep = ts + _SWEEP_EVERY_NS
-        for rule, state in zip(touched, states, strict=True):
-            rule.on_summary(state, key, summary.kind, run, RuleContext(ctx, rule.name, key))
+        for rule, state, rule_ctx in zip(touched, states, contexts, strict=True):
+            rule.on_summary(state, key, summary.kind, run, rule_ctx)
             self.last_seen[(rule.name, key)] = times[-1]
         self.released_ts, self._next_sweep = released, next_sweep
         self.max_ts = max(self.max_ts, times[-1])

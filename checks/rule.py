@@ -286,10 +286,11 @@ class Rule:
         (the engine then makes the header-level exchange and calls the hook)."""
         return False
 
-    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> bool:
         """Whether a summary of ``kind`` (``checks.summaries``), applied to ``state`` now, would leave it
-        exactly as the exchanges it stands for would, reporting nothing. Only rules that declare the
-        kind (``checks.projections.Transitions.summaries``) are asked; changes nothing."""
+        exactly as the exchanges it stands for would, reporting nothing (``ctx``: the settings its bounds
+        come from). Only rules that declare the kind (``checks.projections.Transitions.summaries``) are
+        asked; changes nothing."""
         return False
 
     def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:

@@ -54,6 +54,7 @@ from checks.projections import (
     project_for_connection,
     project_frame,
 )
+from checks.routes import Route
 from checks.rule import KEY_TTL_FIELDS, Context, Rule
 from checks.rules import all_rules
 from checks.rules.apiversions import removed_in_4_0
@@ -91,47 +92,6 @@ def split_route_key(value: str) -> tuple[str, str]:
 def forms_route_key(value: str) -> bool:
     """Whether a rule of this build forms route keys of this one's kind (``KeyedShard`` serves it)."""
     return bool(_catalogue().kind_rule_objects.get(split_route_key(value)[0]))
-
-
-@dataclass(init=False)
-class Route:
-    """One frame sent on to one keyed shard. ``__init__`` is written out for mypyc to compile, as
-    ``codec.taprecord.TapFrame``'s: one or more per routed frame."""
-
-    key: str
-    frame: TapFrame
-    #: Event time of the frame that sent this route (a re-sent request travels with its response):
-    #: what a caller's watermark must pass before the keyed shard may see it.
-    at_ns: int
-    #: The tap reported losing records of the connection: the keyed shard reports its findings incomplete.
-    incomplete: bool = False
-    #: A request whose response this shard will never get (first-use routes of the fleet matrix).
-    request_only: bool = False
-    #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
-    #: run's first connection, seq and time (where it sorts).
-    summary: Summary | None = None
-    #: A request the router routed whole: the exchange it formed the keys from, whose ``memo`` holds
-    #: what the keys derived from the request's body, so a summary reads those instead of deriving them
-    #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
-    asked: Exchange | None = field(default=None, compare=False, repr=False)
-
-    def __init__(
-        self,
-        key: str,
-        frame: TapFrame,
-        at_ns: int,
-        incomplete: bool = False,
-        request_only: bool = False,
-        summary: Summary | None = None,
-        asked: Exchange | None = None,
-    ) -> None:
-        self.key = key
-        self.frame = frame
-        self.at_ns = at_ns
-        self.incomplete = incomplete
-        self.request_only = request_only
-        self.summary = summary
-        self.asked = asked
 
 
 def _stage_config(config: ChecksSettings) -> ChecksSettings:

@@ -11,19 +11,21 @@ of it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``
 
 The router cannot see other connections or earlier batches, so a summary is *checked* where it is
 applied (``checks.engine.Monitor.apply_summary``, in the keyed shard): the key's state must be what the run was built on
-(the stream's ``next`` is the run's first base sequence, the epoch known is the run's, nothing it
-acknowledged overlaps the run, ...: each rule's ``summary_applies``), and no other route of the key
+(the stream's ``next`` is the run's first base sequence or the stream is new and fits the state's
+bound, the epoch known is the run's, nothing it acknowledged overlaps the run, ...: each rule's
+``summary_applies``), and no other route of the key
 may fall inside the run's span in release order (``expand_conflicts``). Otherwise the keyed shard
 feeds the original routes, so the findings and the state are the same either way, always.
 
 Runs (``produce_runs``): per producer-id key, the Produce exchanges of one connection in a batch
 whose batches for that producer id all continue their stream contiguously from an earlier exchange of
-the same batch (the first exchange of each stream in a batch goes whole: it is judged against state
-from earlier batches), answered without error, one epoch, client id and transactional id; in release
-order, a run is a stretch of such exchanges' routes with no other route of the key between, each
-exchange wholly inside it (pipelined requests), consecutive frames closer than the key's TTL. Runs of
-a group member's steady heartbeats (``heartbeat_runs``: answered without error at the positive epoch
-sent, no assignor asked for) touch only answer times and the member's place among those kept.
+the same batch (a stream's first batch in the batch is taken to continue the key's state, or to start
+the stream, and the keyed shard checks which), answered without error, one epoch, client id and
+transactional id; in release order, a run is a stretch of such exchanges' routes with no other route
+of the key between, each exchange wholly inside it (pipelined requests), consecutive frames closer
+than the key's TTL. Runs of a group member's steady heartbeats (``heartbeat_runs``: answered without
+error at the positive epoch sent, no assignor asked for) touch only answer times and the member's
+place among those kept.
 
 A caller holding routes until its watermark passes them holds a summary until its last route's time,
 and with it every route of the key that sorts after its first (``split_held``, which
@@ -171,7 +173,7 @@ _Signature = tuple[int, str, str | None]
 
 
 class _RequestRoute(Protocol):
-    """What ``_ordinary`` reads of a request's route (``checks.sharding.Route``, whose module imports this one)."""
+    """What ``_ordinary`` reads of a request's route (``checks.routes.Route``, whose module imports this one)."""
 
     frame: TapFrame
     asked: Exchange | None
@@ -203,7 +205,9 @@ def _ordinary(
         skey = (epoch, topic, partition)
         expected = ends.get(skey)
         end = seq_add(base, count)
-        if expected is None or base != expected or count >= SEQ_HALF:
+        # A stream's first batch in the batch continues what the key's state expects, or starts the
+        # stream: the keyed shard checks which (``Rule.summary_applies``).
+        if (expected is not None and base != expected) or count >= SEQ_HALF:
             ok = False
         if expected is None or seq_ahead(end, expected) > 0:
             ends[skey] = end
@@ -273,7 +277,7 @@ def _segments(
 
 
 def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
-    """The runs among one connection's ``routes`` (``checks.sharding.Route``s, routing order) to the
+    """The runs among one connection's ``routes`` (``checks.routes.Route``s, routing order) to the
     producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
     key_pid = int(pid)
     ends: dict[tuple[int, str, int], int] = {}

@@ -54,6 +54,7 @@ MODULES: Final = (
     "checks/projections.py",
     "checks/sharding.py",
     "checks/summaries.py",
+    "checks/routes.py",
     "checks/rules/apiversions.py",
     "checks/rules/envelope.py",
     "checks/rules/flexible.py",

@@ -9,7 +9,7 @@ records, before any shuffle, on each frame decoded once (``codec.taprecord.frame
   read (``checks.projections.project_for_connection``);
 - to every entity key its exchange forms (producer, transaction, group, cluster), pruned to that key
   kind's declared projection (``checks.sharding.Router``, ``checks.projections``); a run of ordinary
-  exchanges of one key as one summary entry (``checks.summaries``, ``streaming.rows.summary_entry``).
+  exchanges of one key as one summary entry (``checks.summaries``, ``checks.routes.summary_entry``).
 
 It keeps nothing between batches: the tap writes a request and its response as one record (tap-record
 schema 2), so pairing needs no memory of earlier batches. The three meanings
@@ -37,6 +37,7 @@ from typing import Any, Final
 
 import msgpack
 
+from checks.routes import route_entry, summary_entry
 from checks.settings import ChecksSettings
 from checks.sharding import Router, connection_row
 from codec import facts
@@ -51,9 +52,7 @@ from streaming.rows import (
     finding_row,
     pack_connection_row,
     resolve_rows,
-    route_entry,
     stat_row,
-    summary_entry,
 )
 
 #: The bucket of rows that are already final (the aggregates): the stage passes them through.
@@ -69,7 +68,7 @@ class Bundle:
     #: Connection key -> its row of the batch (``checks.sharding.connection_row``: the frames its rules'
     #: transitions name, every other exchange by its headers), as ``streaming.rows.pack_connection_row``.
     conns: dict[str, list[Any]] = field(default_factory=dict)
-    #: Route key -> its routed frames (``streaming.rows.RouteEntry``, read back as lists), in routing order.
+    #: Route key -> its routed frames (``checks.routes.RouteEntry``, read back as lists), in routing order.
     routes: dict[str, list[Any]] = field(default_factory=dict)
 
 
@@ -187,8 +186,13 @@ def _route(
         return data
 
     for route in router.route(frames):
-        # A summary (``checks.summaries``) is one entry with the entries of the routes it stands for.
-        entry = route_entry(route, pack(route.frame)) if route.summary is None else summary_entry(route, pack)
+        summary = route.summary
+        if summary is None:
+            entry = route_entry(route, pack(route.frame))
+        else:
+            # One entry, with the entries of the routes it stands for (``checks.summaries``).
+            originals = [route_entry(r, pack(r.frame)) for r in summary.expand()]
+            entry = summary_entry(route, originals)
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:

@@ -12,19 +12,15 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
-
-import msgpack
 
 import codec
 from checks.engine import ConnectionMeta, HeaderExchange
 from checks.model import Finding
 from checks.rule import Stats
-from checks.sharding import ConnectionRow, Route
-from checks.summaries import FACTS, Summary
-from codec import facts, taprecord
+from checks.sharding import ConnectionRow
+from codec import taprecord
 from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import REQ, RESP, TapFrame
@@ -81,72 +77,6 @@ def event_ms_of(row: Mapping[str, Any]) -> int:
     if millis is not None:
         return int(millis)
     return (_opt_int(row.get("ts_ns")) or 0) // NS_PER_MS
-
-
-#: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
-#: findings about it are incomplete); a request whose answer this key will never get; a summary of a
-#: run of routes (``checks.summaries``: ``frame`` then packs its kind, facts and original entries).
-INCOMPLETE, REQUEST_ONLY, SUMMARY = 1, 2, 4
-
-
-class RouteEntry(NamedTuple):
-    """A frame routed to an entity key (``checks.sharding.Route``) as the bundle carries it and the
-    entity entry keeps it until the watermark passes ``at_ms`` (msgpack writes it as a list)."""
-
-    #: Event time (ms, rounded up) of the frame that sent the route: what the watermark must pass.
-    at_ms: int
-    ts_ns: int
-    conn: str
-    seq: int
-    #: The frame as ``codec.taprecord.pack_frame`` made it, pruned to the key kind's projection.
-    frame: bytes
-    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY``.
-    flags: int
-
-    def route(self, key: str) -> Route:
-        if self.flags & SUMMARY:
-            kind, values, originals = msgpack.unpackb(self.frame, raw=False)
-            entries = [RouteEntry(*o) for o in originals]
-            first, last = entries[0], entries[-1]
-            summary = Summary(
-                kind,
-                FACTS[kind].from_list(values),
-                partial(_routes_of, entries, key),
-                (first.ts_ns, first.conn, first.seq),
-                (last.ts_ns, last.conn, last.seq),
-            )
-            placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
-            return Route(key, placeholder, self.at_ms * NS_PER_MS, summary=summary)
-        return Route(
-            key,
-            taprecord.unpack_frame(self.frame),
-            self.at_ms * NS_PER_MS,
-            bool(self.flags & INCOMPLETE),
-            bool(self.flags & REQUEST_ONLY),
-        )
-
-
-def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
-    return [entry.route(key) for entry in entries]
-
-
-def summary_entry(route: Route, pack: Callable[[TapFrame], bytes] = taprecord.pack_frame) -> RouteEntry:
-    """A summary route (``checks.summaries``) as its entry, with the entries of the routes it stands
-    for (``pack``: how each frame is packed, once per projected frame)."""
-    summary = route.summary
-    assert summary is not None
-    # Entries are tuples: packed as the arrays lists would be.
-    originals = [route_entry(r, pack(r.frame)) for r in summary.expand()]
-    data = facts.packb([summary.kind, summary.facts.to_list(), originals])
-    f = route.frame
-    return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)
-
-
-def route_entry(route: Route, frame: bytes) -> RouteEntry:
-    """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per projected frame)."""
-    flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
-    f = route.frame
-    return RouteEntry(-(-route.at_ns // NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, flags)
 
 
 def pack_connection_row(row: ConnectionRow) -> list[Any]:

@@ -40,6 +40,7 @@ from typing import Any, Final, Protocol
 
 import msgpack
 
+from checks.routes import SUMMARY, RouteEntry
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, forms_route_key
 from checks.summaries import split_held
@@ -47,9 +48,7 @@ from streaming.pages import earliest, split_due
 from streaming.router import Bundle, route_rows
 from streaming.rows import (
     NS_PER_MS,
-    SUMMARY,
     OutputRow,
-    RouteEntry,
     add_stats,
     bucket_index,
     finding_row,

@@ -625,7 +625,7 @@ class GroupProtocolRule(Rule):
 
     # -- summaries (checks.summaries) -------------------------------------------------------------
 
-    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> bool:
         """A run of one member's steady heartbeats (``checks.summaries.HeartbeatRun``) reports nothing
         and changes only the protocol's and the group's answer times and the member's place (newest
         last) when the member is known at the run's epoch, not fenced, and nothing it would add is new."""

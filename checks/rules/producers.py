@@ -381,36 +381,45 @@ class ProducerRule(Rule):
 
     # -- summaries (checks.summaries) -------------------------------------------------------------
 
-    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> bool:
         """A run of ordinary Produce exchanges (``checks.summaries.ProduceRun``) changes only its
         streams' ``next``, ``acked``, ``at`` and ``via`` when: its epoch is the one known (none is
-        stale, none teaches a newer one), each stream exists and expects the run's first base sequence
-        (no gap), nothing acknowledged overlaps the run (no duplicate), and no decision waits on its
-        connection (an answer of the run would take it)."""
+        stale, none teaches a newer one), each stream it continues expects the run's first base
+        sequence (no gap) and holds nothing acknowledged that overlaps the run (no duplicate), the
+        streams it starts fit in the state's bound (starting one trims none), and no decision waits on
+        its connection (an answer of the run would take it)."""
         if int(state.get("epoch", -1)) != facts.epoch:
             return False
         pending = state.get("pending")
         if pending and any(k.startswith(f"{facts.conn}|") for k in pending):
             return False
-        streams = state.get("streams")
-        if streams is None:
-            return False
+        streams = state.get("streams") or {}
+        started = 0
         for topic, partition, first, after, _at, _acked in facts.streams:
             stream = streams.get(f"{facts.epoch}|{topic}|{partition}")
-            if stream is None or int(stream["next"]) != first:
+            if stream is None:
+                started += 1
+                continue
+            if int(stream["next"]) != first:
                 return False
             span = (after - first) % SEQ_MOD
             if any(seq_overlap(first, span, a[0], a[1]) for a in stream["acked"]):
                 return False
-        return True
+        return len(streams) + started <= ctx.config.max_entries_per_key
 
     def on_summary(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> None:
         if facts.txn is not None:
             state["txn"] = facts.txn
-        streams = state["streams"]
+        streams: dict[str, Any] = state.setdefault("streams", {})
         for topic, partition, _first, after, at, acked in facts.streams:
-            stream = streams[f"{facts.epoch}|{topic}|{partition}"]
-            stream["next"], stream["at"], stream["via"] = after, at, facts.conn
+            skey = f"{facts.epoch}|{topic}|{partition}"
+            stream = streams.get(skey)
+            if stream is None:
+                # Started by the run's first request to it (``_sent``), in the order the run started them.
+                stream = streams[_STREAM_KEYS.share(skey)] = {"next": after, "acked": [], "at": at}
+                stream["via"] = facts.conn
+            else:
+                stream["next"], stream["at"], stream["via"] = after, at, facts.conn
             window: list[list[int]] = stream["acked"]
             window.extend([list(a) for a in acked])
             del window[:-ACKED_WINDOW]

@@ -503,7 +503,7 @@ class PidOwnershipRule(Rule):
             since=_answered_ns(ex),
         )
 
-    def summary_applies(self, state: State, key: str, kind: str, facts: Any) -> bool:
+    def summary_applies(self, state: State, key: str, kind: str, facts: Any, ctx: RuleContext) -> bool:
         """A run of ordinary Produce exchanges (``checks.summaries.ProduceRun``) from the owner itself,
         under its transactional id, reports nothing and at most raises the owner's epoch."""
         return state.get("client") == facts.client and (

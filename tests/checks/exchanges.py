@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from checks.routes import Route, RouteEntry, route_entry, summary_entry
 from checks.summaries import release_key, split_held
-from codec.taprecord import CLOSE, REQ, RESP, TapFrame
+from codec.taprecord import CLOSE, REQ, RESP, TapFrame, pack_frame
 
 
 def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
@@ -94,7 +95,7 @@ def micro_batches(records: list[list[TapFrame]], cuts: list[int]) -> Iterator[di
 
 
 def released(held: list[Any], upto: int | None) -> tuple[list[Any], list[Any]]:
-    """A test driver's buffered routes of one key (``checks.sharding.Route``) split as the stage splits
+    """A test driver's buffered routes of one key (``checks.routes.Route``) split as the stage splits
     them (``checks.summaries.split_held``): those ``upto`` (ns; None: the end) passed, in release
     order, and those that wait."""
     return split_held(
@@ -103,3 +104,12 @@ def released(held: list[Any], upto: int | None) -> tuple[list[Any], list[Any]]:
         [upto is None or r.at_ns <= upto for r in held],
         [r.summary is not None for r in held],
     )
+
+
+def entry_of(route: Route) -> RouteEntry:
+    """``route`` as the router writes its entry (``streaming.router``), each frame packed on its own:
+    what the stage reads back with ``RouteEntry.route``."""
+    summary = route.summary
+    if summary is None:
+        return route_entry(route, pack_frame(route.frame))
+    return summary_entry(route, [entry_of(r) for r in summary.expand()])

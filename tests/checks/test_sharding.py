@@ -24,17 +24,17 @@ import checks
 import codec
 from checks.engine import STATE_FORMAT, STATE_MAGIC, Monitor, StateFormatError
 from checks.model import Finding
+from checks.routes import Route
 from checks.settings import ChecksSettings
-from checks.sharding import ConnectionShard, KeyedShard, Route, Router, cached_plans, connection_row
+from checks.sharding import ConnectionShard, KeyedShard, Router, cached_plans, connection_row
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
-from streaming.rows import summary_entry
 from tests.checks import test_apiversions as av
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
 from tests.checks.builders import SECOND, Conversation, arrival_order
-from tests.checks.exchanges import exchange_records, flatten, micro_batches, released
+from tests.checks.exchanges import entry_of, exchange_records, flatten, micro_batches, released
 from tests.checks.test_envelope import envelope
 
 CONFIG = ChecksSettings(watermark_seconds=2.0)
@@ -219,7 +219,7 @@ def sharded_records(records: list[list[TapFrame]], cuts: list[int]) -> list[Find
 def crossed(route: Route) -> Route:
     """``route`` packed as the bundle carries it and read back (``streaming.rows``)."""
     if route.summary is not None:
-        return summary_entry(route).route(route.key)
+        return entry_of(route).route(route.key)
     return Route(
         route.key, unpack_frame(pack_frame(route.frame)), route.at_ns, route.incomplete, route.request_only
     )

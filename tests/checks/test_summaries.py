@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -22,14 +23,14 @@ from hypothesis import strategies as st
 
 import checks.sharding as sharding
 from checks.model import Finding
+from checks.routes import Route
 from checks.settings import ChecksSettings
-from checks.sharding import KeyedShard, Route, Router
+from checks.sharding import KeyedShard, Router
 from codec.taprecord import TapFrame
-from streaming.rows import summary_entry
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
-from tests.checks.exchanges import exchange_records, flatten, micro_batches, released
+from tests.checks.exchanges import entry_of, exchange_records, flatten, micro_batches, released
 
 CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
@@ -113,7 +114,11 @@ def traffic(steps: list[str], sizes: list[int], txn_id: str | None = None) -> li
 
 
 def run(
-    records: list[list[TapFrame]], cuts: list[int], summarise: bool, kind: str = "producer|"
+    records: list[list[TapFrame]],
+    cuts: list[int],
+    summarise: bool,
+    kind: str = "producer|",
+    config: ChecksSettings = CONFIG,
 ) -> tuple[list[Finding], list[bytes]]:
     """The keys of ``kind`` fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
     drives them: with summaries, or with every summary replaced by the routes it stands for. Returns
@@ -127,8 +132,8 @@ def run(
     def release(key: str, upto: int | None) -> None:
         # A waiting summary holds back what sorts after its start, as in the stage.
         ready, buffers[key] = released(buffers[key], upto)
-        shard = KeyedShard(CONFIG, key, states.get(key))
-        crossed = [summary_entry(r).route(key) if r.summary is not None else r for r in ready]
+        shard = KeyedShard(config, key, states.get(key))
+        crossed = [entry_of(r).route(key) if r.summary is not None else r for r in ready]
         findings.extend(shard.feed(crossed))
         findings.extend(shard.advance(upto if upto is not None else max_ts))
         states[key] = shard.export()
@@ -137,7 +142,7 @@ def run(
     for per_conn in micro_batches(records, cuts):
         max_ts = max(max_ts, *(f.ts_ns for mine in per_conn.values() for f in mine))
         for mine in per_conn.values():
-            for route in Router(CONFIG).route(mine):
+            for route in Router(config).route(mine):
                 if not route.key.startswith(kind):
                     continue
                 if route.summary is not None and not summarise:
@@ -160,18 +165,21 @@ def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
     st.lists(STEPS, min_size=1, max_size=40),
     st.lists(st.integers(1, 3), max_size=5),
     st.sampled_from([None, "tx"]),
+    # Bounds the streams a summary starts can reach (the traffic writes up to four), and the default.
+    st.sampled_from([2, 3, CONFIG.max_entries_per_key]),
     st.data(),
 )
 def test_summaries_leave_the_state_and_findings_of_every_route(
-    steps: list[str], sizes: list[int], txn_id: str | None, data: Any
+    steps: list[str], sizes: list[int], txn_id: str | None, bound: int, data: Any
 ) -> None:
     records = exchange_records(traffic(steps, sizes, txn_id))
     jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
     by_last = {id(record[-1]): record for record in records}
     arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
     cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
-    summarised, states = run(arrived, cuts, summarise=True)
-    whole, whole_states = run(arrived, cuts, summarise=False)
+    config = replace(CONFIG, max_entries_per_key=bound)
+    summarised, states = run(arrived, cuts, summarise=True, config=config)
+    whole, whole_states = run(arrived, cuts, summarise=False, config=config)
     assert ids(summarised) == ids(whole)
     assert states == whole_states
 
@@ -181,9 +189,9 @@ def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
     records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
     routes = [r for r in Router(CONFIG).route(flatten(records)) if r.key.startswith("producer|")]
     summaries = [r.summary for r in routes if r.summary is not None]
-    # The InitProducerId and the stream's first write go whole; the 18 writes after it are one run.
-    assert len(routes) == 2 + 2 + 1
-    assert len(summaries) == 1 and len(summaries[0].expand()) == 2 * 18
+    # The InitProducerId goes whole; the 19 writes after it, the stream's first among them, are one run.
+    assert len(routes) == 2 + 1
+    assert len(summaries) == 1 and len(summaries[0].expand()) == 2 * 19
     order = sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
     shard = KeyedShard(CONFIG, routes[0].key)
     assert shard.feed(order) == []
@@ -191,6 +199,24 @@ def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
     whole = KeyedShard(CONFIG, routes[0].key)
     whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
     assert shard.export() == whole.export()
+
+
+def test_a_summary_starts_the_streams_its_run_starts_within_the_bound() -> None:
+    """A run whose first write starts a stream (a new partition) is applied, starting it, while the
+    key's streams stay within ``max_entries_per_key``; past it the run goes as its routes, which trim."""
+    records = exchange_records(traffic(["next"] * 3, [1]))
+    later = exchange_records(traffic(["next"] * 3 + ["partition"] * 3, [1]))[len(records) :]
+    for bound, applied in ((2, 1), (1, 0)):
+        config = replace(CONFIG, max_entries_per_key=bound)
+        shard = KeyedShard(config, "producer|4000")
+        whole = KeyedShard(config, "producer|4000")
+        for batch in (records, later):
+            routes = [r for r in Router(config).route(flatten(batch)) if r.key.startswith("producer|")]
+            order = sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
+            assert shard.feed(order) == []
+            whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
+        assert shard.summaries_applied == 1 + applied
+        assert shard.export() == whole.export()
 
 
 GROUP_STEPS = st.sampled_from(

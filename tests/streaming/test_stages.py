@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from checks.routes import RouteEntry
 from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, pack_static
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
 from streaming.router import header_exchanges, route_rows, stage_rows
-from streaming.rows import OutputRow, RouteEntry, conn_key, read_connection_row
+from streaming.rows import OutputRow, conn_key, read_connection_row
 from streaming.stages import (
     DictBucketStore,
     LocalStages,
@@ -435,7 +436,7 @@ def test_summaries_through_the_stages_find_what_one_monitor_finds() -> None:
     """Runs of ordinary Produce exchanges and of steady heartbeats travel as summary entries
     (``checks.summaries``), held and applied by the stage, or fed as their routes where another route
     falls inside them: the single monitor's findings in every micro-batching."""
-    from streaming.rows import SUMMARY
+    from checks.routes import SUMMARY
     from tests.checks.test_summaries import group_traffic, traffic
 
     producer = ["next"] * 5 + ["pipeline", "twin", "next", "fence", "next", "next", "gap", "next", "retry"]

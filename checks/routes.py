@@ -1,0 +1,131 @@
+"""A route: one frame the router sends on to one keyed shard, and the entry it travels as.
+
+The router (``checks.sharding.Router``) makes routes, the keyed shard (``checks.sharding.KeyedShard``)
+is fed them, and between the two, in the job, a route travels as a ``RouteEntry``: the frame packed
+(``codec.taprecord.pack_frame``), its release time and its flags, in a bundle (``streaming.router``)
+and then in its key's held entries (``streaming.stages``). ``route_entry`` and ``summary_entry`` write
+an entry, ``RouteEntry.route`` reads one; a summary's entry carries the entries of the routes it stands
+for, read only when the keyed shard cannot apply the summary (``Summary.expand``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Final, NamedTuple
+
+import msgpack
+
+from checks.model import Exchange
+from checks.summaries import FACTS, Summary
+from codec import facts, taprecord
+from codec.taprecord import TapFrame
+
+_NS_PER_MS: Final = 1_000_000
+
+
+@dataclass(init=False)
+class Route:
+    """One frame sent on to one keyed shard. ``__init__`` is written out for mypyc to compile, as
+    ``codec.taprecord.TapFrame``'s: one or more per routed frame."""
+
+    key: str
+    frame: TapFrame
+    #: Event time of the frame that sent this route (a re-sent request travels with its response):
+    #: what a caller's watermark must pass before the keyed shard may see it.
+    at_ns: int
+    #: The tap reported losing records of the connection: the keyed shard reports its findings incomplete.
+    incomplete: bool = False
+    #: A request whose response this shard will never get (first-use routes of the fleet matrix).
+    request_only: bool = False
+    #: A summary of a run of routes (``checks.summaries``): ``frame`` is then a placeholder with the
+    #: run's first connection, seq and time (where it sorts).
+    summary: Summary | None = None
+    #: A request the router routed whole: the exchange it formed the keys from, whose ``memo`` holds
+    #: what the keys derived from the request's body, so a summary reads those instead of deriving them
+    #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
+    asked: Exchange | None = field(default=None, compare=False, repr=False)
+
+    def __init__(
+        self,
+        key: str,
+        frame: TapFrame,
+        at_ns: int,
+        incomplete: bool = False,
+        request_only: bool = False,
+        summary: Summary | None = None,
+        asked: Exchange | None = None,
+    ) -> None:
+        self.key = key
+        self.frame = frame
+        self.at_ns = at_ns
+        self.incomplete = incomplete
+        self.request_only = request_only
+        self.summary = summary
+        self.asked = asked
+
+
+#: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
+#: findings about it are incomplete); a request whose answer this key will never get; a summary of a
+#: run of routes (``checks.summaries``: ``frame`` then packs its kind, facts and original entries).
+INCOMPLETE, REQUEST_ONLY, SUMMARY = 1, 2, 4
+
+
+class RouteEntry(NamedTuple):
+    """A route as the bundle carries it and the entity entry keeps it until the watermark passes
+    ``at_ms`` (msgpack writes it as a list)."""
+
+    #: Event time (ms, rounded up) of the frame that sent the route: what the watermark must pass.
+    at_ms: int
+    ts_ns: int
+    conn: str
+    seq: int
+    #: The frame as ``codec.taprecord.pack_frame`` made it, pruned to the key kind's projection.
+    frame: bytes
+    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY``.
+    flags: int
+
+    def route(self, key: str) -> Route:
+        if self.flags & SUMMARY:
+            kind, values, originals = msgpack.unpackb(self.frame, raw=False)
+            entries = [RouteEntry(*o) for o in originals]
+            first, last = entries[0], entries[-1]
+            summary = Summary(
+                kind,
+                FACTS[kind].from_list(values),
+                partial(_routes_of, entries, key),
+                (first.ts_ns, first.conn, first.seq),
+                (last.ts_ns, last.conn, last.seq),
+            )
+            placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
+            return Route(key, placeholder, self.at_ms * _NS_PER_MS, summary=summary)
+        return Route(
+            key,
+            taprecord.unpack_frame(self.frame),
+            self.at_ms * _NS_PER_MS,
+            bool(self.flags & INCOMPLETE),
+            bool(self.flags & REQUEST_ONLY),
+        )
+
+
+def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
+    return [entry.route(key) for entry in entries]
+
+
+def route_entry(route: Route, frame: bytes) -> RouteEntry:
+    """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per
+    projected frame)."""
+    flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+    f = route.frame
+    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, flags)
+
+
+def summary_entry(route: Route, originals: list[RouteEntry]) -> RouteEntry:
+    """A summary route (``checks.summaries``) as its entry, with ``originals``: the entries of the
+    routes it stands for (``route_entry`` of each of ``route.summary.expand()``)."""
+    summary = route.summary
+    assert summary is not None
+    # Entries are tuples: packed as the arrays lists would be.
+    data = facts.packb([summary.kind, summary.facts.to_list(), originals])
+    f = route.frame
+    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)
