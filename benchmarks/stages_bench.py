@@ -84,8 +84,8 @@ def frames_of(records: list[tuple[dict[str, str], bytes, int, int]]) -> int:
     return sum(len(e.parts) for h, raw, _, _ in records for e in taprecord.parse_records(h, raw))
 
 
-#: Records per Arrow batch the Kafka source hands ``mapInArrow`` (``stream.source_batch_records``).
-SOURCE_BATCH = StreamConfig().source_batch_records
+#: Records per Arrow batch the Kafka source hands ``mapInArrow`` (Spark's ``maxRecordsPerBatch``).
+SOURCE_BATCH = 10_000
 LABELS = bucket_labels(StreamConfig().buckets, StreamConfig().shuffle_partitions)
 
 
@@ -123,7 +123,9 @@ def routed(batches: list[pa.RecordBatch]) -> dict[int, list[Bundle]]:
     """The job's ``mapInArrow`` stage, then the stage reading what it made: each bucket's bundles (the
     passed aggregates are read too, as the stage passes them on)."""
     out: dict[int, list[Bundle]] = {}
-    for bundled in bundle_batches(SETTINGS, LABELS, WORKER_GC[0], batches):
+    for bundled in bundle_batches(
+        SETTINGS, LABELS, WORKER_GC[0], StreamConfig().route_batch_records, batches
+    ):
         for label, data in zip(
             bundled.column("bucket").to_pylist(), bundled.column("bundle").to_pylist(), strict=True
         ):

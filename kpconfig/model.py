@@ -198,13 +198,10 @@ class StreamConfig(_Section):
     #: the consumer's next fetch already waiting at the broker for new records, and waits with it: at
     #: Kafka's default (500 ms) that was most of a small batch's time (docs/decisions.md).
     fetch_max_wait_ms: int = Field(default=20, ge=0)
-    #: Tap records, and bytes, per Arrow batch the routing stage is handed at most (Spark's
-    #: ``spark.sql.execution.arrow.maxRecordsPerBatch`` and ``maxBytesPerBatch``). The router sees one
-    #: batch at a time: a connection's exchanges in one batch share its row and their runs' summaries,
-    #: so Spark's 10,000 records sent a backlog's long-lived connections to the stateful stage five times
-    #: as often as 50,000 do; the bytes bound keeps a batch of full-capture records in memory.
-    source_batch_records: int = Field(default=50_000, gt=0)
-    source_batch_bytes: int = Field(default=64 * 1024 * 1024, gt=0, lt=2**31 - 1)
+    #: Tap records the router takes at once, at least: Spark's Arrow batches (10,000 records) are
+    #: joined until they hold as many. A connection's exchanges in one routing share its row and their
+    #: runs' summaries, so a backlog's long-lived connections reach the stateful stage less often.
+    route_batch_records: int = Field(default=50_000, gt=0)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: false: a tap-topic offset that retention deleted is skipped with a warning (the checks see a
     #: ``tap.gap``); true: the query fails instead.

@@ -86,20 +86,40 @@ def bundle_batch(
     return pa.RecordBatch.from_pydict(out, schema=BUNDLE_SCHEMA)
 
 
+def joined(batches: Iterable[pa.RecordBatch], records: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` in order, consecutive ones joined until each holds ``records`` or the input ends."""
+    waiting: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        waiting.append(batch)
+        count += batch.num_rows
+        if count >= records:
+            yield waiting[0] if len(waiting) == 1 else pa.concat_batches(waiting)
+            waiting, count = [], 0
+    if waiting:
+        yield waiting[0] if len(waiting) == 1 else pa.concat_batches(waiting)
+
+
 def bundle_batches(
-    config: ChecksSettings, labels: list[int], tune_gc: bool, batches: Iterable[pa.RecordBatch]
+    config: ChecksSettings,
+    labels: list[int],
+    tune_gc: bool,
+    records: int,
+    batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """``bundle_batch`` of each batch; ``tune_gc`` (``stream.worker_gc``): the worker's collector tuned
-    before the first batch and paused while each is routed (``streaming.workergc``)."""
+    """``bundle_batch`` of the batches Spark hands over, joined to ``records`` each (``joined``: Spark's
+    Arrow batches stay its default size, which larger ones cost its JVM more CPU than they save here);
+    ``tune_gc`` (``stream.worker_gc``): the worker's collector tuned before the first batch and paused
+    while each is routed (``streaming.workergc``)."""
     if tune_gc:
         tune_worker_gc()
-    for batch in batches:
+    for batch in joined(batches, records):
         with collector_paused(tune_gc):
             bundled = bundle_batch(config, batch, labels)
         yield bundled
 
 
-def bundler(config: ChecksSettings, labels: list[int], tune_gc: bool = False) -> Any:
+def bundler(config: ChecksSettings, labels: list[int], tune_gc: bool = False, records: int = 1) -> Any:
     """The ``mapInArrow`` function for buckets labelled ``labels`` (picklable: Spark ships it to
     workers): ``bundle_batches``."""
-    return partial(bundle_batches, config, labels, tune_gc)
+    return partial(bundle_batches, config, labels, tune_gc, records)

@@ -94,7 +94,9 @@ def bundle_function(config: KpmonConfig) -> Any:
     from streaming.bundles import bundler
 
     labels = bucket_labels(config.stream.buckets, config.stream.shuffle_partitions)
-    return bundler(config.checks.settings(), labels, tune_gc=config.stream.worker_gc)
+    return bundler(
+        config.checks.settings(), labels, config.stream.worker_gc, config.stream.route_batch_records
+    )
 
 
 def _rotl32(x: int, r: int) -> int:

@@ -1,10 +1,11 @@
 """The rows of the job, typed in one place: what each key of the stateful stage is called, how a frame
 travels between the router and the stage, and the rows the stage hands ``foreachBatch``.
 
-A frame has four shapes on its way to an alert: the tap record (``codec.taprecord``), the decoded frame
-and its facts (``codec.taprecord.TapFrame``, packed by ``taprecord.pack_frame`` between the router and the stage,
-``codec.facts``), the stage's bundle (``streaming.router``) and the finding (``checks.model.Finding``,
-one ``OutputRow`` of kind ``FINDING`` on its way to the sink).
+On its way to an alert a frame is a tap record (``codec.taprecord``), a decoded frame and its facts
+(``codec.taprecord.TapFrame``, ``codec.facts``), a route (``checks.routes``) in the stage's bundle
+(``streaming.router``), and its finding (``checks.model.Finding``), one ``OutputRow`` of kind
+``FINDING`` on its way to the sink. tests/streaming/test_frame_path.py counts every shape it takes
+between modules (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -34,8 +34,6 @@ def spark_conf(config: KpmonConfig, connector_jars: list[str], submitted: bool =
         # Avro state rows can gain columns between releases; the default UnsafeRow encoding cannot.
         "spark.sql.streaming.stateStore.encodingFormat": "avro",
         "spark.sql.shuffle.partitions": str(config.stream.shuffle_partitions),
-        "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.stream.source_batch_records),
-        "spark.sql.execution.arrow.maxBytesPerBatch": str(config.stream.source_batch_bytes),
         "spark.sql.streaming.stopTimeout": str(int(config.stream.stop_timeout_seconds * 1000)),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec.taprecord import TapFrame
-from streaming.bundles import BUNDLE_SCHEMA, bundle_batch
-from streaming.job import bucket_labels
+from kpconfig.model import KpmonConfig
+from streaming.bundles import BUNDLE_SCHEMA, bundle_batch, joined
+from streaming.job import bucket_labels, bundle_function
 from streaming.router import PASS_BUCKET, Bundle, read_bundle, read_passed
 from streaming.rows import NS_PER_MS, OutputRow, bucket_index, conn_key, read_connection_row
 from streaming.stages import DictBucketStore, monitor_bucket, monitor_bucket_expired
@@ -179,3 +180,34 @@ def test_bundled_stages_find_what_one_monitor_finds(buckets: int) -> None:
         rows = run_bundled(batch_size, buckets)
         assert findings_of(rows) == expected
         assert all(json.loads(r.payload) for r in rows if r.kind in ("agg", "stat"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=12), st.integers(1, 9))
+def test_the_router_takes_spark_batches_joined_in_order_to_its_size(sizes: list[int], records: int) -> None:
+    counter = iter(range(10_000))
+    schema = pa.schema([("n", pa.int64())])  # Spark's batches of one stage share their schema
+    batches = [
+        pa.RecordBatch.from_pydict({"n": [next(counter) for _ in range(size)]}, schema=schema)
+        for size in sizes
+    ]
+    taken = list(joined(batches, records))
+    assert [v for b in taken for v in b.column("n").to_pylist()] == [
+        v for b in batches for v in b.column("n").to_pylist()
+    ]
+    # Each but the last ends with the first Spark batch that brings it to the size.
+    expected: list[int] = []
+    count = pending = 0
+    for size in sizes:
+        count, pending = count + size, pending + 1
+        if count >= records:
+            expected.append(count)
+            count = pending = 0
+    if pending:
+        expected.append(count)
+    assert [b.num_rows for b in taken] == expected
+
+
+def test_the_job_routes_the_configured_records_at_once() -> None:
+    config = KpmonConfig.model_validate({"stream": {"route_batch_records": 123}})
+    assert bundle_function(config).args[-1] == 123

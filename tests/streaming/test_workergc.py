@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
 from streaming import workergc
@@ -109,7 +110,8 @@ def test_routing_pauses_the_collector_for_each_batch_when_tuned(
         return batch
 
     monkeypatch.setattr(bundles, "bundle_batch", bundle_batch)
-    out = bundles.bundle_batches(None, [0], tune_gc, ["b1", "b2"])  # type: ignore[arg-type]
-    assert list(out) == ["b1", "b2"]
+    batches = [pa.RecordBatch.from_pydict({"n": [1]}), pa.RecordBatch.from_pydict({"n": [2]})]
+    out = bundles.bundle_batches(None, [0], tune_gc, 1, batches)  # type: ignore[arg-type]
+    assert list(out) == batches
     assert seen == [not tune_gc] * 2
     assert gc.isenabled()
