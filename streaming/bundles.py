@@ -5,7 +5,8 @@ sort, and pyspark's ``transformWithStateInPandas`` serializer turns every Arrow 
 back, per row. So this stage makes one row per (source batch, bucket): the bucket's bundle
 (``streaming.router``, which decodes and routes the frames with no state), plus one row of the batch's
 aggregates for ``PASS_BUCKET``. Spark shuffles and groups a few rows per source batch instead of one
-per frame.
+per frame. A source batch here is Spark's Arrow batches joined to ``stream.route_batch_records``
+(``joined``).
 
 Every bundle's event time is the newest of its source batch's frames, so Spark drops a bundle as late
 only when the whole source batch is older than the watermark; a late frame among timely ones reaches

@@ -309,6 +309,12 @@ def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
     cannot read as ``codec.taprecord`` does (ints not written plainly, invalid UTF-8, a record without
     ``conn``, header-only flags). Schema-2 records (one per exchange, metadata packed in the value)
     are read per record, through ``codec.taprecord``. Rows keep the records' order."""
+    return _columns(batch, *_packed_rows(batch))
+
+
+def _packed_rows(batch: pa.RecordBatch) -> tuple[pa.Array, _Headers, pa.Array]:
+    """The batch's values as binary, its headers, and which rows hold a record with its metadata packed
+    in the value (schemas 2 and 3: the packed prefix, and no ``dir`` header as schema 1 has)."""
     value = batch.column("value")
     if value.type != pa.binary():
         value = value.cast(pa.binary())
@@ -317,6 +323,11 @@ def frame_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
         pc.starts_with(value, pattern=PACKED_PREFIX).fill_null(False),
         pa.array(headers.index[_LOOKED_UP.index(Header.DIR)] < 0),
     )
+    return value, headers, packed
+
+
+def _columns(batch: pa.RecordBatch, value: pa.Array, headers: _Headers, packed: pa.Array) -> pa.RecordBatch:
+    """``frame_columns`` of a batch read by ``_packed_rows``."""
     if not pc.any(packed).as_py():
         return _schema_1_columns(batch, headers, value)
     lists, origins = _schema_2_lists(
@@ -339,14 +350,10 @@ def frame_values(batch: pa.RecordBatch) -> dict[str, list[Any]]:
     """``frame_columns(batch)``'s columns as Python lists, what the router reads
     (``codec.taprecord.frames_from_columns``). A batch of schema-2 and 3 records only, what taps
     write, is read straight into lists: no Arrow arrays made to be read back."""
-    value = batch.column("value")
-    if value.type != pa.binary():
-        value = value.cast(pa.binary())
-    # Taps write schema-2 and 3 records without headers; any header at all is read as ``frame_columns`` does.
-    headed = pc.any(pc.greater(pc.list_value_length(batch.column("headers")), 0)).as_py()
-    if headed or not pc.all(pc.starts_with(value, pattern=PACKED_PREFIX).fill_null(False)).as_py():
-        return _lists(frame_columns(batch))
-    return _schema_2_lists(batch, np.arange(len(value)))[0]
+    value, headers, packed = _packed_rows(batch)
+    if pc.all(packed).as_py():
+        return _schema_2_lists(batch, np.arange(len(value)))[0]
+    return _lists(_columns(batch, value, headers, packed))
 
 
 def _lists(rows: pa.RecordBatch) -> dict[str, list[Any]]:
