@@ -28,8 +28,9 @@ error at the positive epoch sent, no assignor asked for) touch only answer times
 place among those kept.
 
 A caller holding routes until its watermark passes them holds a summary until its last route's time,
-and with it every route of the key that sorts after its first (``split_held``, which
-``streaming.stages.keyed_step`` calls): the shard then sees together whatever could fall inside the run.
+and with it every route of the key that sorts after its first, and every summary whose run may end
+after that (``split_held``, which ``streaming.stages.keyed_step`` calls): the shard then sees together
+whatever could fall inside the run.
 """
 
 from __future__ import annotations
@@ -59,24 +60,35 @@ _E = TypeVar("_E")
 
 
 def split_held(
-    held: Sequence[_E], orders: Sequence[Any], due: Sequence[bool], summaries: Sequence[bool]
+    held: Sequence[_E],
+    orders: Sequence[Any],
+    due: Sequence[bool],
+    summaries: Sequence[bool],
+    ends: Sequence[Any],
 ) -> tuple[list[_E], list[_E]]:
     """One key's held routes: those that go now, in release order, and those that wait, as held.
-    Per route, in ``held``'s order: its release order, whether its caller's watermark passed it, and
-    whether it is a summary (plain values, so the stage and the tests' drivers call this alike).
+    Per route, in ``held``'s order: its release order, whether its caller's watermark passed it,
+    whether it is a summary, and where it may end in release order (a frame's own order; a summary's
+    ``summary_end``): plain values, so the stage and the tests' drivers call this alike.
 
-    A route goes when it is due and sorts before every summary still waiting: a later route may fall
-    inside that summary's run."""
+    A route goes when it is due and ends before every summary still waiting starts: a later route may
+    fall inside that summary's run, and a due summary whose run reaches past its start holds one."""
     hold = min((o for o, d, s in zip(orders, due, summaries, strict=True) if s and not d), default=None)
     going: list[tuple[Any, int]] = []
     waiting: list[_E] = []
-    for i, (entry, o, d) in enumerate(zip(held, orders, due, strict=True)):
-        if d and (hold is None or o < hold):
+    for i, (entry, o, d, e) in enumerate(zip(held, orders, due, ends, strict=True)):
+        if d and (hold is None or e < hold):
             going.append((o, i))
         else:
             waiting.append(entry)
     going.sort()
     return [held[i] for _, i in going], waiting
+
+
+def summary_end(at_ns: int) -> tuple[int, str, int]:
+    """A release order no route of a summary released at ``at_ns`` sorts after (its last route's time
+    is at most its release time; ``split_held``'s ``ends``)."""
+    return (at_ns + 1, "", 0)
 
 
 @dataclass
