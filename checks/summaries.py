@@ -64,31 +64,27 @@ def split_held(
     orders: Sequence[Any],
     due: Sequence[bool],
     summaries: Sequence[bool],
-    ends: Sequence[Any],
+    release_ns: Sequence[int],
 ) -> tuple[list[_E], list[_E]]:
     """One key's held routes: those that go now, in release order, and those that wait, as held.
     Per route, in ``held``'s order: its release order, whether its caller's watermark passed it,
-    whether it is a summary, and where it may end in release order (a frame's own order; a summary's
-    ``summary_end``): plain values, so the stage and the tests' drivers call this alike.
+    whether it is a summary, and its release time (ns): plain values, so the stage and the tests'
+    drivers call this alike.
 
     A route goes when it is due and ends before every summary still waiting starts: a later route may
-    fall inside that summary's run, and a due summary whose run reaches past its start holds one."""
+    fall inside that summary's run, and a due summary whose run reaches past its start holds one. A
+    frame ends where it sorts; a summary's run ends at its release time at the latest."""
     hold = min((o for o, d, s in zip(orders, due, summaries, strict=True) if s and not d), default=None)
     going: list[tuple[Any, int]] = []
     waiting: list[_E] = []
-    for i, (entry, o, d, e) in enumerate(zip(held, orders, due, ends, strict=True)):
-        if d and (hold is None or e < hold):
+    for i, (entry, o, d, s, at) in enumerate(zip(held, orders, due, summaries, release_ns, strict=True)):
+        # (at + 1, "", 0): no route released at ``at`` sorts after it.
+        if d and (hold is None or (o if not s else (at + 1, "", 0)) < hold):
             going.append((o, i))
         else:
             waiting.append(entry)
     going.sort()
     return [held[i] for _, i in going], waiting
-
-
-def summary_end(at_ns: int) -> tuple[int, str, int]:
-    """A release order no route of a summary released at ``at_ns`` sorts after (its last route's time
-    is at most its release time; ``split_held``'s ``ends``)."""
-    return (at_ns + 1, "", 0)
 
 
 @dataclass

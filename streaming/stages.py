@@ -43,7 +43,7 @@ import msgpack
 from checks.routes import SUMMARY, RouteEntry
 from checks.settings import ChecksSettings
 from checks.sharding import ConnectionRow, ConnectionShard, KeyedShard, forms_route_key
-from checks.summaries import split_held, summary_end
+from checks.summaries import split_held
 from streaming.pages import earliest, split_due
 from streaming.router import Bundle, route_rows
 from streaming.rows import (
@@ -82,19 +82,15 @@ def keyed_step(
     config: ChecksSettings, key: str, saved: bytes | None, buffer: list[RouteEntry], watermark_ms: int
 ) -> KeyedResult:
     """One entity key: release what the watermark passed, in event-time order."""
-    # A summary waiting for the watermark holds back the routes that sort after its start: one of
-    # them may fall inside its run, and it must then go as the routes it stands for.
-    orders = [_RELEASE_ORDER(b) for b in buffer]
-    summaries = [bool(b.flags & SUMMARY) for b in buffer]
+    # A summary waiting for the watermark holds back the routes that sort after its start, and the
+    # due summaries whose runs may reach past it: one of them may fall inside its run, and it must
+    # then go as the routes it stands for.
     ready, waiting = split_held(
         buffer,
-        orders,
+        [_RELEASE_ORDER(b) for b in buffer],
         [b.at_ms <= watermark_ms for b in buffer],
-        summaries,
-        [
-            summary_end(b.at_ms * NS_PER_MS) if s else o
-            for b, o, s in zip(buffer, orders, summaries, strict=True)
-        ],
+        [bool(b.flags & SUMMARY) for b in buffer],
+        [b.at_ms * NS_PER_MS for b in buffer],
     )
     try:
         shard = KeyedShard(config, key, saved or None)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from checks.routes import Route, RouteEntry, route_entry, summary_entry
-from checks.summaries import release_key, split_held, summary_end
+from checks.summaries import release_key, split_held
 from codec.taprecord import CLOSE, REQ, RESP, TapFrame, pack_frame
 
 
@@ -98,13 +98,12 @@ def released(held: list[Any], upto: int | None) -> tuple[list[Any], list[Any]]:
     """A test driver's buffered routes of one key (``checks.routes.Route``) split as the stage splits
     them (``checks.summaries.split_held``): those ``upto`` (ns; None: the end) passed, in release
     order, and those that wait."""
-    orders = [release_key(r.frame) for r in held]
     return split_held(
         held,
-        orders,
+        [release_key(r.frame) for r in held],
         [upto is None or r.at_ns <= upto for r in held],
         [r.summary is not None for r in held],
-        [summary_end(r.at_ns) if r.summary is not None else o for r, o in zip(held, orders, strict=True)],
+        [r.at_ns for r in held],
     )
 
 
