@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
+import cramjam
 import msgpack
 
 from checks.model import Exchange
@@ -87,16 +88,17 @@ class RouteEntry(NamedTuple):
 
     def route(self, key: str) -> Route:
         if self.flags & SUMMARY:
-            kind, values, originals = msgpack.unpackb(self.frame, raw=False)
-            entries = [RouteEntry(*o) for o in originals]
-            first, last = entries[0], entries[-1]
-            summary = Summary(
-                kind,
-                FACTS[kind].from_list(values),
-                partial(_routes_of, entries, key),
-                (first.ts_ns, first.conn, first.seq),
-                (last.ts_ns, last.conn, last.seq),
-            )
+            kind, values, originals, *span = msgpack.unpackb(self.frame, raw=False)
+            if span:
+                first, last = (_release_key(s) for s in span)
+                expand = partial(_compressed_routes_of, originals, key)
+            else:
+                # An entry written before the originals were compressed (a checkpoint's held entries).
+                entries = [RouteEntry(*o) for o in originals]
+                first = (entries[0].ts_ns, entries[0].conn, entries[0].seq)
+                last = (entries[-1].ts_ns, entries[-1].conn, entries[-1].seq)
+                expand = partial(_routes_of, entries, key)
+            summary = Summary(kind, FACTS[kind].from_list(values), expand, first, last)
             placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
             return Route(key, placeholder, self.at_ms * _NS_PER_MS, summary=summary)
         return Route(
@@ -112,6 +114,16 @@ def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
     return [entry.route(key) for entry in entries]
 
 
+def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
+    entries = msgpack.unpackb(cramjam.lz4.decompress_block(originals), raw=False)
+    return [RouteEntry(*o).route(key) for o in entries]
+
+
+def _release_key(values: list[Any]) -> tuple[int, str, int]:
+    ts_ns, conn, seq = values
+    return (int(ts_ns), str(conn), int(seq))
+
+
 def route_entry(route: Route, frame: bytes) -> RouteEntry:
     """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per
     projected frame)."""
@@ -125,7 +137,11 @@ def summary_entry(route: Route, originals: list[RouteEntry]) -> RouteEntry:
     routes it stands for (``route_entry`` of each of ``route.summary.expand()``)."""
     summary = route.summary
     assert summary is not None
-    # Entries are tuples: packed as the arrays lists would be.
-    data = facts.packb([summary.kind, summary.facts.to_list(), originals])
+    # The originals are most of a bundle's bytes (each with its connection's metadata and its facts'
+    # field names) and are read only when the shard cannot apply the summary: packed as one run and
+    # compressed (LZ4 block: about a fifth of the bytes), with the run's span beside them so an
+    # applied summary never reads them at all. Entries are tuples: packed as the arrays lists would be.
+    blob = bytes(cramjam.lz4.compress_block(facts.packb(originals)))
+    data = facts.packb([summary.kind, summary.facts.to_list(), blob, list(summary.first), list(summary.last)])
     f = route.frame
     return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)

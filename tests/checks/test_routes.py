@@ -1,0 +1,60 @@
+"""A route's entry (``checks.routes``) reads back as the route it was written from: a summary's entry
+with its span and the entries of the routes it stands for, compressed, and a summary's entry in the
+layout a checkpoint's held entries may still have (its originals as a list)."""
+
+from __future__ import annotations
+
+from checks.routes import SUMMARY, Route, RouteEntry, route_entry, summary_entry
+from checks.sharding import Router
+from codec import facts
+from codec.taprecord import pack_frame
+from tests.checks.exchanges import entry_of, exchange_records, flatten
+from tests.checks.test_summaries import CONFIG, traffic
+
+
+def _summary_route() -> Route:
+    records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
+    routes = Router(CONFIG).route(flatten(records))
+    return next(r for r in routes if r.summary is not None)
+
+
+def _packed(routes: list[Route]) -> list[tuple[str, bytes, int, bool, bool]]:
+    return [(r.key, pack_frame(r.frame), r.at_ns, r.incomplete, r.request_only) for r in routes]
+
+
+def _assert_reads_as(read: Route, route: Route) -> None:
+    assert read.summary is not None and route.summary is not None
+    assert (read.key, read.at_ns, read.frame.conn, read.frame.seq, read.frame.ts_ns) == (
+        route.key,
+        route.at_ns,
+        route.frame.conn,
+        route.frame.seq,
+        route.frame.ts_ns,
+    )
+    assert (read.summary.kind, read.summary.first, read.summary.last) == (
+        route.summary.kind,
+        route.summary.first,
+        route.summary.last,
+    )
+    assert read.summary.facts.to_list() == route.summary.facts.to_list()
+    assert _packed(read.summary.expand()) == _packed(route.summary.expand())
+
+
+def test_a_summary_entry_reads_back_as_its_summary_and_the_routes_it_stands_for() -> None:
+    route = _summary_route()
+    assert route.summary is not None and len(route.summary.expand()) == 2 * 19
+    _assert_reads_as(entry_of(route).route(route.key), route)
+
+
+def test_a_summary_entry_written_with_its_originals_as_a_list_still_reads() -> None:
+    """Held entries in a checkpoint written before the originals were compressed."""
+    route = _summary_route()
+    summary = route.summary
+    assert summary is not None
+    originals = [route_entry(r, pack_frame(r.frame)) for r in summary.expand()]
+    new = summary_entry(route, originals)
+    old = new._replace(frame=facts.packb([summary.kind, summary.facts.to_list(), originals]))
+    assert old.flags == SUMMARY
+    _assert_reads_as(RouteEntry(*old).route(route.key), route)
+    # What the compression is for: the originals are most of an entry's bytes.
+    assert len(new.frame) * 3 < len(old.frame)
