@@ -115,8 +115,8 @@ def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
 
 
 def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
-    entries = msgpack.unpackb(cramjam.lz4.decompress_block(originals), raw=False)
-    return [RouteEntry(*o).route(key) for o in entries]
+    packed = msgpack.unpackb(cramjam.lz4.decompress_block(originals), raw=False)
+    return _routes_of([RouteEntry(*o) for o in packed], key)
 
 
 def _release_key(values: list[Any]) -> tuple[int, str, int]:
