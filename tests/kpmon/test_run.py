@@ -399,6 +399,10 @@ def _wait_for(log: Path, proc: subprocess.Popen[bytes], done: Callable[[str], bo
     raise AssertionError(f"not seen within {timeout:.0f} s (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
 
 
+def _recorded_groups(registry: Path) -> list[str]:
+    return [g["name"] for g in json.loads(registry.read_text())["groups"]]
+
+
 def _seen_demo_alert_and_status(output: str) -> bool:
     alerted = any(f"ALERT firing   warning  {rule}" in output for rule in DEMO_RULES)
     return alerted and "frames/s | batch lag" in output
@@ -585,8 +589,9 @@ def test_the_next_run_cleans_up_after_a_run_killed_with_its_watchdog(tmp_path: P
             )
         procs.append(first)
         _wait_for(first_log, first, lambda text: "streaming monitor: starting Spark" in text, timeout=300)
-        recorded = json.loads(registry.read_text())
-        assert [g["name"] for g in recorded["groups"]] == ["tap", "stream"]
+        # The run says it is starting Spark before it starts and records the job's process group.
+        _wait_for(first_log, first, lambda _: len(_recorded_groups(registry)) == 2, timeout=60)
+        assert _recorded_groups(registry) == ["tap", "stream"]
         watchdog = [
             pid
             for pid, cmdline in _processes_with(f"KPMON_RUN_TEST={tag}").items()
