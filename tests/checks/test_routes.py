@@ -1,8 +1,10 @@
 """A route's entry (``checks.routes``) reads back as the route it was written from: a summary's entry
-with its span and the entries of the routes it stands for, compressed, and a summary's entry in the
-layout a checkpoint's held entries may still have (its originals as a list)."""
+with its span and the routes it stands for, packed as one run and compressed, and a summary's entry in
+the layout a checkpoint's held entries may still have (its originals as a list of entries)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from checks.routes import SUMMARY, Route, RouteEntry, route_entry, summary_entry
 from checks.sharding import Router
@@ -52,9 +54,30 @@ def test_a_summary_entry_written_with_its_originals_as_a_list_still_reads() -> N
     summary = route.summary
     assert summary is not None
     originals = [route_entry(r, pack_frame(r.frame)) for r in summary.expand()]
-    new = summary_entry(route, originals)
+    new = summary_entry(route, summary.expand())
     old = new._replace(frame=facts.packb([summary.kind, summary.facts.to_list(), originals]))
     assert old.flags == SUMMARY
     _assert_reads_as(RouteEntry(*old).route(route.key), route)
     # What the compression is for: the originals are most of an entry's bytes.
     assert len(new.frame) * 3 < len(old.frame)
+
+
+def test_each_original_keeps_its_release_time_and_flags() -> None:
+    """An original route's own ``at_ns`` (rounded up to the ms, as every entry keeps it), ``incomplete``
+    and ``request_only`` travel with it in the summary's run."""
+    route = _summary_route()
+    summary = route.summary
+    assert summary is not None
+    originals = summary.expand()
+    for i, original in enumerate(originals):
+        original.at_ns += i * 1_000_000
+        original.incomplete, original.request_only = i % 2 == 1, i % 3 == 1
+    flagged = replace(route, summary=replace(summary, expand=lambda: originals))
+    read = entry_of(flagged).route(route.key)
+    _assert_reads_as(read, flagged)
+    assert read.summary is not None
+    expanded = read.summary.expand()
+    assert [(r.incomplete, r.request_only) for r in expanded] == [
+        (i % 2 == 1, i % 3 == 1) for i in range(len(originals))
+    ]
+    assert [r.at_ns for r in expanded] == [-(-r.at_ns // 1_000_000) * 1_000_000 for r in originals]
