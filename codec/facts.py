@@ -60,7 +60,7 @@ class FactsError(ValueError):
 
 def pack_message(message: Request | Response) -> bytes:
     """The decoded ``message`` as bytes ``unpack_message`` restores without decoding."""
-    return packb(message_values(message))
+    return packb(_message_list(message))
 
 
 _packers = threading.local()
@@ -83,15 +83,11 @@ def packb(values: Any) -> bytes:
 
 
 def unpack_message(data: bytes) -> Request | Response:
-    return message_of(unpackb(data))
-
-
-def unpackb(data: bytes) -> Any:
-    """What ``packb`` packed, the facts' extension types restored."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+        values = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
     except (ValueError, msgpack.UnpackException) as exc:
         raise FactsError(f"not packed facts: {exc}") from exc
+    return _message_of(values)
 
 
 def pack_error(error: DecodeError) -> list[Any]:
@@ -104,9 +100,7 @@ def unpack_error(values: list[Any]) -> DecodeError:
     return DecodeError(reason, offset, api_key, api_version, what)
 
 
-def message_values(message: Request | Response) -> list[Any]:
-    """The decoded ``message`` as the values ``pack_message`` packs: to pack inside a larger value in
-    the same pass (``packb``), read back with ``unpackb`` and ``message_of``."""
+def _message_list(message: Request | Response) -> list[Any]:
     if isinstance(message, Request):
         extra: Any = message.client_id
         direction = _REQUEST
@@ -125,8 +119,7 @@ def message_values(message: Request | Response) -> list[Any]:
     ]
 
 
-def message_of(values: Any) -> Request | Response:
-    """The message ``message_values`` gave ``values`` for (``FactsError`` for anything else)."""
+def _message_of(values: Any) -> Request | Response:
     if not isinstance(values, list) or len(values) < 8 or values[0] not in (_REQUEST, _RESPONSE):
         raise FactsError("not packed facts: expected a message list")
     direction, api_key, api_version, correlation_id, header_version, header, body, extra = values[:8]
@@ -155,9 +148,9 @@ def _embedded_list(value: Embedded) -> list[Any]:
     if isinstance(value, VersionedData):
         inner: Any = [value.version, value.value]
     elif isinstance(value, EmbeddedRequest):
-        inner = None if value.request is None else message_values(value.request)
+        inner = None if value.request is None else _message_list(value.request)
     elif isinstance(value, EmbeddedResponse):
-        inner = None if value.response is None else message_values(value.response)
+        inner = None if value.response is None else _message_list(value.response)
     else:
         inner = None
     return [value.kind, value.raw, value.error, inner]
@@ -191,7 +184,7 @@ def _embedded_of(values: list[Any]) -> Embedded:
     if isinstance(value, VersionedData):
         value.version, value.value = inner
     elif isinstance(value, EmbeddedRequest):
-        value.request = None if inner is None else message_of(inner)  # type: ignore[assignment]
+        value.request = None if inner is None else _message_of(inner)  # type: ignore[assignment]
     elif isinstance(value, EmbeddedResponse):
-        value.response = None if inner is None else message_of(inner)  # type: ignore[assignment]
+        value.response = None if inner is None else _message_of(inner)  # type: ignore[assignment]
     return value

@@ -25,7 +25,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final
@@ -566,19 +566,22 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     bytes (the KIP-482 check re-reads them, and those of a body decoded with bytes left over), then
     ``lost``. ``FIELDS`` and this list only ever grow at their end, so older packed frames stay
     readable (a frame packed before ``lost`` reads as 0)."""
-    return [*_metadata(frame), *_held(frame, facts.pack_message)]
-
-
-def _held(frame: TapFrame, message_as: Callable[[Request | Response], Any]) -> list[Any]:
-    """What ``frame`` holds after its fields, as a packed frame has it, its message as ``message_as``
-    gives it: ``_restore_held`` reads it back."""
     message = frame.message
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [raw, message_as(message), None, frame.lost, frame.lone, frame.index, frame.loss_ns]
+        return [
+            *_metadata(frame),
+            raw,
+            facts.pack_message(message),
+            None,
+            frame.lost,
+            frame.lone,
+            frame.index,
+            frame.loss_ns,
+        ]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
+    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -611,23 +614,15 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         )  # fmt: skip
     else:
         frame = TapFrame(**{name: value for name, value in zip(FIELDS, values[:count], strict=False)})
-    return _restore_held(frame, values[count:], facts.unpack_message, decode)
-
-
-def _restore_held(
-    frame: TapFrame, held: Sequence[Any], message_of: Callable[[Any], Request | Response], decode: bool
-) -> TapFrame:
-    """``frame`` with what ``_held`` gave for it (``held``, of which a shorter, older layout leaves the
-    end out), its message read with ``message_of``."""
-    raw, message, error, lost, lone, index, loss_ns = [*held, *(None,) * 7][:7]
+    raw, packed, error, lost, lone, index, loss_ns = [*values[count:], *(None,) * 7][:7]
     frame.lost = lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0
     frame.lone = lone is True
     frame.index = index if isinstance(index, int) and not isinstance(index, bool) and index > 0 else 0
     frame.loss_ns = (
         loss_ns if isinstance(loss_ns, int) and not isinstance(loss_ns, bool) and loss_ns > 0 else 0
     )
-    if message is not None:
-        frame.message = message_of(message)
+    if packed is not None:
+        frame.message = facts.unpack_message(packed)
         frame.raw = None if raw is None else bytes(raw)
         return frame
     if error is not None:
@@ -647,44 +642,6 @@ def pack_frame(frame: TapFrame) -> bytes:
 
 def unpack_frame(data: bytes) -> TapFrame:
     return frame_from_packed(msgpack.unpackb(data, raw=False))
-
-
-#: The fields every frame of a connection has alike: a run of its frames (``run_values``) holds them once.
-_CONNECTION_FIELDS: Final = ("conn", "client", "broker", "broker_id", "listener")
-_connection_fields: Final = attrgetter(*_CONNECTION_FIELDS)
-#: The rest of ``FIELDS``, in their order: what each frame of a run holds of its own.
-_own_fields: Final = attrgetter(*(name for name in FIELDS if name not in _CONNECTION_FIELDS))
-
-
-def run_values(frames: Sequence[TapFrame]) -> list[Any]:
-    """Frames of one connection as plain values ``codec.facts.packb`` packs in one pass: the
-    connection's fields once, then each frame's own fields and what it holds as ``frame_to_packed``
-    has it, but its message as the facts' values (``facts.message_values``), not packed on its own.
-    ``frames_of_run`` reads them back (after ``codec.facts.unpackb``). A ``ValueError`` for frames
-    whose connection fields differ."""
-    connection = _connection_fields(frames[0])
-    rows = []
-    for frame in frames:
-        if _connection_fields(frame) != connection:
-            raise ValueError(
-                f"a run holds the frames of one connection: {_connection_fields(frame)} is not {connection}"
-            )
-        rows.append([*_own_fields(frame), *_held(frame, facts.message_values)])
-    return [*connection, rows]
-
-
-def frames_of_run(values: Sequence[Any]) -> list[TapFrame]:
-    """The frames ``run_values`` gave ``values`` for, none decoded again."""
-    conn, client, broker, broker_id, listener, rows = values
-    frames = []
-    for row in rows:
-        seq, ts_ns, direction, api, version, corr, part, offset, capture = row[:9]
-        frame = TapFrame(
-            conn, seq, ts_ns, direction, api, version, corr, client, broker, broker_id, listener, part, offset,
-            None, None, capture,
-        )  # fmt: skip
-        frames.append(_restore_held(frame, row[9:], facts.message_of, True))
-    return frames
 
 
 # --- schema 2: one record per exchange, metadata packed in the value ------------------------------------

@@ -1,6 +1,6 @@
 """A route's entry (``checks.routes``) reads back as the route it was written from: a summary's entry
-with its span and the routes it stands for, packed as one run and compressed, and a summary's entry in
-the layout a checkpoint's held entries may still have (its originals as a list of entries)."""
+with its span and the entries of the routes it stands for, compressed, and a summary's entry in the
+layout a checkpoint's held entries may still have (its originals as a list)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_summary_entry_written_with_its_originals_as_a_list_still_reads() -> N
     summary = route.summary
     assert summary is not None
     originals = [route_entry(r, pack_frame(r.frame)) for r in summary.expand()]
-    new = summary_entry(route, summary.expand())
+    new = summary_entry(route, originals)
     old = new._replace(frame=facts.packb([summary.kind, summary.facts.to_list(), originals]))
     assert old.flags == SUMMARY
     _assert_reads_as(RouteEntry(*old).route(route.key), route)

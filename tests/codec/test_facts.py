@@ -170,7 +170,7 @@ def test_the_reused_packer_packs_as_packb_does_in_every_thread() -> None:
         for kind, key, version in ALL_MESSAGES[::7]
     ]
     expected = [
-        msgpack.packb(facts.message_values(m), use_bin_type=True, default=facts._default) for m in messages
+        msgpack.packb(facts._message_list(m), use_bin_type=True, default=facts._default) for m in messages
     ]
     assert [pack_message(m) for m in messages] == expected
     with pytest.raises(TypeError):

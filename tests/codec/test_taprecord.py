@@ -221,47 +221,6 @@ def test_packed_undecodable_frames_keep_their_error_and_bytes() -> None:
     assert str(again.error) == str(frame.error) and again.raw == frame.raw and again.message is None
 
 
-def _run_of_one_connection() -> list[TapFrame]:
-    """A connection's frames holding each thing a frame can hold: a decoded request (lost, lone, index
-    and loss time set), its response, an undecodable request, a frame with no body, a lifecycle event."""
-    request = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
-    request.lost, request.lone, request.index, request.loss_ns = 4, True, 2, 7
-    response_bytes = codec.encode_response(ApiKey.API_VERSIONS, 3, 7, {"ErrorCode": 35})
-    response = frames_from_record(_headers("resp"), response_bytes, 0, 6)[0]
-    broken = frames_from_record(_headers("req", **{Header.SEQ: "4"}), _request_bytes(8)[:7], 0, 7)[0]
-    header_only = replace(request, seq=5, message=None, raw=None, capture="meta")
-    closed = TapFrame(
-        "tap1-4", 6, 9, "close", None, None, None, "10.0.0.5:51000", "127.0.0.1:9092", 1, "PLAINTEXT"
-    )
-    return [request, response, broken, header_only, closed]
-
-
-def test_a_run_of_frames_reads_back_as_each_frame_packed_on_its_own() -> None:
-    """``run_values`` packs a connection's frames in one pass, its metadata once: read back, each frame
-    packs to the very bytes it packs to alone (``pack_frame``), its message not decoded again."""
-    from codec import facts
-    from codec.taprecord import frames_of_run, pack_frame, run_values
-
-    frames = _run_of_one_connection()
-    assert frames[0].message is not None and frames[1].message is not None and frames[2].error is not None
-    packed = facts.packb(run_values(frames))
-    again = frames_of_run(facts.unpackb(packed))
-    assert [pack_frame(f) for f in again] == [pack_frame(f) for f in frames]
-    assert [f.message for f in again] == [f.message for f in frames]
-    # What the run is for: one pass, the connection's metadata once.
-    assert len(packed) < sum(len(pack_frame(f)) for f in frames)
-
-
-def test_a_run_holds_the_frames_of_one_connection() -> None:
-    from codec.taprecord import run_values
-
-    frames = _run_of_one_connection()
-    with pytest.raises(ValueError, match="one connection"):
-        run_values([*frames, replace(frames[0], conn="tap1-5")])
-    with pytest.raises(ValueError, match="one connection"):
-        run_values([*frames, replace(frames[0], listener="SSL")])
-
-
 def _spark_row(direction: str, value: object, **cells: object) -> dict[str, object]:
     """A tap-record row as pandas hands it over: nullable ints as floats, NaN for null."""
     return {
