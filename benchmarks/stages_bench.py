@@ -53,7 +53,7 @@ from benchmarks.stream_bench import SCHEMA, session  # noqa: E402
 from checks.settings import ChecksSettings  # noqa: E402
 from codec import taprecord  # noqa: E402
 from kpconfig.model import StreamConfig  # noqa: E402
-from streaming.bundles import KAFKA_SOURCE_SCHEMA, bundle_batches, joined  # noqa: E402
+from streaming.bundles import KAFKA_SOURCE_SCHEMA, batch_clock_ms, bundle_batches, joined  # noqa: E402
 from streaming.frames import frame_values  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
@@ -245,7 +245,7 @@ def route_parts(records: list[tuple[dict[str, str], bytes, int, int]], batch: in
         for joined_batch in joined(sources, StreamConfig().route_batch_records):
             columns = frame_values(joined_batch)
             count = len(columns[taprecord.Header.CONN])
-            newest_ms = max(t for t in columns[taprecord.Header.TS_NS] if t is not None) // NS_PER_MS
+            newest_ms = batch_clock_ms(columns[taprecord.Header.TS_NS], time.time_ns() // NS_PER_MS)
             with collector_paused(WORKER_GC[0]):
                 t0 = time.perf_counter()
                 frames = taprecord.frames_from_columns(columns, count)

@@ -52,9 +52,9 @@ BUNDLE_SCHEMA = pa.schema(
 )
 
 
-def _newest_ms(ts_ns: list[int | None], arrival_ms: int) -> int:
-    """The newest frame's event time: each frame's tap clock, or its arrival for a record without one
-    (not from a tap)."""
+def batch_clock_ms(ts_ns: list[int | None], arrival_ms: int) -> int:
+    """A batch's clock, the newest frame's event time (ms): each frame's tap clock, or its arrival for a
+    record without one (not from a tap)."""
     known = [t for t in ts_ns if t is not None]
     newest = max(known) // NS_PER_MS if known else arrival_ms
     return max(newest, arrival_ms) if len(known) < len(ts_ns) else newest
@@ -71,7 +71,7 @@ def bundle_batch(
     if count == 0:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms
-    newest_ms = _newest_ms(columns[Header.TS_NS], now_ms)
+    newest_ms = batch_clock_ms(columns[Header.TS_NS], now_ms)
     frames = frames_from_columns(columns, count)
     routed = route_frames(config, frames, newest_ms, len(labels))
     event_us = newest_ms * 1000
