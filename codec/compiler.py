@@ -206,15 +206,15 @@ class _LayoutRuns(dict[int, Any]):
 
 
 def _bind_records(ns: _Namespace) -> None:
-    """Bind what generated code reads a ``records`` field with: ``_records`` (``section``), ``_RB``
-    and ``_blen``. Done when the first decoder with a records field is compiled, not at import:
+    """Bind what generated code reads a ``records`` field with: ``_records`` (``section``), ``_lazy``
+    (``lazy_section``) and ``_blen``. Done when the first decoder with a records field is compiled, not at import:
     records.py pulls in compression."""
     if "_records" in ns:
         return
-    from codec.records import RecordBatches, batch_length_at, section
+    from codec.records import batch_length_at, lazy_section, section
 
     ns["_records"] = section
-    ns["_RB"] = RecordBatches
+    ns["_lazy"] = lazy_section
     ns["_blen"] = batch_length_at
 
 

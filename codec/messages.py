@@ -1,5 +1,10 @@
 """A decoded frame: the ``Request`` and ``Response`` values the codec returns (``codec.api``) and the
-nested payloads hold (``codec.nested``)."""
+nested payloads hold (``codec.nested``).
+
+Both are built for every decoded frame and copied for every routed one, so they write out their
+``__init__`` (mypyc compiles a written one; the one ``dataclass`` generates runs as Python) and copy
+themselves (``with_body``) instead of going through ``copy`` or ``dataclasses.replace``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 from codec.schema import load_table
 
 
-@dataclass
+@dataclass(init=False)
 class Request:
     api_key: int
     api_version: int
@@ -24,12 +29,45 @@ class Request:
     #: when not known (nested payloads, which may be decoded later; a message restored from facts).
     tag_extras: bool | None = field(default=None, compare=False)
 
+    def __init__(
+        self,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        client_id: str | None,
+        header: dict[str, Any],
+        body: dict[str, Any],
+        header_version: int,
+        tag_extras: bool | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.header = header
+        self.body = body
+        self.header_version = header_version
+        self.tag_extras = tag_extras
+
     @property
     def api_name(self) -> str:
         return load_table().api_name(self.api_key)
 
+    def with_body(self, body: dict[str, Any]) -> Request:
+        """This request with ``body`` in place of its own (the header is shared, not copied)."""
+        return Request(
+            self.api_key,
+            self.api_version,
+            self.correlation_id,
+            self.client_id,
+            self.header,
+            body,
+            self.header_version,
+            self.tag_extras,
+        )
 
-@dataclass
+
+@dataclass(init=False)
 class Response:
     api_key: int
     #: The version the body was decoded with; an ApiVersions error-35 answer is decoded (and re-encoded) as v0.
@@ -42,6 +80,39 @@ class Response:
     #: As ``Request.tag_extras``.
     tag_extras: bool | None = field(default=None, compare=False)
 
+    def __init__(
+        self,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        header: dict[str, Any],
+        body: dict[str, Any],
+        header_version: int,
+        requested_version: int = -1,
+        tag_extras: bool | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.header = header
+        self.body = body
+        self.header_version = header_version
+        self.requested_version = requested_version
+        self.tag_extras = tag_extras
+
     @property
     def api_name(self) -> str:
         return load_table().api_name(self.api_key)
+
+    def with_body(self, body: dict[str, Any]) -> Response:
+        """This response with ``body`` in place of its own (the header is shared, not copied)."""
+        return Response(
+            self.api_key,
+            self.api_version,
+            self.correlation_id,
+            self.header,
+            body,
+            self.header_version,
+            self.requested_version,
+            self.tag_extras,
+        )

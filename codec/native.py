@@ -48,6 +48,8 @@ ENV: Final = "KPMON_NATIVE"
 MODULES: Final = (
     "codec/taprecord.py",
     "codec/facts.py",
+    "codec/records.py",
+    "codec/messages.py",
     "checks/model.py",
     "checks/rule.py",
     "checks/engine.py",

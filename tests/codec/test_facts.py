@@ -4,6 +4,7 @@ corpus; garbage is a typed error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -44,7 +45,7 @@ def message_view(message: codec.Request | codec.Response | None) -> Any:
     if message is None:
         return None
     # tag_extras is the decode's own hint for the KIP-482 check, not a fact: a restored message says None.
-    fields = {k: v for k, v in vars(message).items() if k != "tag_extras"}
+    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(message) if f.name != "tag_extras"}
     return (type(message).__name__, facts_view(fields))
 
 
