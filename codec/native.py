@@ -50,6 +50,8 @@ MODULES: Final = (
     "codec/facts.py",
     "codec/records.py",
     "codec/messages.py",
+    "codec/bodies.py",
+    "codec/api.py",
     "checks/model.py",
     "checks/rule.py",
     "checks/engine.py",
