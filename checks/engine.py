@@ -67,10 +67,12 @@ class _ConnState:
         return request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Dispatched:
     """An exchange the monitor handed its rules: what ``Monitor.take_dispatched`` returns (as h11
-    returns events), so a caller acts on it after the call instead of being called back during it."""
+    returns events), so a caller acts on it after the call instead of being called back during it.
+    Made per exchange, so its ``__init__`` is written out (compiled; docs/decisions.md) and it is not
+    frozen (a frozen dataclass's stores go through ``object.__setattr__``): nothing changes it."""
 
     #: ``on_request`` or ``on_response`` for a top-level exchange; ``on_header`` for a request known
     #: only by its header (undecodable or captured header-only).
@@ -79,6 +81,11 @@ class Dispatched:
     #: The exchange an Envelope forwards, unwrapped once by the monitor (None: not an Envelope, or
     #: its inner frames did not decode).
     inner: Exchange | None = None
+
+    def __init__(self, hook: str, exchange: Exchange, inner: Exchange | None = None) -> None:
+        self.hook = hook
+        self.exchange = exchange
+        self.inner = inner
 
 
 class ConnectionMeta(NamedTuple):
