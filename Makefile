@@ -37,7 +37,7 @@ setup: $(STAMP) jars tools debian-tools native tapcore
 # Rebuilt when a source of their packages changes; codec/native.py also refuses a stale build at
 # import. `KPMON_NATIVE=0 make setup` skips it (everything then runs as plain Python).
 NATIVE := build/native/manifest.json
-PURE_TESTS := tests/checks tests/streaming/test_stages.py tests/streaming/test_bundles.py tests/codec/test_taprecord.py tests/codec/test_facts.py tests/codec/test_native.py
+PURE_TESTS := tests/checks tests/streaming/test_stages.py tests/streaming/test_bundles.py tests/codec/test_taprecord.py tests/codec/test_facts.py tests/codec/test_native.py tests/codec/test_records.py tests/codec/test_plans.py
 native: $(NATIVE)
 $(NATIVE): $(STAMP) $(wildcard codec/*.py checks/*.py checks/rules/*.py streaming/stages.py streaming/router.py streaming/rows.py streaming/frames.py deploy/native.py)
 	$(PY) -m deploy.native
