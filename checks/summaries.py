@@ -72,19 +72,38 @@ def split_held(
     drivers call this alike.
 
     A route goes when it is due and ends before every summary still waiting starts: a later route may
-    fall inside that summary's run, and a due summary whose run reaches past its start holds one. A
-    frame ends where it sorts; a summary's run ends at its release time at the latest."""
-    hold = min((o for o, d, s in zip(orders, due, summaries, strict=True) if s and not d), default=None)
-    going: list[tuple[Any, int]] = []
-    waiting: list[_E] = []
-    for i, (entry, o, d, s, at) in enumerate(zip(held, orders, due, summaries, release_ns, strict=True)):
-        # (at + 1, "", 0): no route released at ``at`` sorts after it.
-        if d and (hold is None or (o if not s else (at + 1, "", 0)) < hold):
-            going.append((o, i))
-        else:
-            waiting.append(entry)
-    going.sort()
-    return [held[i] for _, i in going], waiting
+    fall inside that summary's run. A frame ends where it sorts; a summary's run ends at its release
+    time at the latest. A due summary waits too while a route that is not due sorts inside its run (a
+    request sent again is released with its answer, after the requests around it), and then holds what
+    sorts after its start as any waiting summary does."""
+    # (at + 1, "", 0): no route released at ``at`` sorts after it.
+    ends = [(at + 1, "", 0) if s else o for o, s, at in zip(orders, summaries, release_ns, strict=True)]
+    pending = [o for o, d in zip(orders, due, strict=True) if not d]
+    waits = [
+        not d or (s and any(o < p < end for p in pending))
+        for o, d, s, end in zip(orders, due, summaries, ends, strict=True)
+    ]
+    hold = min((o for o, w, s in zip(orders, waits, summaries, strict=True) if s and w), default=None)
+    # A due summary whose run reaches past a waiting summary's start waits, and its own start then
+    # holds what sorts after it: until no more summaries wait.
+    while hold is not None:
+        newly = [
+            i
+            for i, (w, s, end) in enumerate(zip(waits, summaries, ends, strict=True))
+            if s and not w and not end < hold
+        ]
+        if not newly:
+            break
+        for i in newly:
+            waits[i] = True
+        hold = min(hold, *(orders[i] for i in newly))
+    going = sorted(
+        (o, i)
+        for i, (o, w, end) in enumerate(zip(orders, waits, ends, strict=True))
+        if not w and (hold is None or end < hold)
+    )
+    picked = {i for _, i in going}
+    return [held[i] for _, i in going], [entry for i, entry in enumerate(held) if i not in picked]
 
 
 @dataclass
