@@ -585,6 +585,8 @@ def show(value: float | None, unit: str) -> str:
         return f"{num(value)} B"
     if unit == "GiB":
         return f"{num(value)} GiB"
+    if value == 1 and unit.endswith("s"):
+        return f"1 {unit[:-1]}"  # one core, one partition
     return f"{num(value)} {unit}"
 
 
