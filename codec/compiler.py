@@ -479,9 +479,10 @@ class _DecodeWriter:
         """Emit ``target = RecordBatches`` of ``b[p:e]`` (``n`` bytes); see ``codec.records.section``.
 
         The commonest section by far, exactly one whole magic-2 batch (every Produce partition, most
-        Fetch ones), is built here in the loop (``codec.records.one_batch_source``, which owns the
-        object's layout): the call to ``section`` and its argument passing were about a fifth of what
-        a partition's records field cost. Every other section still goes through ``section``.
+        Fetch ones), is tested for here in the loop and built by ``codec.records.lazy_section``
+        (``codec.records.one_batch_source`` writes both): ``section``'s own test and its fallback were
+        about a fifth of what a partition's records field cost. Every other section goes through
+        ``section``.
         """
         from codec.records import one_batch_source
 

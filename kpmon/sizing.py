@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from kpmon.figures import Figure, FigureSpec, num, pick
 
@@ -585,9 +585,18 @@ def show(value: float | None, unit: str) -> str:
         return f"{num(value)} B"
     if unit == "GiB":
         return f"{num(value)} GiB"
-    if value == 1 and unit.endswith("s"):
-        return f"1 {unit[:-1]}"  # one core, one partition
+    if value == 1 and unit in _SINGULAR:
+        return f"1 {_SINGULAR[unit]}"
     return f"{num(value)} {unit}"
+
+
+#: The units that count things, and how one of them reads ("s" or "records/s" are no plurals).
+_SINGULAR: Final = {
+    "cores": "core",
+    "executor cores": "executor core",
+    "workers": "worker",
+    "partitions": "partition",
+}
 
 
 def describe(inputs: Inputs) -> str:
@@ -745,7 +754,7 @@ def render_readme(figures: Mapping[str, Figure]) -> str:
         f"{show(est.value('tap cores per broker'), 'cores')}"
         + (" (by bytes: its CPU per frame is not measured yet)" if by_frames is None else "")
         + f" and {show(est.value('tap memory per broker'), 'MiB')} per broker for the tap "
-        f"({show(est.value('tap workers per broker'), 'worker')}), "
+        f"({show(est.value('tap workers per broker'), 'workers')}), "
         f"{show(est.value('executor cores'), 'executor cores')} and "
         f"{show(est.value('executor memory'), 'GiB')} for the job, "
         f"{show(est.value('tap-topic retention disk'), 'B')} of tap topic for 48 h at RF 3, "

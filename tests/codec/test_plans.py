@@ -21,6 +21,8 @@ from codec.compiler import normalize_projection
 
 PRODUCE, METADATA, API_VERSIONS, END_TXN = 0, 3, 18, 26
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _top_level(spec_fields: Any, version: int) -> set[str]:
     return {f.name for f in spec_fields if f.present(version)}
@@ -131,7 +133,7 @@ def test_only_apis_with_nested_payloads_are_expanded() -> None:
 )
 def test_decode_functions_import_nothing_per_call(function: Callable[..., Any]) -> None:
     # Read from the source: compiled by mypyc, the function has no bytecode to look at.
-    source = Path(__file__).resolve().parents[2] / f"{function.__module__.replace('.', '/')}.py"
+    source = ROOT / f"{function.__module__.replace('.', '/')}.py"
     tree = ast.parse(source.read_text())
     (definition,) = [
         node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.__name__

@@ -298,3 +298,6 @@ def test_a_count_of_one_reads_in_the_singular() -> None:
     assert sizing.show(1, "partitions") == "1 partition"
     assert sizing.show(2, "cores") == "2 cores"
     assert sizing.show(1, "GiB") == "1 GiB"
+    assert sizing.show(1, "s") == "1 s"
+    assert sizing.show(1, "records/s") == "1 records/s"
+    assert sizing.show(2, "workers") == "2 workers"
