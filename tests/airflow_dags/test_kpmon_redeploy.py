@@ -21,22 +21,17 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from airflow_dags import jobctl
 from airflow_dags.opsalerts import ROLLED_BACK, ops_alert_id
-from airflow_dags.redeploy import Journal
-from airflow_dags.tapwindow import Window, read_window
 from kpconfig.model import load_config
 from streaming.paths import StreamPaths
-from streaming.sink import read_batches
-from streaming.status import read_progress
-from tests.airflow_dags.conftest import DAGS
+from tests.airflow_dags.stories import STREAM as CLUSTER_STREAM
+from tests.airflow_dags.stories import batch_after, compare_with_reference, config_file, redeploy
 from tests.airflow_dags.traffic import TapTraffic, wait_for
 from tests.streaming.hooks.receiver import Receiver
 from tests.tap.harness import topic_end_offsets
@@ -45,19 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: One Spark start, to its first completed batch, takes 1-3 minutes on a loaded 2-core machine.
 FIRST_BATCH_SECONDS = 420.0
-STREAM = {
-    "master": "local[1]",
-    "shuffle_partitions": 1,
-    "trigger_seconds": 1.0,
-    "max_offsets_per_trigger": 5000,
-    "metrics_port": None,
-    # The first batch (Python workers, RocksDB, the connector) takes minutes here: not a stall.
-    "stall_seconds": 300,
-    # A graceful stop waits for a moment without a batch running, which back-to-back batches never
-    # leave, so it ends at this bound every time: each stop of the story costs it.
-    "stop_timeout_seconds": 10,
-    "spark_conf": {"spark.ui.enabled": "false"},
-}
+STREAM = {**CLUSTER_STREAM, "master": "local[1]"}
 RUN = {
     "canary_minutes": 10,
     "health_batches": 1,
@@ -79,24 +62,8 @@ class Story:
     runs: dict[str, Any] = field(default_factory=dict)
 
 
-def _config(tmp: Path, name: str, base: dict[str, Any], **changes: Any) -> str:
-    data = yaml.safe_load(yaml.safe_dump(base))
-    for section, values in changes.items():
-        data.setdefault(section, {}).update(values)
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 def _end(story: Story) -> int:
     return topic_end_offsets(story.bootstrap, story.topic).get(0, 0)
-
-
-def _batch_after(paths: StreamPaths, since: float, after: int | None) -> bool:
-    progress = read_progress(paths.progress) or {}
-    written = float((progress.get("kpmon") or {}).get("written_at", 0))
-    batch = progress.get("batchId")
-    return written >= since and isinstance(batch, int) and batch > (after if after is not None else -1)
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +92,10 @@ def story(kafka_stack: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathF
         "alerts": {"hooks": [hook]},
     }
     configs = {
-        "A": _config(tmp, "a", base),
-        "B": _config(tmp, "b", base, stream={"trigger_seconds": 1.5}),
+        "A": config_file(tmp, "a", base),
+        "B": config_file(tmp, "b", base, stream={"trigger_seconds": 1.5}),
         # Unreachable tap cluster; it stalls long before Spark's own Kafka timeouts (minutes) fail it.
-        "C": _config(
+        "C": config_file(
             tmp, "c", base, kafka={"bootstrap_servers": "127.0.0.1:1"}, stream={"stall_seconds": 30}
         ),
     }
@@ -139,7 +106,7 @@ def story(kafka_stack: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathF
         started = time.time()
         record = jobctl.spawn(jobctl.JobSpec(sys.executable, configs["A"]), paths)
         wait_for(
-            lambda: _batch_after(paths, started, 0) or not jobctl.is_alive(record.pid),
+            lambda: batch_after(paths, started, 0) or not jobctl.is_alive(record.pid),
             FIRST_BATCH_SECONDS,
             "the first job's batches",
         )
@@ -153,23 +120,11 @@ def story(kafka_stack: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathF
         receiver.stop()
 
 
-def redeploy(new: str, current: str) -> tuple[Any, dict[str, str], dict[str, Any]]:
-    """One ``dag.test()`` run; the run, its task states and its journal."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    dag = DagBag(str(DAGS)).dags["kpmon_redeploy"]
-    run = dag.test(
-        run_conf={**RUN, "new_config": new, "current_config": current, "new_python": sys.executable}
-    )
-    states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
-    return run, states, Journal.for_run(current, run.run_id).read()
-
-
 def test_a_broken_version_is_rolled_back_leaving_the_old_one_running(story: Story) -> None:
     before = jobctl.read_record(story.paths)
     assert before is not None and before.config == story.configs["A"]
     story.offsets["before_broken"] = _end(story)
-    run, states, journal = redeploy(story.configs["C"], story.configs["A"])
+    run, states, journal = redeploy(story.configs["C"], story.configs["A"], RUN)
     story.runs["broken"] = run
     assert states == {
         "validate": "success",
@@ -196,7 +151,7 @@ def test_a_broken_version_is_rolled_back_leaving_the_old_one_running(story: Stor
     assert jobctl.running_pid(story.paths) == restarted["pid"]
     # The old version runs again, from the checkpoint, and processes what arrived meanwhile.
     wait_for(
-        lambda: _batch_after(story.paths, restarted["started_at"], journal["stop_current"]["batch_id"]),
+        lambda: batch_after(story.paths, restarted["started_at"], journal["stop_current"]["batch_id"]),
         FIRST_BATCH_SECONDS,
         "a batch from the restarted job",
     )
@@ -230,7 +185,7 @@ def test_the_rollback_alert_arrives(story: Story) -> None:
 def test_a_good_version_swaps_with_no_lost_findings(story: Story) -> None:
     old = jobctl.read_record(story.paths)
     assert old is not None
-    run, states, journal = redeploy(story.configs["B"], story.configs["A"])
+    run, states, journal = redeploy(story.configs["B"], story.configs["A"], RUN)
     assert states == {
         "validate": "success",
         "canary": "success",
@@ -250,38 +205,10 @@ def test_a_good_version_swaps_with_no_lost_findings(story: Story) -> None:
     assert "rollback" not in journal
 
     # Let the traffic finish its round, then wait for B to read everything and move its watermark past it.
-    story.traffic.stop()
-    end = _end(story)
-    config = load_config(story.configs["B"])
-    window = Window(story.topic, {0: 0}, {0: end})
-    records = list(read_window(config.tap_cluster, window))
-    last_ts = max(r.ts_ns for r in records)
-
-    def caught_up() -> int | None:
-        progress = read_progress(story.paths.progress) or {}
-        mark = (progress.get("eventTime") or {}).get("watermark")
-        if not mark:
-            return None
-        watermark_ns = int(datetime.fromisoformat(mark.replace("Z", "+00:00")).timestamp() * 1e9)
-        # The last round's clean tail is 15 s after its scenario: past it, every round is final.
-        return watermark_ns if watermark_ns >= last_ts - 3_000_000_000 else None
-
-    watermark_ns = wait_for(caught_up, 300, "the new job to catch up with the tap topic")
-    import checks
-    from codec.taprecord import frames_from_record
-
-    monitor = checks.new_monitor(config.checks.settings())
-    reference = monitor.feed_all(
-        frame for r in records for frame in frames_from_record(r.headers, r.value, r.partition, r.offset)
+    compared = compare_with_reference(
+        story.traffic, story.bootstrap, story.topic, story.configs["B"], story.paths, "the new job"
     )
-    cutoff = watermark_ns - 1_000_000_000
-    expected = {f.id: f for f in reference if f.ts_ns < cutoff}
-    found = {
-        f["id"]
-        for batch in read_batches(story.paths)
-        for f in batch["findings"]
-        if not f["rule"].startswith("quality.") and f["ts_ns"] < cutoff
-    }
+    expected, found = compared.expected, compared.found
     missing = sorted((expected[i].rule, expected[i].subject) for i in expected.keys() - found)
     assert missing == [], f"{len(missing)} findings lost: {missing[:10]}"
     assert found == set(expected)
