@@ -8,6 +8,7 @@ pipeline, compiled against plain Python, on the same frames, row for row.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -40,6 +41,48 @@ def test_a_build_is_used_only_when_it_matches_the_source_and_the_interpreter() -
     added = {**DIGESTS, "checks/sharding.py": "dd"}
     assert "checks/sharding.py" in str(native.verdict(GOOD, added, abi))
     assert "shared library" in str(native.verdict({**GOOD, "group": ""}, DIGESTS, abi))
+
+
+def range_bounds_assigned_in_their_loop(source: str) -> list[int]:
+    """Lines of the ``for ... in range(...)`` loops whose body assigns a name the range's arguments read.
+
+    mypyc (2.4) reads a local that bounds a ``range`` loop again at every iteration, where Python reads
+    it once: ``for _ in range(n)`` whose body sets ``n`` runs a different number of times compiled."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Call)
+            and isinstance(node.iter.func, ast.Name)
+            and node.iter.func.id == "range"
+        ):
+            continue
+        read = {n.id for arg in node.iter.args for n in ast.walk(arg) if isinstance(n, ast.Name)}
+        assigned = {
+            n.id
+            for stmt in node.body
+            for n in ast.walk(stmt)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+        if read & assigned:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_range_rule_finds_a_bound_its_loop_assigns() -> None:
+    assert range_bounds_assigned_in_their_loop("for _ in range(n):\n    n -= 1\n") == [1]
+    assert range_bounds_assigned_in_their_loop("for _ in range(0, len(xs)):\n    xs = []\n") == [1]
+    assert range_bounds_assigned_in_their_loop("for i in range(n):\n    m = i\n") == []
+    assert range_bounds_assigned_in_their_loop("for x in xs:\n    xs = []\n") == []
+
+
+def test_no_compiled_module_assigns_a_range_bound_inside_its_loop() -> None:
+    found = {
+        path: lines
+        for path in native.MODULES
+        if (lines := range_bounds_assigned_in_their_loop((ROOT / path).read_text()))
+    }
+    assert found == {}, f"copy the bound into a local before the loop: {found}"
 
 
 HOT_MODULES = (checks.engine, checks.rules.producers, codec.taprecord, streaming.stages)
