@@ -4,8 +4,9 @@ The router (``checks.sharding.Router``) makes routes, the keyed shard (``checks.
 is fed them, and between the two, in the job, a route travels as a ``RouteEntry``: the frame packed
 (``codec.taprecord.pack_frame``), its release time and its flags, in a bundle (``streaming.router``)
 and then in its key's held entries (``streaming.stages``). ``route_entry`` and ``summary_entry`` write
-an entry, ``RouteEntry.route`` reads one; a summary's entry carries the entries of the routes it stands
-for, read only when the keyed shard cannot apply the summary (``Summary.expand``).
+an entry, ``RouteEntry.route`` reads one; a summary's entry carries the routes it stands for, packed
+as one run of their connection's frames (``codec.taprecord.pack_run``) and read only when the keyed
+shard cannot apply the summary (``Summary.expand``).
 """
 
 from __future__ import annotations
@@ -115,8 +116,16 @@ def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
 
 
 def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
-    packed = msgpack.unpackb(cramjam.lz4.decompress_block(originals), raw=False)
-    return _routes_of([RouteEntry(*o) for o in packed], key)
+    data = bytes(cramjam.lz4.decompress_block(originals))
+    run = taprecord.unpack_run(data)
+    if run is None:
+        # Entries each packing its frame: a summary written by a build before runs (held in a checkpoint).
+        return _routes_of([RouteEntry(*o) for o in msgpack.unpackb(data, raw=False)], key)
+    frames, heads = run
+    return [
+        Route(key, frame, at_ms * _NS_PER_MS, bool(flags & INCOMPLETE), bool(flags & REQUEST_ONLY))
+        for frame, (at_ms, flags) in zip(frames, heads, strict=True)
+    ]
 
 
 def _release_key(values: list[Any]) -> tuple[int, str, int]:
@@ -127,21 +136,28 @@ def _release_key(values: list[Any]) -> tuple[int, str, int]:
 def route_entry(route: Route, frame: bytes) -> RouteEntry:
     """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per
     projected frame)."""
-    flags = (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
     f = route.frame
-    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, flags)
+    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, _flags(route))
 
 
-def summary_entry(route: Route, originals: list[RouteEntry]) -> RouteEntry:
-    """A summary route (``checks.summaries``) as its entry, with ``originals``: the entries of the
-    routes it stands for (``route_entry`` of each of ``route.summary.expand()``)."""
+def _flags(route: Route) -> int:
+    return (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+
+
+def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
+    """A summary route (``checks.summaries``) as its entry, with ``originals``: the routes it stands for
+    (``route.summary.expand()``)."""
     summary = route.summary
     assert summary is not None
-    # The originals are most of a bundle's bytes (each with its connection's metadata and its facts'
-    # field names) and are read only when the shard cannot apply the summary: packed as one run and
-    # compressed (LZ4 block: about a fifth of the bytes), with the run's span beside them so an
-    # applied summary never reads them at all. Entries are tuples: packed as the arrays lists would be.
-    blob = bytes(cramjam.lz4.compress_block(facts.packb(originals)))
+    # The originals are most of a bundle's bytes and are read only when the shard cannot apply the
+    # summary: their frames (one connection's) packed as one run, the connection's fields once and
+    # each message's facts inside the run rather than packed on their own, then compressed (LZ4 block),
+    # with the run's span beside them so an applied summary never reads them at all.
+    heads = [[-(-r.at_ns // _NS_PER_MS), _flags(r)] for r in originals]
+    run = taprecord.pack_run([r.frame for r in originals], heads)
+    if run is None:
+        run = facts.packb([route_entry(r, taprecord.pack_frame(r.frame)) for r in originals])
+    blob = bytes(cramjam.lz4.compress_block(run))
     data = facts.packb([summary.kind, summary.facts.to_list(), blob, list(summary.first), list(summary.last)])
     f = route.frame
     return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)

@@ -83,11 +83,16 @@ def packb(values: Any) -> bytes:
 
 
 def unpack_message(data: bytes) -> Request | Response:
+    return _message_of(unpack_values(data))
+
+
+def unpack_values(data: bytes) -> Any:
+    """``packb`` output back as values, the facts' extension types restored (a message packed inside
+    them reads as its values: ``message_of``)."""
     try:
-        values = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
     except (ValueError, msgpack.UnpackException) as exc:
         raise FactsError(f"not packed facts: {exc}") from exc
-    return _message_of(values)
 
 
 def pack_error(error: DecodeError) -> list[Any]:
@@ -122,22 +127,46 @@ def _message_list(message: Request | Response) -> list[Any]:
 def _message_of(values: Any) -> Request | Response:
     if not isinstance(values, list) or len(values) < 8 or values[0] not in (_REQUEST, _RESPONSE):
         raise FactsError("not packed facts: expected a message list")
-    direction, api_key, api_version, correlation_id, header_version, header, body, extra = values[:8]
+    return message_of(*values[:8])
+
+
+def message_of(
+    direction: int,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    header_version: int,
+    header: dict[str, Any],
+    body: dict[str, Any],
+    extra: Any,
+) -> Request | Response:
+    """A message back from the values its facts hold, in their order: what a message packed inside
+    another value (``packb`` packs a ``Request`` or ``Response`` as its facts) reads back as."""
     if direction == _REQUEST:
         return Request(api_key, api_version, correlation_id, extra, header, body, header_version)
     return Response(api_key, api_version, correlation_id, header, body, header_version, extra)
 
 
-def _default(value: Any) -> msgpack.ExtType:
-    if isinstance(value, uuid.UUID):
-        return msgpack.ExtType(_UUID, value.bytes)
+def _default(value: Any) -> Any:
+    if isinstance(value, (Request, Response)):
+        # A message inside a packed value (``codec.taprecord.pack_run``): its facts, inline.
+        return _message_list(value)
+    # Records first: every Produce holds them. Built as the tuple they are: ``ExtType``'s own
+    # constructor checks its arguments in Python, and these are known good.
     if isinstance(value, RecordBatches):
-        return msgpack.ExtType(_RECORDS, batch_headers(value))
+        return _ext((_RECORDS, batch_headers(value)))
+    if isinstance(value, uuid.UUID):
+        return _ext((_UUID, value.bytes))
     if isinstance(value, Embedded):
-        return msgpack.ExtType(_EMBEDDED, _pack(_embedded_list(value)))
+        return _ext((_EMBEDDED, _pack(_embedded_list(value))))
     if isinstance(value, DecodeError):
-        return msgpack.ExtType(_ERROR, _pack(pack_error(value)))
+        return _ext((_ERROR, _pack(pack_error(value))))
     raise TypeError(f"cannot pack {type(value).__name__} as facts")
+
+
+def _ext(code_and_data: tuple[int, bytes]) -> msgpack.ExtType:
+    ext: msgpack.ExtType = tuple.__new__(msgpack.ExtType, code_and_data)
+    return ext
 
 
 def _pack(values: Any) -> bytes:

@@ -566,22 +566,62 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
     bytes (the KIP-482 check re-reads them, and those of a body decoded with bytes left over), then
     ``lost``. ``FIELDS`` and this list only ever grow at their end, so older packed frames stay
     readable (a frame packed before ``lost`` reads as 0)."""
+    return [*_metadata(frame), *_held(frame, False)]
+
+
+def _held(frame: TapFrame, in_run: bool) -> list[Any]:
+    """What a packed frame holds after its metadata: its message packed on its own, or ``in_run`` the
+    message itself, which ``facts.packb`` packs as its facts inside the run (``pack_run``)."""
     message = frame.message
     if message is not None:
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
-        return [
-            *_metadata(frame),
-            raw,
-            facts.pack_message(message),
-            None,
-            frame.lost,
-            frame.lone,
-            frame.index,
-            frame.loss_ns,
-        ]
+        held: Any = message if in_run else facts.pack_message(message)
+        return [raw, held, None, frame.lost, frame.lone, frame.index, frame.loss_ns]
     error = None if frame.error is None else facts.pack_error(frame.error)
-    return [*_metadata(frame), frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
+    return [frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
+
+
+#: The ``FIELDS`` every frame of one connection shares, and those of its own, as a run keeps them.
+RUN_SHARED: Final = ("conn", "client", "broker", "broker_id", "listener", "capture")
+_shared: Final = attrgetter(*RUN_SHARED)
+_own: Final = attrgetter(*(name for name in FIELDS if name not in RUN_SHARED))
+#: A packed run's first value (``pack_run``); a list packed otherwise starts with something else.
+RUN_LAYOUT: Final = 2
+
+
+def pack_run(frames: Sequence[TapFrame], extras: Sequence[list[int]]) -> bytes | None:
+    """Frames of one connection (a summary's originals) packed together: the fields they share
+    (``RUN_SHARED``) once, then per frame its ``extras`` (plain numbers its caller keeps with it) and
+    the rest of ``frame_to_packed``, its message's facts inside the run rather than packed on their
+    own. None when the frames do not share those fields. ``unpack_run`` reads it back."""
+    if not frames:
+        return None
+    shared = _shared(frames[0])
+    rows: list[list[Any]] = []
+    for frame, extra in zip(frames, extras, strict=True):
+        if _shared(frame) != shared:
+            return None
+        rows.append([extra, *_own(frame), *_held(frame, True)])
+    return facts.packb([RUN_LAYOUT, list(shared), rows])
+
+
+def unpack_run(data: bytes) -> tuple[list[TapFrame], list[list[int]]] | None:
+    """``pack_run``'s frames and extras, or None when ``data`` is not a packed run."""
+    values = facts.unpack_values(data)
+    if not values or values[0] != RUN_LAYOUT:
+        return None
+    _, (conn, client, broker, broker_id, listener, capture), rows = values
+    frames: list[TapFrame] = []
+    extras: list[list[int]] = []
+    for row in rows:
+        extra, seq, ts_ns, direction, api, version, corr, part, offset = row[:9]
+        # In ``FIELDS`` order, then what the frame holds: ``frame_to_packed``'s layout.
+        packed = [conn, seq, ts_ns, direction, api, version, corr, client, broker, broker_id, listener]
+        packed += [part, offset, capture, *row[9:]]
+        frames.append(frame_from_packed(packed))
+        extras.append(extra)
+    return frames, extras
 
 
 def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
@@ -622,7 +662,10 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
         loss_ns if isinstance(loss_ns, int) and not isinstance(loss_ns, bool) and loss_ns > 0 else 0
     )
     if packed is not None:
-        frame.message = facts.unpack_message(packed)
+        # Packed facts, or a run's message (``pack_run``), unpacked with the run as its values.
+        frame.message = (
+            facts.unpack_message(packed) if isinstance(packed, bytes) else facts.message_of(*packed)
+        )
         frame.raw = None if raw is None else bytes(raw)
         return frame
     if error is not None:

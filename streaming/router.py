@@ -190,9 +190,8 @@ def _route(
         if summary is None:
             entry = route_entry(route, pack(route.frame))
         else:
-            # One entry, with the entries of the routes it stands for (``checks.summaries``).
-            originals = [route_entry(r, pack(r.frame)) for r in summary.expand()]
-            entry = summary_entry(route, originals)
+            # One entry, with the routes it stands for (``checks.summaries``).
+            entry = summary_entry(route, summary.expand())
         key = route.key
         bucket = bucket_of.get(key)
         if bucket is None:

@@ -113,4 +113,4 @@ def entry_of(route: Route) -> RouteEntry:
     summary = route.summary
     if summary is None:
         return route_entry(route, pack_frame(route.frame))
-    return summary_entry(route, [entry_of(r) for r in summary.expand()])
+    return summary_entry(route, summary.expand())

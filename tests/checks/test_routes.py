@@ -1,15 +1,17 @@
 """A route's entry (``checks.routes``) reads back as the route it was written from: a summary's entry
-with its span and the entries of the routes it stands for, compressed, and a summary's entry in the
-layout a checkpoint's held entries may still have (its originals as a list)."""
+with its span and the routes it stands for, packed as one run and compressed, and a summary's entry in
+the layouts a checkpoint's held entries may still have (its originals as entries, listed or compressed)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from checks.routes import SUMMARY, Route, RouteEntry, route_entry, summary_entry
+import cramjam
+
+from checks.routes import SUMMARY, Route, RouteEntry, route_entry
 from checks.sharding import Router
 from codec import facts
-from codec.taprecord import pack_frame
+from codec.taprecord import pack_frame, pack_run
 from tests.checks.exchanges import entry_of, exchange_records, flatten
 from tests.checks.test_summaries import CONFIG, traffic
 
@@ -48,18 +50,45 @@ def test_a_summary_entry_reads_back_as_its_summary_and_the_routes_it_stands_for(
     _assert_reads_as(entry_of(route).route(route.key), route)
 
 
-def test_a_summary_entry_written_with_its_originals_as_a_list_still_reads() -> None:
-    """Held entries in a checkpoint written before the originals were compressed."""
+def test_summary_entries_in_the_layouts_of_builds_before_still_read() -> None:
+    """Held entries in a checkpoint: a summary's originals as entries each packing its frame, in a plain
+    list (before they were compressed) or compressed (before they were one run)."""
     route = _summary_route()
     summary = route.summary
     assert summary is not None
     originals = [route_entry(r, pack_frame(r.frame)) for r in summary.expand()]
-    new = summary_entry(route, originals)
-    old = new._replace(frame=facts.packb([summary.kind, summary.facts.to_list(), originals]))
-    assert old.flags == SUMMARY
-    _assert_reads_as(RouteEntry(*old).route(route.key), route)
-    # What the compression is for: the originals are most of an entry's bytes.
-    assert len(new.frame) * 3 < len(old.frame)
+    new = entry_of(route)
+    span = [list(summary.first), list(summary.last)]
+    compressed = facts.packb(
+        [
+            summary.kind,
+            summary.facts.to_list(),
+            bytes(cramjam.lz4.compress_block(facts.packb(originals))),
+            *span,
+        ]
+    )
+    listed = facts.packb([summary.kind, summary.facts.to_list(), originals])
+    for layout in (compressed, listed):
+        old = new._replace(frame=layout)
+        assert old.flags == SUMMARY
+        _assert_reads_as(RouteEntry(*old).route(route.key), route)
+    # What the run is for: the connection's fields once, and no facts packed twice.
+    assert len(new.frame) < len(compressed) * 0.9
+    assert len(new.frame) * 3 < len(listed)
+
+
+def test_a_summary_of_frames_of_different_connections_packs_each_frame() -> None:
+    """``pack_run`` takes frames that share their connection's fields: others go as entries."""
+    route = _summary_route()
+    summary = route.summary
+    assert summary is not None
+    originals = summary.expand()
+    originals[-1].frame = replace(originals[-1].frame, broker="10.9.9.9:9092")
+    assert pack_run([r.frame for r in originals], [[0, 0]] * len(originals)) is None
+    mixed = replace(route, summary=replace(summary, expand=lambda: originals))
+    read = entry_of(mixed).route(route.key)
+    _assert_reads_as(read, mixed)
+    assert read.summary is not None and read.summary.expand()[-1].frame.broker == "10.9.9.9:9092"
 
 
 def test_each_original_keeps_its_release_time_and_flags() -> None:
