@@ -102,8 +102,13 @@ def main() -> int:
     parser.add_argument("--cpu", type=int, default=1, help="the CPU each run is pinned to (-1: not pinned)")
     parser.add_argument("--out", default="routing_ab", help="the results file's name, without .json")
     parser.add_argument("--what", default="", help="what the change is, for the results file")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round, one pass, 100 sessions: a smoke run, no file"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.repeats, args.sessions, args.no_write = 1, 1, 100, True
     cpu = None if args.cpu < 0 else args.cpu
     load_before = os.getloadavg()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
