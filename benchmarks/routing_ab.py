@@ -86,7 +86,9 @@ def measure(tree: Path, sessions: int, repeats: int, cpu: int | None) -> dict[st
 
 def _git(tree: Path) -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
+    )
     return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
