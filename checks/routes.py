@@ -116,11 +116,11 @@ def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
 
 
 def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
-    data = bytes(cramjam.lz4.decompress_block(originals))
-    run = taprecord.unpack_run(data)
+    values = facts.unpack_values(bytes(cramjam.lz4.decompress_block(originals)))
+    run = taprecord.run_of(values)
     if run is None:
         # Entries each packing its frame: a summary written by a build before runs (held in a checkpoint).
-        return _routes_of([RouteEntry(*o) for o in msgpack.unpackb(data, raw=False)], key)
+        return _routes_of([RouteEntry(*o) for o in values], key)
     frames, heads = run
     return [
         Route(key, frame, at_ms * _NS_PER_MS, bool(flags & INCOMPLETE), bool(flags & REQUEST_ONLY))

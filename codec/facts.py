@@ -124,27 +124,21 @@ def _message_list(message: Request | Response) -> list[Any]:
     ]
 
 
-def _message_of(values: Any) -> Request | Response:
-    if not isinstance(values, list) or len(values) < 8 or values[0] not in (_REQUEST, _RESPONSE):
-        raise FactsError("not packed facts: expected a message list")
-    return message_of(*values[:8])
-
-
-def message_of(
-    direction: int,
-    api_key: int,
-    api_version: int,
-    correlation_id: int,
-    header_version: int,
-    header: dict[str, Any],
-    body: dict[str, Any],
-    extra: Any,
-) -> Request | Response:
-    """A message back from the values its facts hold, in their order: what a message packed inside
-    another value (``packb`` packs a ``Request`` or ``Response`` as its facts) reads back as."""
+def message_of(*values: Any) -> Request | Response:
+    """A message back from the values its facts hold, in their order (``unpack_values`` reads a message
+    packed inside another value, as ``packb`` packs a ``Request`` or ``Response``, as these values)."""
+    if len(values) < 8 or values[0] not in (_REQUEST, _RESPONSE):
+        raise FactsError("not packed facts: expected a message's values")
+    direction, api_key, api_version, correlation_id, header_version, header, body, extra = values[:8]
     if direction == _REQUEST:
         return Request(api_key, api_version, correlation_id, extra, header, body, header_version)
     return Response(api_key, api_version, correlation_id, header, body, header_version, extra)
+
+
+def _message_of(values: Any) -> Request | Response:
+    if not isinstance(values, list):
+        raise FactsError("not packed facts: expected a message list")
+    return message_of(*values)
 
 
 def _default(value: Any) -> Any:

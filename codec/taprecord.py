@@ -27,7 +27,7 @@ import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Final
 
 import msgpack
@@ -584,8 +584,11 @@ def _held(frame: TapFrame, in_run: bool) -> list[Any]:
 
 #: The ``FIELDS`` every frame of one connection shares, and those of its own, as a run keeps them.
 RUN_SHARED: Final = ("conn", "client", "broker", "broker_id", "listener", "capture")
+_RUN_OWN: Final = tuple(name for name in FIELDS if name not in RUN_SHARED)
 _shared: Final = attrgetter(*RUN_SHARED)
-_own: Final = attrgetter(*(name for name in FIELDS if name not in RUN_SHARED))
+_own: Final = attrgetter(*_RUN_OWN)
+#: A run row's own fields followed by its connection's shared ones, back in ``FIELDS`` order.
+_in_field_order: Final = itemgetter(*((*_RUN_OWN, *RUN_SHARED).index(name) for name in FIELDS))
 #: A packed run's first value (``pack_run``); a list packed otherwise starts with something else.
 RUN_LAYOUT: Final = 2
 
@@ -594,7 +597,7 @@ def pack_run(frames: Sequence[TapFrame], extras: Sequence[list[int]]) -> bytes |
     """Frames of one connection (a summary's originals) packed together: the fields they share
     (``RUN_SHARED``) once, then per frame its ``extras`` (plain numbers its caller keeps with it) and
     the rest of ``frame_to_packed``, its message's facts inside the run rather than packed on their
-    own. None when the frames do not share those fields. ``unpack_run`` reads it back."""
+    own. None when the frames do not share those fields. ``run_of`` reads it back."""
     if not frames:
         return None
     shared = _shared(frames[0])
@@ -606,21 +609,20 @@ def pack_run(frames: Sequence[TapFrame], extras: Sequence[list[int]]) -> bytes |
     return facts.packb([RUN_LAYOUT, list(shared), rows])
 
 
-def unpack_run(data: bytes) -> tuple[list[TapFrame], list[list[int]]] | None:
-    """``pack_run``'s frames and extras, or None when ``data`` is not a packed run."""
-    values = facts.unpack_values(data)
-    if not values or values[0] != RUN_LAYOUT:
+def run_of(values: Any) -> tuple[list[TapFrame], list[list[int]]] | None:
+    """``pack_run``'s frames and extras from its unpacked values (``facts.unpack_values``), or None
+    when ``values`` are not a packed run."""
+    if not isinstance(values, list) or len(values) != 3 or values[0] != RUN_LAYOUT:
         return None
-    _, (conn, client, broker, broker_id, listener, capture), rows = values
+    shared = tuple(values[1])
+    own = len(_RUN_OWN)
     frames: list[TapFrame] = []
     extras: list[list[int]] = []
-    for row in rows:
-        extra, seq, ts_ns, direction, api, version, corr, part, offset = row[:9]
-        # In ``FIELDS`` order, then what the frame holds: ``frame_to_packed``'s layout.
-        packed = [conn, seq, ts_ns, direction, api, version, corr, client, broker, broker_id, listener]
-        packed += [part, offset, capture, *row[9:]]
+    for row in values[2]:
+        # ``frame_to_packed``'s layout: ``FIELDS`` in order, then what the frame holds.
+        packed = [*_in_field_order((*row[1 : own + 1], *shared)), *row[own + 1 :]]
         frames.append(frame_from_packed(packed))
-        extras.append(extra)
+        extras.append(row[0])
     return frames, extras
 
 

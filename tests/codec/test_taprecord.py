@@ -203,6 +203,82 @@ def test_packed_frames_keep_every_field_where_it_was() -> None:
     assert frame_from_row(row) == frame
 
 
+_small = st.integers(-(2**40), 2**40)
+
+
+@given(
+    own=st.lists(
+        st.tuples(
+            _small, _small, st.sampled_from(["req", "resp", "open"]), _small, _small, _small, _small, _small
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    extras=st.lists(st.integers(0, 2**40), min_size=2, max_size=2),
+    message=st.booleans(),
+)
+def test_a_run_reads_back_every_field_of_every_frame(
+    own: list[tuple[int, int, str, int, int, int, int, int]], extras: list[int], message: bool
+) -> None:
+    """``pack_run`` keeps the fields a connection's frames share once and each frame's own beside its
+    extras; ``run_of`` puts them back in ``FIELDS`` order: every field of every frame where it was."""
+    from codec import facts
+    from codec.taprecord import frame_to_packed, pack_run, run_of
+
+    decoded = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
+    broken = frames_from_record(_headers("req"), _request_bytes()[:7], 0, 5)[0]
+    frames = [
+        TapFrame(
+            "c-9",
+            seq,
+            ts_ns,
+            direction,
+            api,
+            version,
+            corr,
+            "client:1",
+            "broker:2",
+            6,
+            "lst",
+            part,
+            offset,
+            decoded.message if message else None,
+            None if message else broken.error,
+            capture="meta",
+            raw=None if message else broken.raw,
+            lost=i,
+        )
+        for i, (seq, ts_ns, direction, api, version, corr, part, offset) in enumerate(own)
+    ]
+    run = pack_run(frames, [extras] * len(frames))
+    assert run is not None
+    read = run_of(facts.unpack_values(run))
+    assert read is not None
+    again, read_extras = read
+    assert [frame_to_packed(f) for f in again] == [frame_to_packed(f) for f in frames]
+    assert read_extras == [extras] * len(frames)
+
+
+def test_values_that_are_not_a_run_read_as_none() -> None:
+    from codec.taprecord import RUN_LAYOUT, run_of
+
+    for values in (None, [], [RUN_LAYOUT], [[RUN_LAYOUT, [], []]], [1, [], []], {"a": 1}):
+        assert run_of(values) is None
+
+
+def test_a_packed_message_of_the_wrong_shape_is_a_facts_error() -> None:
+    """A frame's message packed inside a run is read back with the shape check ``unpack_message`` makes."""
+    from codec.facts import FactsError
+    from codec.taprecord import FIELDS, frame_from_packed, frame_to_packed
+
+    frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
+    packed = frame_to_packed(frame)
+    for wrong in ([1, 2], [9, 0, 0, 0, 0, {}, {}, None], "text"):
+        packed[len(FIELDS) + 1] = wrong
+        with pytest.raises(FactsError):
+            frame_from_packed(packed)
+
+
 def test_packed_frames_from_state_format_2_are_decoded_again() -> None:
     from codec.taprecord import FIELDS, frame_from_packed
 
