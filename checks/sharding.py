@@ -478,9 +478,12 @@ class Router:
         #: What the router's own rules found in the batches routed so far.
         self.findings: list[Finding] = []
         self.routes: list[Route] = []
+        #: (request's route, answer's route) of each exchange routed whole to one key, in ``routes``:
+        #: the pairs the summaries' runs are made of (``checks.summaries``), paired here and only here.
+        self.pairs: list[tuple[Route, Route]] = []
         self._projected: dict[tuple[int, str], TapFrame] = {}
-        #: "conn|corr" -> route keys its request went to, until the response comes.
-        self.sent: dict[str, list[str]] = {}
+        #: "conn|corr" -> the routes its request went to whole (its answer's keys), until the answer comes.
+        self.sent: dict[str, list[Route]] = {}
         #: (conn, api, version) this batch already reported to the first-use-only rules.
         self.used: set[tuple[str, int, int]] = set()
         #: Answers this router could not pair (their request came in an earlier batch: a schema-1
@@ -510,11 +513,13 @@ class Router:
                 self.unrouted_responses += 1
         self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
-        return self._summarise(out)
+        pairs, self.pairs = self.pairs, []
+        return self._summarise(out, pairs)
 
-    def _summarise(self, routes: list[Route]) -> list[Route]:
+    def _summarise(self, routes: list[Route], pairs: list[tuple[Route, Route]]) -> list[Route]:
         """``routes`` with each run of ordinary exchanges of a key whose rules accept its summary
-        replaced by one summary route (``checks.summaries``), where its first route was."""
+        replaced by one summary route (``checks.summaries``), where its first route was; ``pairs``: the
+        exchanges among ``routes`` (``Router.pairs``)."""
         kinds = _catalogue().kind_summaries
         by_key: dict[str, list[int]] = {}
         # Keys of kinds that take no summary: each route's kind is looked up once per key, not per route.
@@ -533,12 +538,30 @@ class Router:
         if not by_key:
             return routes
         config = self.ctx.config
+        # Each route's place among its key's routes, and each key's exchanges by those places.
+        place: dict[int, int] = {}
+        for indices in by_key.values():
+            place.update((id(routes[i]), m) for m, i in enumerate(indices))
+        key_pairs: dict[str, list[tuple[int, int]]] = {}
+        for asked, answer in pairs:
+            if asked.incomplete or answer.incomplete:
+                continue
+            req, resp = place.get(id(asked)), place.get(id(answer))
+            if req is not None and resp is not None:
+                key_pairs.setdefault(asked.key, []).append((req, resp))
         replaced: dict[int, Route | None] = {}
         for key, indices in by_key.items():
+            exchanges = key_pairs.get(key)
+            if not exchanges:
+                continue
             kind, state_key = split_route_key(key)
             ttl_ns = int(getattr(config, KEY_TTL_FIELDS[kind]) * 1e9)
             mine = [routes[i] for i in indices]
-            found = [(s, m, run) for s in sorted(kinds[kind]) for m, run in RUNS[s](state_key, mine, ttl_ns)]
+            found = [
+                (s, m, run)
+                for s in sorted(kinds[kind])
+                for m, run in RUNS[s](state_key, mine, sorted(exchanges), ttl_ns)
+            ]
             for summary_kind, members, run in found:
                 originals = [mine[m] for m in members]
                 first = originals[0].frame
@@ -640,14 +663,16 @@ class Router:
         incomplete: bool,
         request_only: bool = False,
         asked: Exchange | None = None,
-    ) -> None:
+    ) -> Route:
         """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read
-        (``asked``: ``Route.asked``)."""
+        (``asked``: ``Route.asked``); the route sent."""
         cached = (id(frame), kind)
         projected = self._projected.get(cached)
         if projected is None:
             projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-        self.routes.append(Route(key, projected, at_ns, incomplete, request_only, None, asked))
+        sent = Route(key, projected, at_ns, incomplete, request_only, None, asked)
+        self.routes.append(sent)
+        return sent
 
     def _observe(self, event: Dispatched) -> None:
         """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
@@ -666,9 +691,9 @@ class Router:
             self.sent[f"{ex.conn}|{ex.request.correlation_id}"] = paired
             self.ctx.trim(self.sent)
 
-    def _observe_request(self, event: Dispatched) -> list[str] | None:
-        """Route a request (``on_request``) or a request known by its header (``on_header``); the route
-        keys its answer goes to as well (None: the answer goes nowhere the request went)."""
+    def _observe_request(self, event: Dispatched) -> list[Route] | None:
+        """Route a request (``on_request``) or a request known by its header (``on_header``); its routes
+        whose keys its answer goes to as well (None: the answer goes nowhere the request went)."""
         hook, ex, inner = event.hook, event.exchange, event.inner
         self._projected.clear()
         conn = ex.conn
@@ -686,19 +711,20 @@ class Router:
             for key, step in self._keys(ex, inner, first_use, header_only=True).items():
                 route(key, step[2], frame, ex.ts_ns, incomplete, request_only=True)
             return None
-        paired: list[str] = []
+        paired: list[Route] = []
         request, ts_ns = ex.request, ex.ts_ns
         for key, step in self._keys(ex, inner, first_use).items():
             first_use_only = step[3]
-            route(key, step[2], request, ts_ns, incomplete, first_use_only, ex)
+            sent = route(key, step[2], request, ts_ns, incomplete, first_use_only, ex)
             if not first_use_only:
-                paired.append(key)
+                paired.append(sent)
         return paired or None
 
     def _observe_answer(
-        self, ex: Exchange, inner: Exchange | None, kept: list[str] | None, incomplete: bool
+        self, ex: Exchange, inner: Exchange | None, kept: list[Route] | None, incomplete: bool
     ) -> None:
-        """Route an answer: to the keys its request went to (``kept``), and to those the answer adds."""
+        """Route an answer: to the keys its request went to (``kept``: its routes), and to those the
+        answer adds, each paired with its request's route there (``pairs``)."""
         response = ex.response
         if response is None:
             # acks=0: the keyed shards complete the exchange themselves, as the monitor does.
@@ -710,18 +736,26 @@ class Router:
         at = response.ts_ns
         route = self._route
         request = ex.request
+        pairs = self.pairs
         if kept:
             # The kinds of the kept keys: the prefix of each (``route_key``).
-            for key in kept:
-                route(key, key.partition("|")[0], response, at, incomplete)
+            for asked in kept:
+                key = asked.key
+                pairs.append((asked, route(key, key.partition("|")[0], response, at, incomplete)))
+            kept_keys = {asked.key for asked in kept}
             for key, step in answered.items():
-                if key not in kept:
-                    route(key, step[2], request, at, incomplete)
-                    route(key, step[2], response, at, incomplete)
+                if key not in kept_keys:
+                    pairs.append(
+                        (
+                            route(key, step[2], request, at, incomplete),
+                            route(key, step[2], response, at, incomplete),
+                        )
+                    )
             return
         for key, step in answered.items():
-            route(key, step[2], request, at, incomplete)
-            route(key, step[2], response, at, incomplete)
+            pairs.append(
+                (route(key, step[2], request, at, incomplete), route(key, step[2], response, at, incomplete))
+            )
 
 
 class KeyedShard:

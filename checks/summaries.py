@@ -5,7 +5,8 @@ next Produce continues its sequence, is answered without error at the epoch alre
 moves the stream's ``next``, its acknowledged window and the touch times. The router
 (``checks.sharding.Router``) collapses each *run* of such exchanges of one connection and one batch
 into one summary route (``Summary``): the facts the rules need to end in the state those exchanges
-would have left, plus the original routes to fall back on. A rule accepts a summary kind by declaring
+would have left, plus the original routes to fall back on. The exchanges are the ones the router
+paired as it routed them (``Router.pairs``): a run pairs nothing itself. A rule accepts a summary kind by declaring
 it (``checks.projections.Transitions.summaries``); a key kind gets a summary kind only when every rule
 of it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``).
 
@@ -53,8 +54,7 @@ from checks.rules.producers import (
     seq_add,
     seq_ahead,
 )
-from codec.messages import Request
-from codec.taprecord import REQ, RESP, TapFrame
+from codec.taprecord import REQ, TapFrame
 
 _E = TypeVar("_E")
 
@@ -251,24 +251,6 @@ def _ordinary(
     return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None), batches
 
 
-def _pairs(routes: Sequence[Any]) -> list[tuple[int, int]]:
-    """(request, answer) route indices of the exchanges among ``routes`` (routing order)."""
-    asked: dict[int, int] = {}
-    pairs: list[tuple[int, int]] = []
-    for i, route in enumerate(routes):
-        frame = route.frame
-        if route.incomplete or route.request_only or frame.correlation_id is None:
-            continue
-        if frame.direction == REQ and isinstance(frame.message, Request):
-            asked[frame.correlation_id] = i
-        elif frame.direction == RESP and frame.message is not None:
-            req = asked.pop(frame.correlation_id, None)
-            if req is not None:
-                pairs.append((req, i))
-    pairs.sort()
-    return pairs
-
-
 def _segments(
     routes: Sequence[Any], pairs: list[tuple[int, int]], signature: dict[int, Any]
 ) -> list[list[int]]:
@@ -303,14 +285,16 @@ def _segments(
     return [list(group) for _, group in itertools.groupby(members, key=segment_of.__getitem__)]
 
 
-def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
+def produce_runs(
+    pid: str, routes: Sequence[Any], pairs: list[tuple[int, int]], ttl_ns: int
+) -> list[tuple[list[int], ProduceRun]]:
     """The runs among one connection's ``routes`` (``checks.routes.Route``s, routing order) to the
-    producer-id key ``pid``: per run the indices of its routes (release order) and its summary."""
+    producer-id key ``pid``, whose exchanges are ``pairs`` (request and answer indices, as the router
+    paired them, by request): per run the indices of its routes (release order) and its summary."""
     key_pid = int(pid)
     ends: dict[tuple[int, str, int], int] = {}
     signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
     batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
-    pairs = _pairs(routes)
     for req, resp in pairs:
         found = _ordinary(key_pid, routes[req], routes[resp].frame, ends)
         if found is not None:
@@ -397,10 +381,11 @@ def _steady(request: TapFrame, response: TapFrame) -> tuple[int, str, int] | Non
     return (ex.api_key, member, epoch)
 
 
-def heartbeat_runs(group: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], HeartbeatRun]]:
+def heartbeat_runs(
+    group: str, routes: Sequence[Any], pairs: list[tuple[int, int]], ttl_ns: int
+) -> list[tuple[list[int], HeartbeatRun]]:
     """``produce_runs`` for the steady heartbeats of one member to the group key ``group``."""
     signature: dict[int, tuple[int, str, int]] = {}
-    pairs = _pairs(routes)
     for req, resp in pairs:
         found = _steady(routes[req].frame, routes[resp].frame)
         if found is not None:
@@ -415,8 +400,11 @@ def heartbeat_runs(group: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple
     return runs
 
 
-#: Summary kind -> how the router finds its runs among one connection's routes to one key.
-RUNS: Final[dict[str, Callable[[str, Sequence[Any], int], list[tuple[list[int], Any]]]]] = {
+#: Summary kind -> how the router finds its runs among one connection's routes to one key (the key's
+#: state key, its routes, their exchanges, the key kind's TTL).
+RUNS: Final[
+    dict[str, Callable[[str, Sequence[Any], list[tuple[int, int]], int], list[tuple[list[int], Any]]]]
+] = {
     PRODUCE_RUN: produce_runs,
     HEARTBEAT_RUN: heartbeat_runs,
 }

@@ -241,6 +241,22 @@ def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
     assert shard.export() == whole.export()
 
 
+def test_exchanges_of_a_connection_with_lost_records_go_whole() -> None:
+    """A run's routes are incomplete where the tap lost records of their connection: they go whole,
+    so the keyed shard reports its findings about that connection incomplete as it would unsummarised
+    (a gap later in the traffic is one)."""
+    records = exchange_records(traffic(["next"] * 6 + ["gap"] + ["next"] * 3, [1]))
+    lossy = [
+        [replace(f, lost=1) if f.conn == "tap1-app" and i > 2 else f for f in r]
+        for i, r in enumerate(records)
+    ]
+    routes = [r for r in Router(CONFIG).route(flatten(lossy)) if r.key.startswith("producer|")]
+    assert any(r.incomplete for r in routes)
+    assert not [o for r in routes if r.summary is not None for o in r.summary.expand() if o.incomplete]
+    assert_exact(lossy, [])
+    assert any(r.summary is not None for r in Router(CONFIG).route(flatten(records)))
+
+
 def test_a_summary_starts_the_streams_its_run_starts_within_the_bound() -> None:
     """A run whose first write starts a stream (a new partition) is applied, starting it, while the
     key's streams stay within ``max_entries_per_key``; past it the run goes as its routes, which trim."""
