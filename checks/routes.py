@@ -102,13 +102,12 @@ class RouteEntry(NamedTuple):
             summary = Summary(kind, FACTS[kind].from_list(values), expand, first, last)
             placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
             return Route(key, placeholder, self.at_ms * _NS_PER_MS, summary=summary)
-        return Route(
-            key,
-            taprecord.unpack_frame(self.frame),
-            self.at_ms * _NS_PER_MS,
-            bool(self.flags & INCOMPLETE),
-            bool(self.flags & REQUEST_ONLY),
-        )
+        return _plain_route(key, taprecord.unpack_frame(self.frame), self.at_ms, self.flags)
+
+
+def _plain_route(key: str, frame: TapFrame, at_ms: int, flags: int) -> Route:
+    """A route that is not a summary, from what its entry keeps of it."""
+    return Route(key, frame, at_ms * _NS_PER_MS, bool(flags & INCOMPLETE), bool(flags & REQUEST_ONLY))
 
 
 def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
@@ -123,8 +122,7 @@ def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
         return _routes_of([RouteEntry(*o) for o in values], key)
     frames, heads = run
     return [
-        Route(key, frame, at_ms * _NS_PER_MS, bool(flags & INCOMPLETE), bool(flags & REQUEST_ONLY))
-        for frame, (at_ms, flags) in zip(frames, heads, strict=True)
+        _plain_route(key, frame, at_ms, flags) for frame, (at_ms, flags) in zip(frames, heads, strict=True)
     ]
 
 
@@ -137,7 +135,12 @@ def route_entry(route: Route, frame: bytes) -> RouteEntry:
     """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per
     projected frame)."""
     f = route.frame
-    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, frame, _flags(route))
+    return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, frame, _flags(route))
+
+
+def _release_ms(route: Route) -> int:
+    """``route.at_ns`` in ms, rounded up: a watermark that passes it passes the whole release time."""
+    return -(-route.at_ns // _NS_PER_MS)
 
 
 def _flags(route: Route) -> int:
@@ -153,11 +156,11 @@ def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
     # summary: their frames (one connection's) packed as one run, the connection's fields once and
     # each message's facts inside the run rather than packed on their own, then compressed (LZ4 block),
     # with the run's span beside them so an applied summary never reads them at all.
-    heads = [[-(-r.at_ns // _NS_PER_MS), _flags(r)] for r in originals]
+    heads = [[_release_ms(r), _flags(r)] for r in originals]
     run = taprecord.pack_run([r.frame for r in originals], heads)
     if run is None:
         run = facts.packb([route_entry(r, taprecord.pack_frame(r.frame)) for r in originals])
     blob = bytes(cramjam.lz4.compress_block(run))
     data = facts.packb([summary.kind, summary.facts.to_list(), blob, list(summary.first), list(summary.last)])
     f = route.frame
-    return RouteEntry(-(-route.at_ns // _NS_PER_MS), f.ts_ns, f.conn, f.seq, data, SUMMARY)
+    return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, data, SUMMARY)

@@ -737,25 +737,20 @@ class Router:
         route = self._route
         request = ex.request
         pairs = self.pairs
-        if kept:
-            # The kinds of the kept keys: the prefix of each (``route_key``).
-            for asked in kept:
-                key = asked.key
-                pairs.append((asked, route(key, key.partition("|")[0], response, at, incomplete)))
-            kept_keys = {asked.key for asked in kept}
-            for key, step in answered.items():
-                if key not in kept_keys:
-                    pairs.append(
-                        (
-                            route(key, step[2], request, at, incomplete),
-                            route(key, step[2], response, at, incomplete),
-                        )
-                    )
-            return
+        kept_keys: set[str] = set()
+        for asked in kept or ():
+            # The kind of a kept key: its prefix (``route_key``).
+            key = asked.key
+            kept_keys.add(key)
+            pairs.append((asked, route(key, key.partition("|")[0], response, at, incomplete)))
         for key, step in answered.items():
-            pairs.append(
-                (route(key, step[2], request, at, incomplete), route(key, step[2], response, at, incomplete))
-            )
+            if key not in kept_keys:
+                pairs.append(
+                    (
+                        route(key, step[2], request, at, incomplete),
+                        route(key, step[2], response, at, incomplete),
+                    )
+                )
 
 
 class KeyedShard:
