@@ -26,6 +26,12 @@ with ``sys.setprofile`` (``threading.setprofile`` for the hook's thread). No bro
   its elements that carry the frame (a list of X moves X). One whose elements are of several types is a
   row, a shape of its own named by the types of its fields, None left out (``list[bool | bytes | int | str]``:
   a packed frame).
+- A **pairing** is a call that finds a waiting request by its correlation id, to pair it with its answer or
+  to stop waiting for one: a function of the project's packages handed the exchange's correlation id (an
+  argument) but not the request, that returns (or yields) a value holding the request's own content (the
+  client id, which only requests carry). Each exchange has a correlation id no
+  other number on the path shares (``Markers``). The functions that pair are the *pairing
+  implementations*; a call within one module counts as well as one between two.
 
 ``python -m benchmarks.frame_path --write`` writes the figures into docs/architecture.md between its
 markers; tests/streaming/test_frame_path.py fails when the document and the code disagree.
@@ -40,6 +46,7 @@ import functools
 import inspect
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -74,11 +81,17 @@ PACKAGES: Final = frozenset({"codec", "tap", "checks", "streaming", "kpmon", "de
 DOC: Final = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 BEGIN: Final = "<!-- python -m benchmarks.frame_path --write writes this block: do not edit it by hand -->"
 END: Final = "<!-- end of the block benchmarks.frame_path writes -->"
-#: The issue's targets (issue 35): hops from the tap's socket to a hook, none back and forth; shapes.
+#: The issue's targets (issue 35): hops from the tap's socket to a hook, none back and forth; shapes;
+#: pairing implementations on the path, and pairings of each exchange.
 MAX_HOPS: Final = 25
 MAX_SHAPES: Final = 8
+MAX_PAIRING_IMPLEMENTATIONS: Final = 1
+MAX_PAIRINGS_PER_EXCHANGE: Final = 1
 
 _PID: Final = 4242
+#: Correlation ids are drawn from here: far above the small numbers (versions, counts, indices) a call
+#: is otherwise handed, below int32's top.
+_CORRELATION_IDS: Final = range(1 << 28, (1 << 31) - 1)
 _PRODUCE, _JOIN_GROUP = 0, 11
 _SIZE: Final = struct.Struct(">i")
 #: Bounds on how far one value is searched for the frame's content (a state store can be large).
@@ -99,11 +112,27 @@ class Markers:
     topic: str
     group: str
     member: str
+    #: The Produce exchange's and the JoinGroup exchange's correlation ids.
+    produce_corr: int
+    join_corr: int
 
     @classmethod
     def fresh(cls) -> Markers:
         tag = uuid.uuid4().hex[:12]
-        return cls(f"path-client-{tag}", f"path-topic-{tag}", f"path-group-{tag}", f"path-member-{tag}")
+        produce_corr, join_corr = random.sample(_CORRELATION_IDS, 2)
+        return cls(
+            f"path-client-{tag}",
+            f"path-topic-{tag}",
+            f"path-group-{tag}",
+            f"path-member-{tag}",
+            produce_corr,
+            join_corr,
+        )
+
+    @property
+    def exchanges(self) -> dict[int, str]:
+        """Correlation id -> the exchange's name."""
+        return {self.produce_corr: "Produce", self.join_corr: "JoinGroup"}
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -119,7 +148,7 @@ def exchanges(markers: Markers) -> list[tuple[bytes, bytes]]:
     produce = codec.encode_request(
         _PRODUCE,
         9,
-        1,
+        markers.produce_corr,
         client_id,
         {
             "TransactionalId": None,
@@ -131,7 +160,7 @@ def exchanges(markers: Markers) -> list[tuple[bytes, bytes]]:
     produced = codec.encode_response(
         _PRODUCE,
         9,
-        1,
+        markers.produce_corr,
         {
             "Responses": [
                 {"Name": topic, "PartitionResponses": [{"Index": 0, "ErrorCode": 0, "BaseOffset": 0}]}
@@ -146,7 +175,7 @@ def exchanges(markers: Markers) -> list[tuple[bytes, bytes]]:
     join = codec.encode_request(
         _JOIN_GROUP,
         7,
-        2,
+        markers.join_corr,
         client_id,
         {
             "GroupId": markers.group,
@@ -161,7 +190,7 @@ def exchanges(markers: Markers) -> list[tuple[bytes, bytes]]:
     joined = codec.encode_response(
         _JOIN_GROUP,
         7,
-        2,
+        markers.join_corr,
         {
             "ErrorCode": 0,
             "GenerationId": 1,
@@ -263,6 +292,19 @@ class Figures:
     shapes: dict[str, str] = field(default_factory=dict)
     #: The rules whose alerts reached the hook.
     rules: list[str] = field(default_factory=list)
+    #: Exchange ("Produce", "JoinGroup") -> the pairings of it, in order: ``caller -> callee``.
+    pairings: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pairing_implementations(self) -> list[str]:
+        """The functions that paired an exchange (``module:qualified name``), in the order first seen."""
+        return list(
+            dict.fromkeys(
+                call.split(", under ")[0].split(" -> ")[1]
+                for calls in self.pairings.values()
+                for call in calls
+            )
+        )
 
 
 class _Content:
@@ -271,6 +313,25 @@ class _Content:
     def __init__(self, markers: Markers) -> None:
         self.texts = markers.texts
         self.raw = tuple(text.encode() for text in self.texts)
+        self.exchanges = markers.exchanges
+        self._request = _Content._only(markers.client_id)
+
+    @staticmethod
+    def _only(text: str) -> _Content:
+        content = _Content.__new__(_Content)
+        content.texts, content.raw, content.exchanges = (text,), (text.encode(),), {}
+        return content
+
+    def holds_request(self, value: Any) -> bool:
+        """Whether ``value`` holds a request's own content (its client id: no answer carries one)."""
+        return self._request.carries(value)
+
+    def exchange_of(self, values: list[Any]) -> str | None:
+        """The exchange whose correlation id is among ``values`` (an argument handed over as it is)."""
+        for value in values:
+            if type(value) is int and value in self.exchanges:
+                return self.exchanges[value]
+        return None
 
     def carries(self, value: Any) -> bool:
         seen: set[int] = set()
@@ -364,6 +425,8 @@ class _Thread:
         #: (caller module, callee module) -> the calls crossing it.
         self.hops: dict[tuple[str, str], dict[str, None]] = {}
         self.shapes: dict[str, str] = {}
+        #: Exchange -> the calls that paired it.
+        self.pairings: dict[str, list[str]] = {}
 
 
 class _Tracer:
@@ -373,6 +436,8 @@ class _Tracer:
         self.content = content
         self.threads: dict[int, _Thread] = {}
         self._names: dict[CodeType, tuple[str, str] | None] = {}
+        #: Running calls handed an exchange's correlation id: their frame -> (exchange, call).
+        self._asked: dict[FrameType, tuple[str, str]] = {}
 
     def _name(self, frame: FrameType) -> tuple[str, str] | None:
         """(module, qualified name) of a function of the project's packages, else None."""
@@ -399,37 +464,79 @@ class _Tracer:
         if callee is None:
             return
         caller = self._name(caller_frame)
-        if caller is None or caller[0] == callee[0]:
+        if caller is None:
             return
         content = self.content
+        self._pairing(frame, event, arg, caller, callee)
+        if caller[0] == callee[0]:
+            return
         # A returned tuple is several values returned, as arguments are several values passed.
         returned = list(arg) if type(arg) is tuple else [arg]
         values = _arguments(frame) if event == "call" else returned
         shapes = [shape for v in values if content.carries(v) for shape in content.shapes(v)]
         if not shapes:
             return
-        thread = self.threads.get(threading.get_ident())
-        if thread is None:
-            thread = self.threads[threading.get_ident()] = _Thread()
+        thread = self._thread()
         call = f"{caller[0]}:{caller[1]} -> {callee[0]}:{callee[1]}"
         thread.hops.setdefault((caller[0], callee[0]), {}).setdefault(call, None)
         for shape in shapes:
             thread.shapes.setdefault(shape, call)
 
+    def _outside(self, frame: FrameType, modules: set[str]) -> str:
+        """The nearest caller of ``frame`` in another of the project's modules than ``modules``: where,
+        on the path, a call within a module happened."""
+        outer = frame.f_back
+        while outer is not None:
+            name = self._name(outer)
+            if name is not None and name[0] not in modules:
+                return f"{name[0]}:{name[1]}"
+            outer = outer.f_back
+        return "the driver"
+
+    def _thread(self) -> _Thread:
+        thread = self.threads.get(threading.get_ident())
+        if thread is None:
+            thread = self.threads[threading.get_ident()] = _Thread()
+        return thread
+
+    def _pairing(
+        self, frame: FrameType, event: str, arg: Any, caller: tuple[str, str], callee: tuple[str, str]
+    ) -> None:
+        """A call handed an exchange's correlation id is a pairing when it hands back its request."""
+        if event == "call":
+            arguments = _arguments(frame)
+            exchange = self.content.exchange_of(arguments)
+            # Handed the request itself, a call builds from it (a frame, a message): it finds nothing.
+            if exchange is not None and not any(self.content.holds_request(a) for a in arguments):
+                call = f"{caller[0]}:{caller[1]} -> {callee[0]}:{callee[1]}"
+                self._asked[frame] = (
+                    exchange,
+                    f"{call}, under {self._outside(frame, {caller[0], callee[0]})}",
+                )
+            return
+        asked = self._asked.pop(frame, None)
+        if asked is not None and self.content.holds_request(arg):
+            exchange, call = asked
+            self._thread().pairings.setdefault(exchange, []).append(call)
+
     def figures(self, main: int) -> Figures:
         ordered = sorted(self.threads.items(), key=lambda item: item[0] != main)
         hops: dict[tuple[str, str], dict[str, None]] = {}
         shapes: dict[str, str] = {}
+        pairings: dict[str, list[str]] = {}
         for _, thread in ordered:
             for hop, calls in thread.hops.items():
                 hops.setdefault(hop, {}).update(calls)
             for shape, call in thread.shapes.items():
                 shapes.setdefault(shape, call)
+            for exchange, paired in thread.pairings.items():
+                pairings.setdefault(exchange, []).extend(paired)
         both = sorted({(min(a, b), max(a, b)) for a, b in hops if (b, a) in hops})
         return Figures(
             hops={f"{a} -> {b}": list(calls) for (a, b), calls in hops.items()},
             back_and_forth=[f"{a} <-> {b}" for a, b in both],
             shapes=shapes,
+            pairings={name: pairings.get(name, []) for name in ("Produce", "JoinGroup")},
         )
 
 
@@ -501,6 +608,16 @@ def render(figures: Figures) -> str:
         "</details>",
         "",
         "Back and forth: " + (", ".join(f"`{pair}`" for pair in figures.back_and_forth) or "none") + ".",
+        "",
+        f"**{len(figures.pairing_implementations)} pairing implementations, "
+        + ", ".join(f"{name} paired {len(calls)} times" for name, calls in figures.pairings.items())
+        + f"** (targets: at most {MAX_PAIRING_IMPLEMENTATIONS} implementation and "
+        f"{MAX_PAIRINGS_PER_EXCHANGE} pairing per exchange):",
+        "",
+        *[
+            f"- {name}: " + ", ".join(f"`{call}`" for call in calls)
+            for name, calls in figures.pairings.items()
+        ],
         "",
         "| shape | first crosses with |",
         "|---|---|",

@@ -7,7 +7,7 @@ each), pinned to one CPU and timed in the process's CPU time: on a shared host, 
 runs a minute apart moves by more than a change may gain. The builds alternate ``--rounds`` times; each
 run keeps its fastest of ``--repeats``. The comparison each build is measured against is the full codec
 decode of the same records in the same child (the routing's anchor in ``stages_bench``), timed in CPU time as well: both checkouts need
-``stages_bench.full_decode``'s ``clock``.
+``stages_bench.full_decode``'s ``clock`` and ``stages_bench.routing_work``.
 
     .venv/bin/python benchmarks/routing_ab.py --before ../before --after . --out NAME
 
@@ -35,20 +35,12 @@ _CHILD = """
 import json, sys, time
 from benchmarks import stages_bench as sb
 from codec import native, taprecord
-from kpconfig.model import StreamConfig
-from streaming.bundles import batch_clock_ms, joined
-from streaming.frames import frame_values
 from streaming.router import route_frames
 from streaming.workergc import collector_paused, tune_worker_gc
 
 sessions, repeats = int(sys.argv[1]), int(sys.argv[2])
 records = sb.tap_records(sessions)
-work = []
-for start in range(0, len(records), 20_000):
-    for batch in joined(sb.source_batches(records[start : start + 20_000]), StreamConfig().route_batch_records):
-        columns = frame_values(batch)
-        count = len(columns[taprecord.Header.CONN])
-        work.append((columns, count, batch_clock_ms(columns[taprecord.Header.TS_NS], 0)))
+work = sb.routing_work(records, 20_000, 0)
 tune_worker_gc()
 frames = [taprecord.frames_from_columns(c, n) for c, n, _ in work]
 best = {"decode": float("inf"), "routing": float("inf"), "full_decode": float("inf")}

@@ -237,27 +237,39 @@ def count_per_key_round_trips(records: list[tuple[dict[str, str], bytes, int, in
     return sum(store.round_trips for store in stores)
 
 
+def routing_work(
+    records: list[tuple[dict[str, str], bytes, int, int]], batch: int, now_ms: int
+) -> list[tuple[dict[str, list[Any]], int, int]]:
+    """The batches the ``mapInArrow`` stage routes (Spark's, ``batch`` records per micro-batch, joined to
+    ``stream.route_batch_records``) as the stage reads them: its columns, its record count and its clock
+    (ms; ``now_ms`` where the batch has no time of its own)."""
+    work: list[tuple[dict[str, list[Any]], int, int]] = []
+    for start in range(0, len(records), batch):
+        for joined_batch in joined(
+            source_batches(records[start : start + batch]), StreamConfig().route_batch_records
+        ):
+            columns = frame_values(joined_batch)
+            newest_ms = batch_clock_ms(columns[taprecord.Header.TS_NS], now_ms)
+            work.append((columns, len(columns[taprecord.Header.CONN]), newest_ms))
+    return work
+
+
 def route_parts(records: list[tuple[dict[str, str], bytes, int, int]], batch: int) -> dict[str, float]:
     """Seconds the two parts of the ``mapInArrow`` stage's Python work take apart, over the batches the
-    stage routes (Spark's, joined to ``stream.route_batch_records``): the decode into frames
-    (``codec.taprecord.frames_from_columns``) and the routing of the decoded frames into bundles
-    (``streaming.router.route_frames``), with the collector as the stage has it. What ``route`` adds to
-    them is reading the Arrow columns and packing and reading the bundles."""
+    stage routes (``routing_work``): the decode into frames (``codec.taprecord.frames_from_columns``) and
+    the routing of the decoded frames into bundles (``streaming.router.route_frames``), with the
+    collector as the stage has it. What ``route`` adds to them is reading the Arrow columns and packing
+    and reading the bundles."""
     seconds = {"decode": 0.0, "routing": 0.0}
-    for start in range(0, len(records), batch):
-        sources = source_batches(records[start : start + batch])
-        for joined_batch in joined(sources, StreamConfig().route_batch_records):
-            columns = frame_values(joined_batch)
-            count = len(columns[taprecord.Header.CONN])
-            newest_ms = batch_clock_ms(columns[taprecord.Header.TS_NS], time.time_ns() // NS_PER_MS)
-            with collector_paused(WORKER_GC[0]):
-                t0 = time.perf_counter()
-                frames = taprecord.frames_from_columns(columns, count)
-                t1 = time.perf_counter()
-                route_frames(SETTINGS, frames, newest_ms, len(LABELS))
-                t2 = time.perf_counter()
-            seconds["decode"] += t1 - t0
-            seconds["routing"] += t2 - t1
+    for columns, count, newest_ms in routing_work(records, batch, time.time_ns() // NS_PER_MS):
+        with collector_paused(WORKER_GC[0]):
+            t0 = time.perf_counter()
+            frames = taprecord.frames_from_columns(columns, count)
+            t1 = time.perf_counter()
+            route_frames(SETTINGS, frames, newest_ms, len(LABELS))
+            t2 = time.perf_counter()
+        seconds["decode"] += t1 - t0
+        seconds["routing"] += t2 - t1
     return seconds
 
 

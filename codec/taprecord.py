@@ -665,9 +665,12 @@ def frame_from_packed(values: Sequence[Any], decode: bool = True) -> TapFrame:
     )
     if packed is not None:
         # Packed facts, or a run's message (``pack_run``), unpacked with the run as its values.
-        frame.message = (
-            facts.unpack_message(packed) if isinstance(packed, bytes) else facts.message_of(*packed)
-        )
+        if isinstance(packed, bytes):
+            frame.message = facts.unpack_message(packed)
+        elif isinstance(packed, list):
+            frame.message = facts.message_of(*packed)
+        else:
+            raise facts.FactsError(f"not packed facts: a frame's message as {type(packed).__name__}")
         frame.raw = None if raw is None else bytes(raw)
         return frame
     if error is not None:

@@ -273,7 +273,7 @@ def test_a_packed_message_of_the_wrong_shape_is_a_facts_error() -> None:
 
     frame = frames_from_record(_headers("req"), _request_bytes(), 0, 5)[0]
     packed = frame_to_packed(frame)
-    for wrong in ([1, 2], [9, 0, 0, 0, 0, {}, {}, None], "text"):
+    for wrong in ([1, 2], [9, 0, 0, 0, 0, {}, {}, None], "text", 7, 2.5, True):
         packed[len(FIELDS) + 1] = wrong
         with pytest.raises(FactsError):
             frame_from_packed(packed)

@@ -11,13 +11,22 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import frame_path
-from benchmarks.frame_path import MAX_HOPS, MAX_SHAPES, Figures, measure
+from benchmarks.frame_path import (
+    MAX_HOPS,
+    MAX_PAIRING_IMPLEMENTATIONS,
+    MAX_PAIRINGS_PER_EXCHANGE,
+    MAX_SHAPES,
+    Figures,
+    measure,
+)
 
 
 def _summary(figures: Figures) -> str:
     return (
         f"{len(figures.hops)} hops ({len(figures.back_and_forth)} back and forth: "
-        f"{', '.join(figures.back_and_forth) or 'none'}), {len(figures.shapes)} shapes"
+        f"{', '.join(figures.back_and_forth) or 'none'}), {len(figures.shapes)} shapes, "
+        f"{len(figures.pairing_implementations)} pairing implementations, pairings per exchange: "
+        + ", ".join(f"{name} {len(calls)}" for name, calls in figures.pairings.items())
     )
 
 
@@ -28,9 +37,10 @@ def _documented() -> str:
         block = frame_path.documented(frame_path.DOC.read_text())
     except ValueError:
         return "docs/architecture.md has no figures"
-    figures = next(line for line in block.splitlines() if line.startswith("**"))
-    back = next(line for line in block.splitlines() if line.startswith("Back and forth:"))
-    return f"{figures.split('** ')[0].strip('*')}. {back.rstrip('.')}"
+    lines = block.splitlines()
+    figures, pairings = (line.split("** ")[0].strip("*") for line in lines if line.startswith("**"))
+    back = next(line for line in lines if line.startswith("Back and forth:"))
+    return f"{figures}. {back.rstrip('.')}. {pairings}"
 
 
 def test_the_exchanges_reach_a_hook_through_the_tap_the_stage_and_the_sink() -> None:
@@ -76,6 +86,35 @@ def test_the_path_meets_the_targets() -> None:
     assert len(figures.hops) <= MAX_HOPS, _summary(figures)
     assert figures.back_and_forth == [], _summary(figures)
     assert len(figures.shapes) <= MAX_SHAPES, _summary(figures)
+    assert len(figures.pairing_implementations) <= MAX_PAIRING_IMPLEMENTATIONS, _summary(figures)
+    for calls in figures.pairings.values():
+        assert len(calls) <= MAX_PAIRINGS_PER_EXCHANGE, _summary(figures)
+
+
+def test_every_exchange_is_paired_by_the_tap_and_found_by_the_count() -> None:
+    """The tap's core pairs each exchange as it forwards the answer, so the count sees at least that
+    pairing of each; a count that saw none would be blind, not a design that pairs less."""
+    pairings = measure().pairings
+    assert set(pairings) == {"Produce", "JoinGroup"}
+    for name, calls in pairings.items():
+        assert any(
+            call.startswith("tap.core:PyTapCore._on_response -> tap.framing:Correlations.match")
+            for call in calls
+        ), name
+
+
+def test_the_pairing_rule() -> None:
+    """A call handed a correlation id and not the request, returning the request, finds it; one handed
+    the request builds from it; a number that is no exchange's correlation id names no exchange."""
+    markers = frame_path.Markers.fresh()
+    content = frame_path._Content(markers)
+    request = {"ClientId": markers.client_id, "Topic": markers.topic}
+    answer = {"Topic": markers.topic, "Member": markers.member}
+    assert content.exchange_of([7, markers.join_corr]) == "JoinGroup"
+    assert content.exchange_of([markers.produce_corr]) == "Produce"
+    assert content.exchange_of([1, 2, str(markers.produce_corr)]) is None
+    assert content.holds_request([request]) and content.holds_request(markers.client_id.encode())
+    assert not content.holds_request(answer)
 
 
 def test_the_shape_rule() -> None:
