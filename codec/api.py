@@ -331,9 +331,9 @@ def decode_request(
         plan.header_version,
     )
     if plan.expand:
-        expand_request(request)  # its nested payloads may be decoded later: tag_extras stays unknown
-    else:
-        request.tag_extras = TAG_EXTRAS.count != extras_before
+        expand_request(request)
+    # A request's nested payloads are all decoded by now: the count covers them too.
+    request.tag_extras = TAG_EXTRAS.count != extras_before
     return request
 
 
@@ -376,10 +376,24 @@ def decode_response(
         api_key, version, header["CorrelationId"], header, body, plan.header_version, api_version
     )
     if plan.expand:
-        expand_response(response, request)  # as in decode_request: tag_extras stays unknown
-    else:
+        expand_response(response, request)
+    if not (plan.expand and _waits_for_request(response, request)):
         response.tag_extras = TAG_EXTRAS.count != extras_before
     return response
+
+
+def _waits_for_request(response: Response, request: Request | None) -> bool:
+    """Whether some of ``response``'s nested payloads can be decoded only with its request (an
+    Envelope's inner response; a consumer protocol's payloads in a JoinGroup or SyncGroup answer that
+    does not name its protocol type): its ``tag_extras`` stays unknown, as whoever decodes them later
+    cannot tell what the rest of the decode saw."""
+    if request is not None:
+        return False
+    body = response.body
+    if response.api_key == ENVELOPE:
+        data = body.get("ResponseData")
+        return isinstance(data, EmbeddedResponse) and data.response is None and data.error is None
+    return response.api_key in (JOIN_GROUP, SYNC_GROUP) and body.get("ProtocolType") is None
 
 
 def _decode_api_versions(plan: ResponsePlan, data: bytes, pos: int) -> tuple[dict[str, Any], int]:

@@ -25,8 +25,9 @@ class Request:
     body: dict[str, Any]
     header_version: int
     #: Whether some tagged section of the header or body held unknown tags or anomalies (the
-    #: ``_unknown_tags``/``_tag_anomalies`` keys somewhere in the message), as the decode saw it; None
-    #: when not known (nested payloads, which may be decoded later; a message restored from facts).
+    #: ``_unknown_tags``/``_tag_anomalies`` keys somewhere in the message, its decoded nested payloads
+    #: included), as the decode saw it; None when not known (nested payloads that wait for the request,
+    #: ``codec.api._waits_for_request``; a message restored from facts).
     tag_extras: bool | None = field(default=None, compare=False)
 
     def __init__(

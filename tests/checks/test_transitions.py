@@ -33,6 +33,7 @@ from codec.protocol import ApiKey
 from codec.taprecord import TapFrame, pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
 from tests.checks import test_flexible as fl
+from tests.checks import test_groups as gr
 from tests.checks.builders import SECOND, Conversation
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import CONFIG, with_headers_only
@@ -174,6 +175,22 @@ def test_most_exchanges_travel_by_their_headers() -> None:
     assert [f.direction for f in row.frames] == ["open", "req", "resp"]
     assert len(row.exchanges) == 20
     assert list(row.feed_order()) != [] and len(list(row.feed_order())) == len(mine)
+
+
+def test_a_consumer_groups_exchanges_travel_by_their_headers() -> None:
+    """JoinGroup and SyncGroup carry consumer-protocol payloads the decode unwraps and counts: with no
+    tagged-field evidence in them, they go by their headers like any other exchange, and the
+    connection's key does not pair them again."""
+    conv = Conversation(conn="tap1-group")
+    frames = [conv.open(0), *av.handshake(conv, SECOND)]
+    frames += gr.join(
+        conv, 2 * SECOND, "m-1", 1, members=[{"MemberId": "m-1", "Metadata": gr.subscription("orders")}]
+    )
+    frames += gr.sync(conv, 3 * SECOND, "m-1", 1, ("orders",), {"m-1": ("orders",)})
+    mine = flatten(exchange_records(frames))
+    row = connection_row(mine)
+    assert [f.direction for f in row.frames] == ["open", "req", "resp"]
+    assert [ex.api_key for ex in row.exchanges] == [ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP]
 
 
 def _routes(routes: list[Route]) -> list[tuple[object, ...]]:

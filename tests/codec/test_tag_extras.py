@@ -1,7 +1,9 @@
-"""``tag_extras``: whether a decoded message holds unknown tags or tagged-section anomalies anywhere.
+"""``tag_extras``: whether a decoded message holds unknown tags or tagged-section anomalies anywhere,
+its decoded nested payloads included.
 
-The KIP-482 check skips its walk of every struct when the decode says there is nothing to find, so the
-flag must never say False where a ``_unknown_tags`` or ``_tag_anomalies`` key exists.
+The KIP-482 check skips its walk of every struct when the decode says there is nothing to find, and a
+connection's key gets an exchange by its headers only when it says False, so the flag must never say
+False where a ``_unknown_tags`` or ``_tag_anomalies`` key exists.
 """
 
 from __future__ import annotations
@@ -12,18 +14,26 @@ from typing import Any
 import pytest
 
 import codec
+from codec.nested import EmbeddedRequest, EmbeddedResponse, VersionedData
 from codec.protocol import ApiKey
+from tests.checks import test_groups as gr
+from tests.checks.builders import Conversation
 from tests.codec.strategies import ALL_MESSAGES, build_frame, decode_frame
 
 
 def _holds_extras(node: Any) -> bool:
-    """The oracle: a plain walk of the decoded header and body."""
+    """The oracle: a plain walk of the decoded header and body, into the nested payloads decoded."""
     if isinstance(node, dict):
         if "_unknown_tags" in node or "_tag_anomalies" in node:
             return True
         return any(_holds_extras(v) for v in node.values())
     if isinstance(node, list):
         return any(_holds_extras(v) for v in node)
+    if isinstance(node, VersionedData):
+        return _holds_extras(node.value)
+    if isinstance(node, EmbeddedRequest | EmbeddedResponse):
+        inner = node.request if isinstance(node, EmbeddedRequest) else node.response
+        return inner is not None and _holds_extras([inner.header, inner.body])
     return False
 
 
@@ -56,16 +66,59 @@ def test_an_anomalous_tagged_section_sets_it() -> None:
     assert "_tag_anomalies" in message.body and message.tag_extras is True
 
 
-def test_nested_payloads_leave_it_unknown() -> None:
+def _consumer_join(version: int) -> tuple[bytes, bytes]:
+    """A consumer JoinGroup exchange at ``version``, as wire bytes: its request and its answer (which
+    names its protocol type from v7 on), each with a member's subscription."""
+    member = [{"MemberId": "m", "GroupInstanceId": None, "Metadata": gr.subscription("orders")}]
+    request, answer = gr.join(Conversation(conn="c"), 0, "m", 1, members=member, version=version)
+    assert request.raw is not None and answer.raw is not None
+    return request.raw, answer.raw
+
+
+def test_decoded_nested_payloads_are_counted() -> None:
+    """A request's nested payloads are decoded with it, and an answer's that name their protocol type:
+    the flag covers them, evidence inside them included."""
+    for version in (7, 9):
+        raw_request, raw_answer = _consumer_join(version)
+        request = codec.decode_request(raw_request)
+        answer = codec.decode_response(raw_answer, ApiKey.JOIN_GROUP, version)
+        assert isinstance(request.body["Protocols"][0]["Metadata"], VersionedData)
+        assert isinstance(answer.body["Members"][0]["Metadata"], VersionedData)
+        assert request.tag_extras is False and answer.tag_extras is False
     inner = codec.encode_request(ApiKey.METADATA, 12, 7, "inner", {"Topics": None})
-    frame = codec.encode_request(
+    assert codec.decode_request(_envelope(inner)).tag_extras is False
+    tagged_inner = next(
+        frame
+        for seed in range(200)
+        if codec.decode_request(frame := build_frame("request", ApiKey.METADATA, 12, seed)).tag_extras
+    )
+    assert codec.decode_request(_envelope(tagged_inner)).tag_extras is True
+
+
+def _envelope(inner: bytes) -> bytes:
+    return codec.encode_request(
         ApiKey.ENVELOPE,
         0,
         1,
         "broker",
         {"RequestData": inner, "RequestPrincipal": b"", "ClientHostAddress": b""},
     )
-    assert codec.decode_request(frame).tag_extras is None
+
+
+def test_payloads_that_wait_for_the_request_leave_it_unknown() -> None:
+    """An answer whose payloads only its request tells how to decode: unknown alone, known with it."""
+    raw_request, raw_answer = _consumer_join(6)  # a v6 answer does not name its protocol type
+    request = codec.decode_request(raw_request)
+    alone = codec.decode_response(raw_answer, ApiKey.JOIN_GROUP, 6)
+    assert alone.tag_extras is None and isinstance(alone.body["Members"][0]["Metadata"], bytes)
+    paired = codec.decode_response(raw_answer, ApiKey.JOIN_GROUP, 6, request=request)
+    assert paired.tag_extras is False and isinstance(paired.body["Members"][0]["Metadata"], VersionedData)
+    inner = codec.encode_request(ApiKey.METADATA, 12, 7, "inner", {"Topics": None})
+    inner_answer = codec.encode_response(ApiKey.METADATA, 12, 7, {"Brokers": [], "Topics": []})
+    envelope = codec.decode_request(_envelope(inner))
+    answer = codec.encode_response(ApiKey.ENVELOPE, 0, 1, {"ResponseData": inner_answer, "ErrorCode": 0})
+    assert codec.decode_response(answer, ApiKey.ENVELOPE, 0).tag_extras is None
+    assert codec.decode_response(answer, ApiKey.ENVELOPE, 0, request=envelope).tag_extras is False
 
 
 def test_another_threads_decodes_do_not_leak_into_it() -> None:
