@@ -15,7 +15,13 @@ record per the tap topic contract, then measures on ``local[2]`` in one run:
 4. **latency**: the job live on a 1 s trigger while frames arrive at half its sustained rate, with
    violations injected; p50/p95 from a violating frame's ``ts_ns`` to webhook receipt, over the whole
    run (the verdict) and after the first 15 s of traffic (the job starts cold), with every alert's
-   figure in ``series``.
+   figure in ``series``. A live job pays each micro-batch's fixed cost, and here shares the host with
+   the broker and the feeder, so it may not keep up where the backlog's rate says it should: a run
+   *kept up* when, over its batches after the first 15 s, Spark processed rows at least as fast as
+   they arrived (median ``processedRowsPerSecond`` >= median ``inputRowsPerSecond``). Otherwise its
+   latencies measure a growing backlog, not the job, and the run is repeated at 0.6x the rate (up to
+   ``--latency-attempts`` runs; a ``--latency-rate`` given is kept). ``latency`` is the first run that
+   kept up (with no figures when none did); ``latency_attempts`` lists every run.
 
 All three throughput runs use ``availableNow`` over the same backlog and the same
 ``maxOffsetsPerTrigger``; rates are rows over the sum of batch durations (start-up excluded).
@@ -42,6 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -591,7 +598,8 @@ def measure_latency(
     stop.set()
     feeder.join(60)
     receiver.wait_for(lambda reqs: False, timeout=15)
-    PROGRESS["live"] = [json.loads(p.json) for p in job.query.recentProgress]
+    progress = [json.loads(p.json) for p in job.query.recentProgress]
+    PROGRESS.setdefault("live", []).extend(progress)
     job.stop_gracefully()
     job.close()
     # (seconds of traffic before the violating frame, its latency), in the order the violations came.
@@ -607,6 +615,7 @@ def measure_latency(
     steady = sorted(latency for at, latency in series if at >= LATENCY_WARMUP_SECONDS)
     return {
         "rate_frames_per_second": rate,
+        **kept_up(progress, fed_from + LATENCY_WARMUP_SECONDS),
         "alerts": len(latencies),
         "p50_seconds": statistics.median(latencies) if latencies else None,
         "p95_seconds": _p95(latencies),
@@ -622,6 +631,42 @@ def measure_latency(
 
 #: Seconds of live traffic whose alerts the ``after_warmup`` latency figures leave out.
 LATENCY_WARMUP_SECONDS = 15.0
+#: A run that did not keep up is repeated at this fraction of its rate.
+LATENCY_STEP_DOWN = 0.6
+
+
+def kept_up(progress: list[dict[str, Any]], after: float) -> dict[str, Any]:
+    """Whether a live query kept up with its input: over its batches that started ``after`` (epoch
+    seconds) and read rows, the median rate Spark processed rows at against the median they arrived at.
+    A job that falls behind takes longer over each batch than the data in it took to arrive, so it
+    processes slower than rows arrive, and its batches and latencies grow with the run's length."""
+    steady = [
+        p
+        for p in progress
+        if p.get("numInputRows")
+        and datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() >= after
+    ]
+    if not steady:
+        return {"kept_up": False, "batches_after_warmup": 0}
+    arrived = [float(p.get("inputRowsPerSecond") or 0.0) for p in steady]
+    processed = [float(p.get("processedRowsPerSecond") or 0.0) for p in steady]
+    return {
+        "kept_up": statistics.median(processed) >= statistics.median(arrived),
+        "batches_after_warmup": len(steady),
+        "median_input_rows_per_second": round(statistics.median(arrived), 1),
+        "median_processed_rows_per_second": round(statistics.median(processed), 1),
+        "median_batch_ms": statistics.median(int(p["durationMs"]["triggerExecution"]) for p in steady),
+    }
+
+
+def _keeping(latency: dict[str, Any]) -> str:
+    if not latency.get("batches_after_warmup"):
+        return "no batch after the warm-up: not kept up"
+    verdict = "kept up" if latency["kept_up"] else "fell behind"
+    return (
+        f"{verdict} (median rows/s processed {latency['median_processed_rows_per_second']:,.0f} against "
+        f"{latency['median_input_rows_per_second']:,.0f} arriving, batches {latency['median_batch_ms']} ms)"
+    )
 
 
 def _p95(ordered: list[float]) -> float | None:
@@ -653,6 +698,12 @@ def main() -> int:
         type=float,
         help="wire frames/s offered in the latency run (default: half the whole job's measured rate); a fixed "
         "rate compares builds whose throughput differs",
+    )
+    parser.add_argument(
+        "--latency-attempts",
+        type=int,
+        default=3,
+        help="latency runs at most: a run that does not keep up is repeated at 0.6x its rate (3)",
     )
     parser.add_argument(
         "--live-connections",
@@ -785,15 +836,28 @@ def main() -> int:
         )
         rate = args.latency_rate or max(job["wire_frames_per_second"] * 0.5, 100.0)
         if args.latency_seconds > 0:
-            print(f"latency at {rate:,.0f} frames/s for {args.latency_seconds:.0f} s ...", flush=True)
-            out["latency"] = latency = measure_latency(spark, config, bootstrap, rate, args.latency_seconds)
-            steady = latency["after_warmup"]
-            print(
-                f"    p50 {_secs(latency['p50_seconds'])}, p95 {_secs(latency['p95_seconds'])} over "
-                f"{latency['alerts']} alerts; after the first {steady['warmup_seconds']:.0f} s of traffic: "
-                f"p50 {_secs(steady['p50_seconds'])}, p95 {_secs(steady['p95_seconds'])} over {steady['alerts']}",
-                flush=True,
+            attempts: list[dict[str, Any]] = []
+            for _ in range(max(1, args.latency_attempts)):
+                print(f"latency at {rate:,.0f} frames/s for {args.latency_seconds:.0f} s ...", flush=True)
+                latency = measure_latency(spark, config, bootstrap, rate, args.latency_seconds)
+                attempts.append(latency)
+                steady = latency["after_warmup"]
+                print(
+                    f"    p50 {_secs(latency['p50_seconds'])}, p95 {_secs(latency['p95_seconds'])} over "
+                    f"{latency['alerts']} alerts; after the first {steady['warmup_seconds']:.0f} s of traffic: "
+                    f"p50 {_secs(steady['p50_seconds'])}, p95 {_secs(steady['p95_seconds'])} over "
+                    f"{steady['alerts']}; {_keeping(latency)}",
+                    flush=True,
+                )
+                if latency["kept_up"] or args.latency_rate:
+                    break
+                rate = round(rate * LATENCY_STEP_DOWN)
+            # A run that fell behind measured its own length, not the job: no latency figure then.
+            out["latency"] = next(
+                (a for a in attempts if a["kept_up"]),
+                {"kept_up": False, "p95_seconds": None, "rate_frames_per_second": None},
             )
+            out["latency_attempts"] = [{k: v for k, v in a.items() if k != "series"} for a in attempts]
         else:
             out["latency"] = {"p95_seconds": None}
         out["machine"]["load_after"] = os.getloadavg()
@@ -802,7 +866,8 @@ def main() -> int:
         stack.down()
     out["targets"] = {
         "job_over_raw >= 0.55": out["ratios"]["job_over_raw"] >= 0.55,
-        "p95 latency <= 3 s": (out["latency"]["p95_seconds"] or 1e9) <= 3.0,
+        "p95 latency <= 3 s": bool(out["latency"].get("kept_up"))
+        and (out["latency"]["p95_seconds"] or 1e9) <= 3.0,
     }
     print(json.dumps(out, indent=2, default=str))
     if args.progress:
