@@ -314,17 +314,11 @@ class _Content:
         self.texts = markers.texts
         self.raw = tuple(text.encode() for text in self.texts)
         self.exchanges = markers.exchanges
-        self._request = _Content._only(markers.client_id)
-
-    @staticmethod
-    def _only(text: str) -> _Content:
-        content = _Content.__new__(_Content)
-        content.texts, content.raw, content.exchanges = (text,), (text.encode(),), {}
-        return content
+        self._request = ((markers.client_id,), (markers.client_id.encode(),))
 
     def holds_request(self, value: Any) -> bool:
         """Whether ``value`` holds a request's own content (its client id: no answer carries one)."""
-        return self._request.carries(value)
+        return _holds(value, *self._request)
 
     def exchange_of(self, values: list[Any]) -> str | None:
         """The exchange whose correlation id is among ``values`` (an argument handed over as it is)."""
@@ -334,34 +328,7 @@ class _Content:
         return None
 
     def carries(self, value: Any) -> bool:
-        seen: set[int] = set()
-        stack = [value]
-        nodes = 0
-        while stack and nodes < _MAX_NODES:
-            item = stack.pop()
-            nodes += 1
-            if item is None or isinstance(item, (bool, int, float)):
-                continue
-            if isinstance(item, str):
-                if any(text in item for text in self.texts):
-                    return True
-                continue
-            if isinstance(item, (bytes, bytearray, memoryview)):
-                data = bytes(item)
-                if any(raw in data for raw in self.raw):
-                    return True
-                continue
-            if id(item) in seen or isinstance(item, (type, CodeType, FrameType)) or callable(item):
-                continue
-            seen.add(id(item))
-            if isinstance(item, dict):
-                stack.extend(item.keys())
-                stack.extend(item.values())
-            elif isinstance(item, (list, tuple, set, frozenset)):
-                stack.extend(item)
-            else:
-                stack.extend(_attributes(item))
-        return False
+        return _holds(value, self.texts, self.raw)
 
     def shapes(self, value: Any) -> list[str]:
         """The shapes of a value that carries the frame (the module docstring's rule)."""
@@ -376,6 +343,38 @@ class _Content:
             fields = sorted({_type_name(type(item)) for item in value if item is not None})
             return [f"{type(value).__name__}[{' | '.join(fields)}]"]
         return [_type_name(type(value))]
+
+
+def _holds(value: Any, texts: tuple[str, ...], raws: tuple[bytes, ...]) -> bool:
+    """Whether ``value`` holds one of ``texts`` (as text, or as ``raws``: their UTF-8 bytes) at any depth."""
+    seen: set[int] = set()
+    stack = [value]
+    nodes = 0
+    while stack and nodes < _MAX_NODES:
+        item = stack.pop()
+        nodes += 1
+        if item is None or isinstance(item, (bool, int, float)):
+            continue
+        if isinstance(item, str):
+            if any(text in item for text in texts):
+                return True
+            continue
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            data = bytes(item)
+            if any(raw in data for raw in raws):
+                return True
+            continue
+        if id(item) in seen or isinstance(item, (type, CodeType, FrameType)) or callable(item):
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        else:
+            stack.extend(_attributes(item))
+    return False
 
 
 def _type_name(klass: type) -> str:
@@ -467,12 +466,11 @@ class _Tracer:
         if caller is None:
             return
         content = self.content
-        self._pairing(frame, event, arg, caller, callee)
+        # A returned tuple is several values returned, as arguments are several values passed.
+        values = _arguments(frame) if event == "call" else list(arg) if type(arg) is tuple else [arg]
+        self._pairing(frame, event, values, arg, caller, callee)
         if caller[0] == callee[0]:
             return
-        # A returned tuple is several values returned, as arguments are several values passed.
-        returned = list(arg) if type(arg) is tuple else [arg]
-        values = _arguments(frame) if event == "call" else returned
         shapes = [shape for v in values if content.carries(v) for shape in content.shapes(v)]
         if not shapes:
             return
@@ -500,11 +498,17 @@ class _Tracer:
         return thread
 
     def _pairing(
-        self, frame: FrameType, event: str, arg: Any, caller: tuple[str, str], callee: tuple[str, str]
+        self,
+        frame: FrameType,
+        event: str,
+        arguments: list[Any],
+        arg: Any,
+        caller: tuple[str, str],
+        callee: tuple[str, str],
     ) -> None:
-        """A call handed an exchange's correlation id is a pairing when it hands back its request."""
+        """A call handed an exchange's correlation id is a pairing when it hands back its request
+        (``arguments``: the call's, on its ``call`` event; ``arg``: what it returned)."""
         if event == "call":
-            arguments = _arguments(frame)
             exchange = self.content.exchange_of(arguments)
             # Handed the request itself, a call builds from it (a frame, a message): it finds nothing.
             if exchange is not None and not any(self.content.holds_request(a) for a in arguments):

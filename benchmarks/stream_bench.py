@@ -648,13 +648,13 @@ def kept_up(progress: list[dict[str, Any]], after: float) -> dict[str, Any]:
     ]
     if not steady:
         return {"kept_up": False, "batches_after_warmup": 0}
-    arrived = [float(p.get("inputRowsPerSecond") or 0.0) for p in steady]
-    processed = [float(p.get("processedRowsPerSecond") or 0.0) for p in steady]
+    arrived = statistics.median(float(p.get("inputRowsPerSecond") or 0.0) for p in steady)
+    processed = statistics.median(float(p.get("processedRowsPerSecond") or 0.0) for p in steady)
     return {
-        "kept_up": statistics.median(processed) >= statistics.median(arrived),
+        "kept_up": processed >= arrived,
         "batches_after_warmup": len(steady),
-        "median_input_rows_per_second": round(statistics.median(arrived), 1),
-        "median_processed_rows_per_second": round(statistics.median(processed), 1),
+        "median_input_rows_per_second": round(arrived, 1),
+        "median_processed_rows_per_second": round(processed, 1),
         "median_batch_ms": statistics.median(int(p["durationMs"]["triggerExecution"]) for p in steady),
     }
 
