@@ -16,6 +16,7 @@ import heapq
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
+from itertools import islice
 from typing import Any, ClassVar, Generic, TypeVar
 
 from mypy_extensions import mypyc_attr
@@ -182,7 +183,9 @@ class Context:
         if isinstance(container, list):
             del container[:excess]
         else:
-            for key in list(container)[:excess]:
+            # Only the oldest ``excess`` keys are listed: a container held at its bound trims one key
+            # per insert, and listing them all made each insert cost the whole container.
+            for key in list(islice(container, excess)):
                 del container[key]
         self.stats.evicted_entries += excess
 

@@ -6,6 +6,8 @@ import sys
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import checks
 from checks.engine import Monitor
@@ -366,3 +368,42 @@ def test_a_tap_event_is_an_info_finding_that_names_the_tap() -> None:
     ]
     assert "worker 0 (pid 77, exit -9) died" in findings[0].summary
     assert monitor.stats.decode_errors == 0 and monitor.stats.header_only == 0
+
+
+class _CountingDict(dict[Any, Any]):
+    """A dict that counts the keys its iterator hands out."""
+
+    handed = 0
+
+    def __iter__(self) -> Any:
+        for key in super().__iter__():
+            type(self).handed += 1
+            yield key
+
+
+@given(
+    size=st.integers(min_value=0, max_value=40),
+    limit=st.integers(min_value=1, max_value=30),
+    as_list=st.booleans(),
+)
+def test_trim_keeps_the_newest_entries_in_order(size: int, limit: int, as_list: bool) -> None:
+    ctx = Context(ChecksSettings(max_entries_per_key=limit))
+    items = [f"k{i}" for i in range(size)]
+    container: dict[Any, Any] | list[Any] = list(items) if as_list else dict.fromkeys(items, 1)
+    ctx.trim(container)
+    kept = items[max(0, size - limit) :]
+    assert list(container) == kept
+    assert ctx.stats.evicted_entries == size - len(kept)
+
+
+def test_trimming_a_full_container_reads_only_the_keys_it_drops() -> None:
+    # A container held at its bound trims on every insert: reading all of it each time made the
+    # cluster key's fleet matrix cost its whole size per new connection.
+    ctx = Context(ChecksSettings(max_entries_per_key=1_000))
+    container = _CountingDict.fromkeys(range(1_000), True)
+    for new in range(1_000, 1_050):
+        container[new] = True
+        _CountingDict.handed = 0
+        ctx.trim(container)
+        assert _CountingDict.handed == 1
+    assert list(container) == list(range(50, 1_050))
