@@ -768,6 +768,7 @@ def main() -> int:
     stack = LocalStack(home / "stack")
     stack.up()
     out: dict[str, Any] = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "spark_conf": dict(SPARK_CONF),
         "state_buckets": STATE_BUCKETS.get("state_buckets"),
