@@ -140,6 +140,19 @@ def _schema_problems(where: str, saved: dict[str, Any], new: dict[str, Any]) -> 
     return problems
 
 
+def _reads_layout(reader: str, saved: str) -> bool:
+    """Whether a build whose bucket state layout is ``reader`` reads state saved in layout ``saved``:
+    its own, and from ``pages-2`` on every earlier ``pages-N`` (``streaming.pages`` reads and rewrites
+    the meta of the formats before its own)."""
+    if reader == saved:
+        return True
+    prefix = "pages-"
+    if not (reader.startswith(prefix) and saved.startswith(prefix)):
+        return False
+    reads, wrote = int(reader[len(prefix) :]), int(saved[len(prefix) :])
+    return reads >= 2 and wrote < reads
+
+
 def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Why a build with shape ``new`` cannot resume a checkpoint written with shape ``saved`` (empty: it can).
 
@@ -173,7 +186,7 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             f"{new.get('bucket_scheme', 1)}): each bucket's state is stored under its grouping value"
         )
     # A shape without it was written when each connection and route key had a state entry of its own.
-    if saved.get("state_layout", "entries") != new.get("state_layout", "entries"):
+    if not _reads_layout(new.get("state_layout", "entries"), saved.get("state_layout", "entries")):
         problems.append(
             f"bucket state layout changed ({saved.get('state_layout', 'entries')} -> "
             f"{new.get('state_layout', 'entries')}): the checkpoint's state is kept in another layout, "

@@ -5,14 +5,22 @@ server, and a round trip costs about the same whether it carries one entry or a 
 (``benchmarks/state_api_bench.py``: ~0.85 ms each on the 2-core machine). A bucket that held one
 ``MapState`` entry per key paid a round trip for every key a call touched, twice (read and write): a
 fleet's long-lived connections are all touched in every batch, so the connection entries' state work
-grew with the fleet, not with the traffic. Here a bucket's entries live in ``2**depth`` pages (a key's page is
-a hash of the key), and a call pays a round trip per page it touches, plus one to read and one to
-write the bucket's *meta*: the format, each page's entry count and every key's next call (the due
-index, so a lookup of a key the bucket does not hold and a timer's sweep read no page in vain).
+grew with the fleet, not with the traffic. Here a bucket's entries live in pages of at most
+``entries_per_page``, and a call pays a round trip per page it touches, plus one to read and one to
+write the bucket's *meta*: the format, every key's page and next call (the index, so a lookup of a key
+the bucket does not hold and a timer's sweep read no page in vain), the armed timer and the open page.
 
-The page count doubles when the entries average more than ``entries_per_page`` per page (each
-existing page splits in two, read and written once), so a page's size stays bounded as the state
-grows and the cost of a split is paid once per doubling.
+**Pages by arrival.** A new key goes to the bucket's *open* page, and a new open page is started when it
+is full, so keys that arrive together share pages. Keys that arrive together are mostly touched together
+after (a producer's routes wait for the watermark and are released a batch or two later; short sessions
+idle out together), so a call that meets many new keys touches a page or two, not every page of the
+bucket, as placing keys by a hash of the key did: with a hash, the 20 new producers a batch brings a
+bucket touched all 16 of its pages once it held 1,200 entries, and the state round trips of a live batch
+grew with the state. A page the call writes anyway that has fallen to a quarter full or less moves its
+entries to the open page, so removals do not leave a bucket of long-lived keys spread thin.
+
+Format 1 placed keys by ``page_hash``; it is read (each key's page is its hash modulo the page count)
+and written back as format 2.
 
 Pure: no Spark. ``streaming.processors`` backs it with Spark state (``PageBackend``); tests and
 benchmarks back it with ``DictPageBackend``, which counts the round trips a Spark backend would make.
@@ -26,14 +34,15 @@ from typing import Any, Final, Protocol
 
 import msgpack
 
-#: Layout number of the meta and pages; a meta of another number is refused, never misread.
-PAGES_FORMAT: Final = 1
-#: A bucket doubles its page count when its entries average more than this many per page. A round trip
-#: costs about the same for one entry or 128 (``benchmarks/state_api_bench.py``: ~0.85 ms, and 1.0 ms for
-#: a 40 kB value), so larger pages mean fewer trips: 128 against 32 cut the stages' trips by 35 % on
-#: 6,000-frame batches and by 51 % on 20,000-frame ones (``stages_bench.py``), their CPU within the
-#: run-to-run spread. Only when a split happens depends on it (the page count is in the meta), so a
-#: bucket saved with smaller pages is read as it is.
+#: Layout number of the meta this build writes; ``READABLE_PAGES_FORMATS`` are read, any other is
+#: refused, never misread.
+PAGES_FORMAT: Final = 2
+READABLE_PAGES_FORMATS: Final = frozenset({1, 2})
+#: The most entries a page holds. A round trip costs about the same for one entry or 128
+#: (``benchmarks/state_api_bench.py``: ~0.85 ms, and 1.0 ms for a 40 kB value), so larger pages mean
+#: fewer trips: 128 against 32 cut the stages' trips by 35 % on 6,000-frame batches and by 51 % on
+#: 20,000-frame ones (``stages_bench.py``), their CPU within the run-to-run spread. Only where new keys
+#: go depends on it (every key's page is in the meta), so a bucket saved with other pages is read as it is.
 ENTRIES_PER_PAGE: Final = 128
 
 Entry = tuple[Any, ...]
@@ -146,10 +155,14 @@ class PagedBucketStore:
     def begin(self) -> None:
         """Before a call: forget what the last call read (another bucket may have run in between)."""
         self._loaded = False
-        #: Entries per page (its length is the page count, a power of two).
-        self._counts: list[int] = [0]
+        #: Every key's page.
+        self._place: dict[str, int] = {}
+        #: Entries per page that holds any.
+        self._counts: dict[int, int] = {}
         #: Every entry's next call: the due index.
         self._dues: dict[str, int | None] = {}
+        #: The page new keys go to.
+        self._open = 0
         #: The bucket's armed event-time timer, kept with the meta (``armed``).
         self._armed: int | None = None
         self._meta_dirty = False
@@ -166,10 +179,21 @@ class PagedBucketStore:
         if data is None:
             return
         saved = msgpack.unpackb(data, raw=False)
-        if not isinstance(saved, list) or not saved or saved[0] != PAGES_FORMAT:
-            found = saved[0] if isinstance(saved, list) and saved else "?"
-            raise PageFormatError(f"bucket state pages of format {found!r}; this build reads {PAGES_FORMAT}")
-        _, self._counts, self._dues, self._armed = saved
+        layout = saved[0] if isinstance(saved, list) and saved else "?"
+        if layout not in READABLE_PAGES_FORMATS:
+            readable = ", ".join(map(str, sorted(READABLE_PAGES_FORMATS)))
+            raise PageFormatError(f"bucket state pages of format {layout!r}; this build reads {readable}")
+        if layout == 1:
+            _, counts, self._dues, self._armed = saved
+            mask = len(counts) - 1
+            self._place = {key: page_hash(key) & mask for key in self._dues}
+            self._meta_dirty = True  # written back as this build's format
+        else:
+            _, keys, pages, dues, self._armed, self._open = saved
+            self._place = dict(zip(keys, pages, strict=True))
+            self._dues = dict(zip(keys, dues, strict=True))
+        for page in self._place.values():
+            self._counts[page] = self._counts.get(page, 0) + 1
 
     @property
     def armed(self) -> int | None:
@@ -189,35 +213,43 @@ class PagedBucketStore:
 
     # -- pages -------------------------------------------------------------------------------------
 
-    def _page_of(self, key: str) -> int:
-        return page_hash(key) & (len(self._counts) - 1)
-
     def _page(self, page: int) -> dict[str, Entry]:
         entries = self._pages.get(page)
         if entries is None:
             # A page the meta counts empty is not asked for.
-            data = self.backend.read_page(page) if self._counts[page] else None
+            data = self.backend.read_page(page) if self._counts.get(page) else None
             entries = _unpack_page(data) if data is not None else {}
             self._pages[page] = entries
         return entries
+
+    def _place_new(self, key: str, value: Entry) -> None:
+        """A key the bucket does not hold, into the open page (a new one when it is full)."""
+        page = self._open
+        if self._counts.get(page, 0) >= self.entries_per_page:
+            page = self._open = next(p for p in range(len(self._counts) + 1) if not self._counts.get(p))
+        self._page(page)[key] = value
+        self._place[key] = page
+        self._counts[page] = self._counts.get(page, 0) + 1
+        self._dirty.add(page)
+        self._meta_dirty = True
 
     # -- BucketStore -------------------------------------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
         self._meta()
-        if key not in self._dues:
-            return None  # the due index names every entry the bucket holds
-        return self._page(self._page_of(key)).get(key)
+        page = self._place.get(key)
+        if page is None:
+            return None  # the index names every entry the bucket holds
+        return self._page(page).get(key)
 
     def put(self, key: str, value: Entry) -> None:
         self._meta()
-        page = self._page_of(key)
-        entries = self._page(page)
-        if key not in entries:
-            self._counts[page] += 1
-            self._meta_dirty = True
-        entries[key] = value
-        self._dirty.add(page)
+        page = self._place.get(key)
+        if page is None:
+            self._place_new(key, value)
+        else:
+            self._page(page)[key] = value
+            self._dirty.add(page)
         due = value[-1]
         if key not in self._dues or self._dues[key] != due:
             self._dues[key] = due
@@ -225,19 +257,24 @@ class PagedBucketStore:
 
     def remove(self, key: str) -> None:
         self._meta()
-        if key not in self._dues:
+        page = self._place.pop(key, None)
+        if page is None:
             return
-        del self._dues[key]
+        self._dues.pop(key, None)
         self._meta_dirty = True
-        page = self._page_of(key)
-        entries = self._page(page)
-        if entries.pop(key, None) is not None:
-            self._counts[page] -= 1
-            self._dirty.add(page)
+        self._page(page).pop(key, None)
+        self._counts[page] -= 1
+        if not self._counts[page]:
+            del self._counts[page]
+        self._dirty.add(page)
 
     def items(self) -> list[tuple[str, Entry]]:
         """Every entry (one listing of the pages, merged with what this call changed)."""
-        return [item for entries in self._all_pages().values() for item in entries.items()]
+        self._meta()
+        pages = {page: _unpack_page(data) for page, data in self.backend.read_pages()}
+        pages.update(self._pages)  # what this call read and changed wins over what is saved
+        self._pages = pages
+        return [item for entries in pages.values() for item in entries.items()]
 
     def due(self, watermark_ms: int) -> tuple[list[tuple[str, Entry]], int | None]:
         """``BucketStore.due`` from the due index: only the pages that hold due entries are read."""
@@ -245,56 +282,44 @@ class PagedBucketStore:
         keys, later = split_due(((key, (at,)) for key, at in self._dues.items()), watermark_ms)
         ready: list[tuple[str, Entry]] = []
         for key, _ in keys:
-            entry = self._page(self._page_of(key)).get(key)
+            entry = self._page(self._place[key]).get(key)
             if entry is None:  # named by the index but in no page: nothing to do for it
-                del self._dues[key]
-                self._meta_dirty = True
+                self.remove(key)
                 continue
             ready.append((key, entry))
         return ready, later
 
     def finish(self) -> None:
-        """After the call: split the pages if the bucket outgrew them, then write what changed."""
+        """After the call: move the entries of thin pages it touched to the open page, then write what
+        changed."""
         self._meta()
-        if len(self._dues) > self.entries_per_page * len(self._counts):
-            self._split()
+        thin = self.entries_per_page // 4
+        for page in sorted(self._dirty):
+            if page != self._open and 0 < self._counts.get(page, 0) <= thin:
+                moving = self._pages[page]
+                self._pages[page] = {}
+                del self._counts[page]
+                for key, value in moving.items():
+                    self._place_new(key, value)
         for page in sorted(self._dirty):
             entries = self._pages[page]
             self.backend.write_page(page, _pack_page(entries) if entries else None)
         self._dirty.clear()
         if self._meta_dirty:
             empty = not self._dues and self._armed is None
+            keys = list(self._dues)
             self.backend.write_meta(
-                None if empty else msgpack.packb([PAGES_FORMAT, self._counts, self._dues, self._armed])
+                None
+                if empty
+                else msgpack.packb(
+                    [
+                        PAGES_FORMAT,
+                        keys,
+                        [self._place[key] for key in keys],
+                        [self._dues[key] for key in keys],
+                        self._armed,
+                        self._open,
+                    ]
+                )
             )
             self._meta_dirty = False
-
-    def _all_pages(self) -> dict[int, dict[str, Entry]]:
-        return self._listing()[0]
-
-    def _listing(self) -> tuple[dict[int, dict[str, Entry]], set[int]]:
-        """Every page, merged with what this call changed; and the pages the backend holds."""
-        self._meta()
-        pages = {page: _unpack_page(data) for page, data in self.backend.read_pages()}
-        saved = set(pages)
-        pages.update(self._pages)  # what this call read and changed wins over what is saved
-        self._pages = pages
-        return pages, saved
-
-    def _split(self) -> None:
-        """Double the page count until the entries fit: every page is read once and written once."""
-        pages, saved = self._listing()
-        entries = {key: value for page in pages.values() for key, value in page.items()}
-        size = len(self._counts)
-        while len(entries) > self.entries_per_page * size:
-            size *= 2
-        split: dict[int, dict[str, Entry]] = {page: {} for page in range(size)}
-        for key, value in entries.items():
-            split[page_hash(key) & (size - 1)][key] = value
-        self._counts = [len(split[page]) for page in range(size)]
-        # A saved page that holds no entry now must be dropped too, including one this call emptied
-        # before the split (judged by what is saved, not by this call's copy of the page, which is
-        # already empty: such a page was left behind and its entries came back).
-        self._dirty = {page for page in range(size) if split[page]} | saved
-        self._pages = split
-        self._meta_dirty = True
