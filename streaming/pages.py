@@ -14,9 +14,9 @@ the bucket does not hold and a timer's sweep read no page in vain), the armed ti
 is full, so keys that arrive together share pages. Keys that arrive together are mostly touched together
 after (a producer's routes wait for the watermark and are released a batch or two later; short sessions
 idle out together), so a call that meets many new keys touches a page or two, not every page of the
-bucket, as placing keys by a hash of the key did: with a hash, the 20 new producers a batch brings a
-bucket touched all 16 of its pages once it held 1,200 entries, and the state round trips of a live batch
-grew with the state. A page the call writes anyway that has fallen to a quarter full or less moves its
+bucket, as placing keys by a hash of the key did: with a hash, the producers a live batch brings a bucket
+and those it releases (20-30 each in ``benchmarks/stream_bench.py``) touched 15 of its 16 pages once it
+held 1,200 entries, so the state round trips of a live batch grew with the state. A page the call writes anyway that has fallen to a quarter full or less moves its
 entries to the open page, so removals do not leave a bucket of long-lived keys spread thin.
 
 Format 1 placed keys by ``page_hash``; it is read (each key's page is its hash modulo the page count)
