@@ -15,9 +15,10 @@ record per the tap topic contract, then measures on ``local[2]`` in one run:
 4. **latency**: the job live on a 1 s trigger while frames arrive at half its sustained rate, with
    violations injected; p50/p95 from a violating frame's ``ts_ns`` to webhook receipt, over the whole
    run (the verdict) and after the first 15 s of traffic (the job starts cold), with every alert's
-   figure in ``series``, and ``beyond_lateness``: the same less the lateness (``checks.watermark_seconds``,
-   2 s here), which every entity finding waits for by design. A live job pays each micro-batch's fixed cost, and here shares the host with
-   the broker and the feeder, so it may not keep up where the backlog's rate says it should: a run
+   figure in ``series``, and ``beyond_lateness``: the same less the lateness
+   (``checks.watermark_seconds``, 2 s here), which every entity finding waits for by design. A live job
+   pays each micro-batch's fixed cost, and here shares the host with the broker and the feeder, so it
+   may not keep up where the backlog's rate says it should: a run
    *kept up* when, over its batches after the first 15 s, Spark processed rows at least as fast as
    they arrived (median ``processedRowsPerSecond`` >= median ``inputRowsPerSecond``). Otherwise its
    latencies measure a growing backlog, not the job, and the run is repeated at 0.6x the rate (up to

@@ -109,7 +109,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "shuffle_partitions": config.stream.shuffle_partitions,
         "state_buckets": config.stream.buckets,
         "bucket_scheme": BUCKET_SCHEME,
-        "state_layout": f"pages-{PAGES_FORMAT}",
+        "state_layout": pages_layout(PAGES_FORMAT),
         "state_format": STATE_FORMAT,
         "route_scheme": ROUTE_SCHEME,
         "stages": stages,
@@ -142,15 +142,17 @@ def _schema_problems(where: str, saved: dict[str, Any], new: dict[str, Any]) -> 
 
 def _reads_layout(reader: str, saved: str) -> bool:
     """Whether a build whose bucket state layout is ``reader`` reads state saved in layout ``saved``:
-    its own, and from ``pages-2`` on every earlier ``pages-N`` (``streaming.pages`` reads and rewrites
-    the meta of the formats before its own)."""
-    if reader == saved:
-        return True
-    prefix = "pages-"
-    if not (reader.startswith(prefix) and saved.startswith(prefix)):
-        return False
-    reads, wrote = int(reader[len(prefix) :]), int(saved[len(prefix) :])
-    return reads >= 2 and wrote < reads
+    any build reads its own; this build also reads what ``streaming.pages`` says it reads."""
+    from streaming.pages import PAGES_FORMAT, READABLE_PAGES_FORMATS
+
+    return reader == saved or (
+        reader == pages_layout(PAGES_FORMAT) and saved in {pages_layout(n) for n in READABLE_PAGES_FORMATS}
+    )
+
+
+def pages_layout(pages_format: int) -> str:
+    """A query shape's ``state_layout`` for buckets kept in pages of ``pages_format``."""
+    return f"pages-{pages_format}"
 
 
 def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:

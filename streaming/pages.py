@@ -16,8 +16,9 @@ after (a producer's routes wait for the watermark and are released a batch or tw
 idle out together), so a call that meets many new keys touches a page or two, not every page of the
 bucket, as placing keys by a hash of the key did: with a hash, the producers a live batch brings a bucket
 and those it releases (20-30 each in ``benchmarks/stream_bench.py``) touched 15 of its 16 pages once it
-held 1,200 entries, so the state round trips of a live batch grew with the state. A page the call writes anyway that has fallen to a quarter full or less moves its
-entries to the open page, so removals do not leave a bucket of long-lived keys spread thin.
+held 1,200 entries, so the state round trips of a live batch grew with the state. A page the call writes
+anyway that has fallen to a quarter full or less moves its entries to the open page, so removals do not
+leave a bucket of long-lived keys spread thin.
 
 Format 1 placed keys by ``page_hash``; it is read (each key's page is its hash modulo the page count)
 and written back as format 2.
