@@ -613,8 +613,10 @@ def render(figures: Figures) -> str:
         "",
         "Back and forth: " + (", ".join(f"`{pair}`" for pair in figures.back_and_forth) or "none") + ".",
         "",
-        f"**{len(figures.pairing_implementations)} pairing implementations, "
-        + ", ".join(f"{name} paired {len(calls)} times" for name, calls in figures.pairings.items())
+        f"**{_counted(len(figures.pairing_implementations), 'pairing implementation')}, "
+        + ", ".join(
+            f"{name} paired {_counted(len(calls), 'time')}" for name, calls in figures.pairings.items()
+        )
         + f"** (targets: at most {MAX_PAIRING_IMPLEMENTATIONS} implementation and "
         f"{MAX_PAIRINGS_PER_EXCHANGE} pairing per exchange):",
         "",
@@ -630,6 +632,11 @@ def render(figures: Figures) -> str:
         END,
     ]
     return "\n".join(lines)
+
+
+def _counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: "1 time", "3 times"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _short(call: str) -> str:

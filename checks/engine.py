@@ -230,6 +230,23 @@ class Monitor:
         out, ctx.findings = ctx.findings, []
         return out
 
+    def feed_paired(self, frame: TapFrame, request: TapFrame | None = None) -> list[Finding]:
+        """``feed`` of a frame whose pairing was done before it came (a keyed shard fed the router's
+        exchanges): a request that waits here for no answer (its answer, if any, comes with
+        ``request`` set), or an answer with the ``request`` it answers. No request is held and none is
+        looked up. For a monitor with no lateness (the stages' shards), which releases as it is fed."""
+        if self._lateness_ns or self._heap:
+            raise ValueError("feed_paired releases as it is fed: for a monitor with no lateness")
+        ts = frame.ts_ns
+        if ts < self.released_ts:
+            if not self.in_record_order:
+                self.ctx.stats.late_frames += 1
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        self._release(frame, request, False)
+        self._fire_timers(self.max_ts)
+        return self.take_findings()
+
     def feed_header_exchange(self, meta: ConnectionMeta, header: HeaderExchange) -> list[Finding]:
         """``feed`` of an exchange's request and answer known by their headers (a connection shard's
         ``HeaderExchange``: no rule's transitions name it whole), without making the frames where no
@@ -338,16 +355,20 @@ class Monitor:
             release(pop(heap)[-1])
         self._fire_timers(upto)
 
-    def _release(self, frame: TapFrame) -> None:
+    def _release(self, frame: TapFrame, request: TapFrame | None = None, pairs: bool = True) -> None:
+        """Release ``frame`` to the rules. ``pairs``: this monitor pairs answers with the requests it
+        holds; otherwise it holds none, and an answer comes with its ``request`` (``feed_paired``)."""
         ts = frame.ts_ns
         if ts > self.released_ts:
             self.released_ts = ts
             self._fire_timers(ts)
             if ts >= self._next_sweep:
                 self._sweep(ts)
-        conn = self.conns.get(frame.conn)
-        if conn is None:
-            conn = self.conns[frame.conn] = _ConnState()
+        conn: _ConnState | None = None
+        if pairs:
+            conn = self.conns.get(frame.conn)
+            if conn is None:
+                conn = self.conns[frame.conn] = _ConnState()
         if frame.lost > 0:
             # The tap says it lost records of this connection: from this frame on, until the connection
             # closes, its findings may be wrong for want of them. A gap alone does not say so (the
@@ -356,7 +377,7 @@ class Monitor:
             self.ctx.incomplete_conns.add(frame.conn)
         direction = frame.direction
         if direction == "close":
-            self._close(frame, conn)
+            self._close(frame)
             return
         if direction == "open":
             return
@@ -382,19 +403,25 @@ class Monitor:
         if direction == "req":
             self._on_request(frame, conn)
         elif direction == "resp":
-            self._on_response(frame, conn)
+            if conn is not None:
+                self._on_response(frame, conn)
+            elif request is not None:
+                self._on_answer(request, frame)
 
-    def _on_request(self, frame: TapFrame, conn: _ConnState) -> None:
+    def _on_request(self, frame: TapFrame, conn: _ConnState | None) -> None:
+        """A request's hook; ``conn``: where it waits for its answer (None: it waits nowhere here)."""
         request = frame.request
         if request is None:
             return
-        conn.pending[request.correlation_id] = frame
-        self.ctx.trim(conn.pending)
+        if conn is not None:
+            conn.pending[request.correlation_id] = frame
+            self.ctx.trim(conn.pending)
         exchange = Exchange(frame, None)
         self._dispatch("on_request", exchange)
         if request.api_key == PRODUCE and request.body.get("Acks") == 0:
             # acks=0: no response will ever come, so the exchange completes now.
-            conn.answered(request.correlation_id)
+            if conn is not None:
+                conn.answered(request.correlation_id)
             self._complete(exchange)
 
     def _on_response(self, frame: TapFrame, conn: _ConnState) -> None:
@@ -408,8 +435,15 @@ class Monitor:
             if self.report_frames:
                 self.stats.unpaired_responses += 1
             return
+        self._on_answer(request_frame, frame)
+
+    def _on_answer(self, request_frame: TapFrame, frame: TapFrame) -> None:
+        """The answer ``frame`` to ``request_frame``, however they were paired."""
+        request, response = request_frame.request, frame.response
+        if request is None or response is None:
+            return
         # Nested payloads that need the request (Envelope inner responses, pre-v7 JoinGroup metadata).
-        expand_response(response, request_frame.request)
+        expand_response(response, request)
         self._complete(Exchange(request_frame, frame))
 
     def _header_only_request(self, frame: TapFrame) -> None:
@@ -525,7 +559,7 @@ class Monitor:
                 continue
             rule.on_timer(state, key, deadline, RuleContext(ctx, rule_name, key))
 
-    def _close(self, frame: TapFrame, conn: _ConnState) -> None:
+    def _close(self, frame: TapFrame) -> None:
         for rule in self.rules:
             skey = (rule.name, frame.conn)
             state = self.states.get(skey)

@@ -1,8 +1,9 @@
-"""A route: one frame the router sends on to one keyed shard, and the entry it travels as.
+"""A route: one frame the router sends on to one keyed shard, with its answer, and the entry it travels as.
 
 The router (``checks.sharding.Router``) makes routes, the keyed shard (``checks.sharding.KeyedShard``)
 is fed them, and between the two, in the job, a route travels as a ``RouteEntry``: the frame packed
-(``codec.taprecord.pack_frame``), its release time and its flags, in a bundle (``streaming.router``)
+(``codec.taprecord.pack_frame``), its release time and its flags, and the answer the router paired it
+with (packed as the frame is, with its time and seq), in a bundle (``streaming.router``)
 and then in its key's held entries (``streaming.stages``). ``route_entry`` and ``summary_entry`` write
 an entry, ``RouteEntry.route`` reads one; a summary's entry carries the routes it stands for, packed
 as one run of their connection's frames (``codec.taprecord.pack_run``) and read only when the keyed
@@ -24,6 +25,11 @@ from codec import facts, taprecord
 from codec.taprecord import TapFrame
 
 _NS_PER_MS: Final = 1_000_000
+#: How route entries are written: 1, each answer an entry of its own, which the keyed shard pairs with
+#: its request; 2, an answered request's entry carries the answer (``RouteEntry.answer``) and is flagged
+#: ``PAIRED``. This build reads both (a checkpoint's held entries); a build of 1 cannot read 2.
+ROUTE_ENTRY_FORMAT: Final = 2
+READABLE_ROUTE_ENTRY_FORMATS: Final = frozenset({1, 2})
 
 
 @dataclass(init=False)
@@ -47,6 +53,14 @@ class Route:
     #: what the keys derived from the request's body, so a summary reads those instead of deriving them
     #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
     asked: Exchange | None = field(default=None, compare=False, repr=False)
+    #: The router paired this request: its answer, if this key gets one, is ``answer``, and nothing
+    #: after the router looks for it. False only for routes a build before exchange routes wrote (its
+    #: answers travel as routes of their own, which the keyed shard pairs).
+    paired: bool = True
+    #: The request's answer, pruned as ``frame`` is: released where it sorts, ``answer.ts_ns``.
+    answer: TapFrame | None = None
+    #: The tap reported losing records of the answer's connection by the time of the answer.
+    answer_incomplete: bool = False
 
     def __init__(
         self,
@@ -57,6 +71,9 @@ class Route:
         request_only: bool = False,
         summary: Summary | None = None,
         asked: Exchange | None = None,
+        paired: bool = True,
+        answer: TapFrame | None = None,
+        answer_incomplete: bool = False,
     ) -> None:
         self.key = key
         self.frame = frame
@@ -65,12 +82,23 @@ class Route:
         self.request_only = request_only
         self.summary = summary
         self.asked = asked
+        self.paired = paired
+        self.answer = answer
+        self.answer_incomplete = answer_incomplete
+
+    @property
+    def end_ns(self) -> int:
+        """When the last frame this route carries is released: its answer's time, or ``at_ns``."""
+        answer = self.answer
+        return self.at_ns if answer is None or answer.ts_ns < self.at_ns else answer.ts_ns
 
 
 #: ``RouteEntry.flags``: the tap reported losing records of the frame's connection (the keyed shard's
 #: findings about it are incomplete); a request whose answer this key will never get; a summary of a
-#: run of routes (``checks.summaries``: ``frame`` then packs its kind, facts and original entries).
-INCOMPLETE, REQUEST_ONLY, SUMMARY = 1, 2, 4
+#: run of routes (``checks.summaries``: ``frame`` then packs its kind, facts and original entries);
+#: the router paired the request (``Route.paired``); its answer comes with it (in a summary's run, as
+#: the next frame); the tap had lost records of the connection by the time of that answer.
+INCOMPLETE, REQUEST_ONLY, SUMMARY, PAIRED, ANSWERED, ANSWER_INCOMPLETE = 1, 2, 4, 8, 16, 32
 
 
 class RouteEntry(NamedTuple):
@@ -84,8 +112,16 @@ class RouteEntry(NamedTuple):
     seq: int
     #: The frame as ``codec.taprecord.pack_frame`` made it, pruned to the key kind's projection.
     frame: bytes
-    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY``.
+    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY`` | ``PAIRED`` | ``ANSWER_INCOMPLETE``.
     flags: int
+    #: The request's answer: [ts_ns, seq, the answer packed as ``frame`` is], or None.
+    answer: list[Any] | None = None
+
+    @property
+    def answer_order(self) -> tuple[int, str, int] | None:
+        """Where the answer sorts in release order (ts_ns, conn, seq), or None."""
+        answer = self.answer
+        return None if answer is None else (answer[0], self.conn, answer[1])
 
     def route(self, key: str) -> Route:
         if self.flags & SUMMARY:
@@ -102,12 +138,30 @@ class RouteEntry(NamedTuple):
             summary = Summary(kind, FACTS[kind].from_list(values), expand, first, last)
             placeholder = TapFrame(self.conn, self.seq, self.ts_ns, "summary")
             return Route(key, placeholder, self.at_ms * _NS_PER_MS, summary=summary)
-        return _plain_route(key, taprecord.unpack_frame(self.frame), self.at_ms, self.flags)
+        answer = self.answer
+        return _plain_route(
+            key,
+            taprecord.unpack_frame(self.frame),
+            self.at_ms,
+            self.flags,
+            None if answer is None else taprecord.unpack_frame(answer[2]),
+        )
 
 
-def _plain_route(key: str, frame: TapFrame, at_ms: int, flags: int) -> Route:
+def _plain_route(key: str, frame: TapFrame, at_ms: int, flags: int, answer: TapFrame | None) -> Route:
     """A route that is not a summary, from what its entry keeps of it."""
-    return Route(key, frame, at_ms * _NS_PER_MS, bool(flags & INCOMPLETE), bool(flags & REQUEST_ONLY))
+    return Route(
+        key,
+        frame,
+        at_ms * _NS_PER_MS,
+        bool(flags & INCOMPLETE),
+        bool(flags & REQUEST_ONLY),
+        None,
+        None,
+        bool(flags & PAIRED),
+        answer,
+        bool(flags & ANSWER_INCOMPLETE),
+    )
 
 
 def _routes_of(entries: list[RouteEntry], key: str) -> list[Route]:
@@ -121,9 +175,15 @@ def _compressed_routes_of(originals: bytes, key: str) -> list[Route]:
         # Entries each packing its frame: a summary written by a build before runs (held in a checkpoint).
         return _routes_of([RouteEntry(*o) for o in values], key)
     frames, heads = run
-    return [
-        _plain_route(key, frame, at_ms, flags) for frame, (at_ms, flags) in zip(frames, heads, strict=True)
-    ]
+    routes: list[Route] = []
+    i = 0
+    while i < len(frames):
+        at_ms, flags = heads[i]
+        # An answered request's answer is the run's next frame (``summary_entry``).
+        answer = frames[i + 1] if flags & ANSWERED else None
+        routes.append(_plain_route(key, frames[i], at_ms, flags, answer))
+        i += 2 if answer is not None else 1
+    return routes
 
 
 def _release_key(values: list[Any]) -> tuple[int, str, int]:
@@ -131,11 +191,13 @@ def _release_key(values: list[Any]) -> tuple[int, str, int]:
     return (int(ts_ns), str(conn), int(seq))
 
 
-def route_entry(route: Route, frame: bytes) -> RouteEntry:
-    """``route`` as its entry, its frame already packed (``codec.taprecord.pack_frame``: once per
-    projected frame)."""
+def route_entry(route: Route, frame: bytes, answer: bytes | None = None) -> RouteEntry:
+    """``route`` as its entry, its frame and its answer (``route.answer``) already packed
+    (``codec.taprecord.pack_frame``: once per projected frame)."""
     f = route.frame
-    return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, frame, _flags(route))
+    got = route.answer
+    answered = None if got is None or answer is None else [got.ts_ns, got.seq, answer]
+    return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, frame, _flags(route), answered)
 
 
 def _release_ms(route: Route) -> int:
@@ -144,7 +206,13 @@ def _release_ms(route: Route) -> int:
 
 
 def _flags(route: Route) -> int:
-    return (INCOMPLETE if route.incomplete else 0) | (REQUEST_ONLY if route.request_only else 0)
+    return (
+        (INCOMPLETE if route.incomplete else 0)
+        | (REQUEST_ONLY if route.request_only else 0)
+        | (PAIRED if route.paired else 0)
+        | (ANSWERED if route.answer is not None else 0)
+        | (ANSWER_INCOMPLETE if route.answer_incomplete else 0)
+    )
 
 
 def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
@@ -156,11 +224,27 @@ def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
     # summary: their frames (one connection's) packed as one run, the connection's fields once and
     # each message's facts inside the run rather than packed on their own, then compressed (LZ4 block),
     # with the run's span beside them so an applied summary never reads them at all.
-    heads = [[_release_ms(r), _flags(r)] for r in originals]
-    run = taprecord.pack_run([r.frame for r in originals], heads)
+    # An answered request's answer follows it in the run, with no head of its own to keep.
+    heads: list[list[int]] = []
+    frames: list[TapFrame] = []
+    for r in originals:
+        heads.append([_release_ms(r), _flags(r)])
+        frames.append(r.frame)
+        if r.answer is not None:
+            heads.append([])
+            frames.append(r.answer)
+    run = taprecord.pack_run(frames, heads)
     if run is None:
-        run = facts.packb([route_entry(r, taprecord.pack_frame(r.frame)) for r in originals])
+        run = facts.packb([_entry_packing(r) for r in originals])
     blob = bytes(cramjam.lz4.compress_block(run))
     data = facts.packb([summary.kind, summary.facts.to_list(), blob, list(summary.first), list(summary.last)])
     f = route.frame
     return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, data, SUMMARY)
+
+
+def _entry_packing(route: Route) -> RouteEntry:
+    """``route`` as its entry, packing its frames here (a summary's originals that make no run)."""
+    answer = route.answer
+    return route_entry(
+        route, taprecord.pack_frame(route.frame), None if answer is None else taprecord.pack_frame(answer)
+    )

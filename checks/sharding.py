@@ -16,12 +16,14 @@ Three parts, all driving the same ``Monitor`` and rules as a single-process run:
 
 A route carries the frame's facts (``codec.facts``: the decoded message without the records of data
 batches), so the parts can run in different processes and the frame is decoded only once. Routes are
-only sent for the frames a rule needs: a request when it is sent, and its response when it comes (with
-the request again for keys that only the response revealed, such as the producer id an InitProducerId
-response assigns). A request known only by its header (its body did not decode, or was mirrored
-header-only) goes on as it came, with its decode error and bytes, to the keyed rules that judge headers
-(``Rule.judges_headers``: the fleet matrix); the connection shard alone reports its decode error. A run of
-ordinary exchanges of a key goes as one summary route (``checks.summaries``), which the keyed shard
+only sent for the frames a rule needs: a request when it is sent, carrying its response (with the
+request again, at the response's time, for keys that only the response revealed, such as the producer
+id an InitProducerId response assigns). The router pairs an exchange once, as the tap wrote it, and
+nothing after it pairs again: the keyed shard holds the answer until event time reaches it. A request
+known only by its header (its body did not decode, or was mirrored header-only) goes on as it came,
+with its decode error and bytes, to the keyed rules that judge headers (``Rule.judges_headers``: the
+fleet matrix); the connection shard alone reports its decode error. A run of ordinary exchanges of a
+key goes as one summary route (``checks.summaries``), which the keyed shard
 applies or, where it cannot be exact, replaces by the routes it stands for.
 """
 
@@ -63,7 +65,11 @@ from checks.summaries import RUNS, Summary, expand_conflicts, release_key
 from codec.api import expand_response
 from codec.messages import Request, Response
 from codec.protocol import ApiKey
-from codec.taprecord import RESP, TapFrame
+from codec.taprecord import RESP, TapFrame, frame_from_packed, frame_to_packed
+
+#: An answer a keyed shard holds until event time reaches it: (release key, arrival, request, answer,
+#: whether the answer's connection was incomplete by then).
+HeldAnswer = tuple[tuple[int, str, int], int, TapFrame, TapFrame, bool]
 
 #: Key kinds whose rules see every request (the fleet matrix, one key for the whole cluster). Routing
 #: all traffic to that key would funnel the stream through one task, so it gets each connection's first
@@ -478,9 +484,6 @@ class Router:
         #: What the router's own rules found in the batches routed so far.
         self.findings: list[Finding] = []
         self.routes: list[Route] = []
-        #: (request's route, answer's route) of each exchange routed whole to one key, in ``routes``:
-        #: the pairs the summaries' runs are made of (``checks.summaries``), paired here and only here.
-        self.pairs: list[tuple[Route, Route]] = []
         self._projected: dict[tuple[int, str], TapFrame] = {}
         #: "conn|corr" -> the routes its request went to whole (its answer's keys), until the answer comes.
         self.sent: dict[str, list[Route]] = {}
@@ -513,13 +516,11 @@ class Router:
                 self.unrouted_responses += 1
         self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
-        pairs, self.pairs = self.pairs, []
-        return self._summarise(out, pairs)
+        return self._summarise(out)
 
-    def _summarise(self, routes: list[Route], pairs: list[tuple[Route, Route]]) -> list[Route]:
+    def _summarise(self, routes: list[Route]) -> list[Route]:
         """``routes`` with each run of ordinary exchanges of a key whose rules accept its summary
-        replaced by one summary route (``checks.summaries``), where its first route was; ``pairs``: the
-        exchanges among ``routes`` (``Router.pairs``)."""
+        replaced by one summary route (``checks.summaries``), where its first route was."""
         kinds = _catalogue().kind_summaries
         by_key: dict[str, list[int]] = {}
         # Keys of kinds that take no summary: each route's kind is looked up once per key, not per route.
@@ -538,31 +539,14 @@ class Router:
         if not by_key:
             return routes
         config = self.ctx.config
-        # Each route's place among its key's routes, and each key's exchanges by those places.
-        place: dict[int, int] = {}
-        for indices in by_key.values():
-            place.update((id(routes[i]), m) for m, i in enumerate(indices))
-        key_pairs: dict[str, list[tuple[int, int]]] = {}
-        for asked, answer in pairs:
-            if asked.incomplete or answer.incomplete:
-                continue
-            req, resp = place.get(id(asked)), place.get(id(answer))
-            if req is not None and resp is not None:
-                key_pairs.setdefault(asked.key, []).append((req, resp))
         replaced: dict[int, Route | None] = {}
         for key, indices in by_key.items():
-            exchanges = key_pairs.get(key)
-            if not exchanges:
-                continue
             kind, state_key = split_route_key(key)
             ttl_ns = int(getattr(config, KEY_TTL_FIELDS[kind]) * 1e9)
             mine = [routes[i] for i in indices]
-            found = [
-                (s, m, run)
-                for s in sorted(kinds[kind])
-                for m, run in RUNS[s](state_key, mine, sorted(exchanges), ttl_ns)
-            ]
+            found = [(s, m, run) for s in sorted(kinds[kind]) for m, run in RUNS[s](state_key, mine, ttl_ns)]
             for summary_kind, members, run in found:
+                # A run holds whole exchanges: the routes carrying them, in their requests' order.
                 originals = [mine[m] for m in members]
                 first = originals[0].frame
                 summary = Summary(
@@ -570,10 +554,10 @@ class Router:
                     run,
                     partial(list, originals),
                     release_key(first),
-                    release_key(originals[-1].frame),
+                    max(release_key(r.frame if r.answer is None else r.answer) for r in originals),
                 )
                 placeholder = TapFrame(first.conn, first.seq, first.ts_ns, "summary")
-                at_ns = max(r.at_ns for r in originals)
+                at_ns = max(r.end_ns for r in originals)
                 positions = sorted(indices[m] for m in members)
                 replaced[positions[0]] = Route(key, placeholder, at_ns, summary=summary)
                 replaced.update(dict.fromkeys(positions[1:]))
@@ -666,13 +650,18 @@ class Router:
     ) -> Route:
         """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read
         (``asked``: ``Route.asked``); the route sent."""
+        sent = Route(key, self._projection(frame, kind), at_ns, incomplete, request_only, None, asked)
+        self.routes.append(sent)
+        return sent
+
+    def _projection(self, frame: TapFrame, kind: str) -> TapFrame:
+        """``frame`` with the fields the rules of ``kind`` read: one object per kind, however many keys
+        of the kind it goes to."""
         cached = (id(frame), kind)
         projected = self._projected.get(cached)
         if projected is None:
             projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-        sent = Route(key, projected, at_ns, incomplete, request_only, None, asked)
-        self.routes.append(sent)
-        return sent
+        return projected
 
     def _observe(self, event: Dispatched) -> None:
         """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
@@ -733,24 +722,19 @@ class Router:
         # (a request whose keys were not kept: every rule). Not a first use: no first-use-only routes
         # (those go with the request alone).
         answered = self._keys(ex, inner, first_use=False, answered=kept is not None)
-        at = response.ts_ns
-        route = self._route
-        request = ex.request
-        pairs = self.pairs
         kept_keys: set[str] = set()
         for asked in kept or ():
             # The kind of a kept key: its prefix (``route_key``).
             key = asked.key
             kept_keys.add(key)
-            pairs.append((asked, route(key, key.partition("|")[0], response, at, incomplete)))
+            asked.answer = self._projection(response, key.partition("|")[0])
+            asked.answer_incomplete = incomplete
+        request = ex.request
         for key, step in answered.items():
             if key not in kept_keys:
-                pairs.append(
-                    (
-                        route(key, step[2], request, at, incomplete),
-                        route(key, step[2], response, at, incomplete),
-                    )
-                )
+                sent = self._route(key, step[2], request, response.ts_ns, incomplete)
+                sent.answer = self._projection(response, step[2])
+                sent.answer_incomplete = incomplete
 
 
 class KeyedShard:
@@ -765,11 +749,17 @@ class KeyedShard:
         # Only some of a connection's frames come here, so its seq numbers have holes by design: gaps
         # are judged by the connection shard, which flags its routes ``incomplete``. It also reports
         # the decode errors: an undecodable request routed here is judged by its header only.
+        #: Answers whose requests were fed, until event time reaches them: a heap of (release key,
+        #: arrival, request, answer, whether the answer's connection was incomplete by then).
+        self.answers: list[HeldAnswer] = []
+        self._arrivals = 0
         if saved:
-            monitor = _unpack(saved)["monitor"]
+            state = _unpack(saved)
             self.monitor = Monitor.from_state(
-                monitor, rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False
+                state["monitor"], rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False
             )
+            for request, answer, incomplete in state.get("answers") or ():
+                self._hold(frame_from_packed(request), frame_from_packed(answer), bool(incomplete))
         else:
             self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False)
         #: Summaries this shard applied, and those it fed as their routes (not state: not saved).
@@ -777,37 +767,78 @@ class KeyedShard:
         self.summaries_expanded = 0
 
     def feed(self, routes: Iterable[Route]) -> list[Finding]:
-        """Routed frames in event-time order (the caller releases them past its watermark)."""
+        """Routed frames in event-time order (the caller releases them past its watermark). A route's
+        answer is released where it sorts: before the first later route, or by ``advance``."""
         findings: list[Finding] = []
+        monitor = self.monitor
         for route in expand_conflicts(routes):
             frame = route.frame
+            summary = route.summary
+            start = release_key(frame) if summary is None else summary.first
+            if self.answers and self.answers[0][0] < start:
+                findings += self._release_answers(start, None)
             if route.incomplete:
                 self.ctx.incomplete_conns.add(frame.conn)
             else:
                 self.ctx.incomplete_conns.discard(frame.conn)
-            summary = route.summary
             if summary is not None:
-                # Checked against the state, or fed as the routes it stands for (``checks.summaries``).
-                if self.monitor.apply_summary(summary):
+                # Checked against the state, or fed as the routes it stands for (``checks.summaries``);
+                # an answer held here that sorts inside the run is one of the routes it would skip.
+                inside = bool(self.answers) and self.answers[0][0] <= summary.last
+                if not inside and monitor.apply_summary(summary):
                     self.summaries_applied += 1
                 else:
                     self.summaries_expanded += 1
                     findings.extend(self.feed(summary.expand()))
                 continue
-            findings.extend(self.monitor.feed(frame))
+            if route.paired:
+                findings += monitor.feed_paired(frame)
+                if route.answer is not None:
+                    self._hold(frame, route.answer, route.answer_incomplete)
+                continue
+            # A route written before exchange routes: its answer is a route of its own, paired here.
+            findings += monitor.feed(frame)
             if route.request_only and frame.correlation_id is not None:
-                self.monitor.forget_request(frame.conn, frame.correlation_id)
+                monitor.forget_request(frame.conn, frame.correlation_id)
             # Nothing to pair on this connection: keep the key's state from growing with every
             # connection that ever touched it (close events are not routed here).
-            self.monitor.drop_idle_connection(frame.conn)
+            monitor.drop_idle_connection(frame.conn)
         return findings
 
-    def advance(self, now_ns: int) -> list[Finding]:
-        """Event time reached ``now_ns`` (timers due by then fire: hanging transactions)."""
-        return self.monitor.advance(now_ns)
+    def _hold(self, request: TapFrame, answer: TapFrame, incomplete: bool) -> None:
+        self._arrivals += 1
+        heapq.heappush(self.answers, (release_key(answer), self._arrivals, request, answer, incomplete))
+
+    def _release_answers(self, before: tuple[int, str, int] | None, upto_ns: int | None) -> list[Finding]:
+        """Release the held answers that sort before ``before`` and whose time is ``upto_ns`` or
+        earlier (None: no bound), in release order."""
+        answers, findings = self.answers, []
+        incomplete = self.ctx.incomplete_conns
+        while answers:
+            order = answers[0][0]
+            if (before is not None and order >= before) or (upto_ns is not None and order[0] > upto_ns):
+                break
+            _order, _arrival, request, answer, lost = heapq.heappop(answers)
+            if lost:
+                incomplete.add(answer.conn)
+            else:
+                incomplete.discard(answer.conn)
+            findings += self.monitor.feed_paired(answer, request)
+        return findings
+
+    def advance(self, now_ns: int, before: tuple[int, str, int] | None = None) -> list[Finding]:
+        """Event time reached ``now_ns``: the held answers due by then that sort before ``before``
+        (the first route the caller still holds back, None: none) are released, and the timers due
+        fire (hanging transactions)."""
+        findings = self._release_answers(before, now_ns) if self.answers else []
+        return findings + self.monitor.advance(now_ns)
 
     def next_timer_ns(self) -> int | None:
         return min(self.ctx.timers.values(), default=None)
+
+    def next_answer_ns(self, after_ns: int) -> int | None:
+        """When the first held answer later than ``after_ns`` is due (None: none is)."""
+        return min((held[0][0] for held in self.answers if held[0][0] > after_ns), default=None)
 
     def expires_at_ns(self) -> int:
         """When this key's state has been idle for its TTL (by key kind, as the monitor's own sweep)."""
@@ -816,12 +847,18 @@ class KeyedShard:
         return max(self.monitor.last_seen.values(), default=self.monitor.max_ts) + ttl_ns
 
     def export(self) -> bytes:
-        return _pack({"monitor": self.monitor.to_state()})
+        state: dict[str, Any] = {"monitor": self.monitor.to_state()}
+        if self.answers:
+            state["answers"] = [
+                [frame_to_packed(request), frame_to_packed(answer), lost]
+                for _order, _arrival, request, answer, lost in sorted(self.answers)
+            ]
+        return _pack(state)
 
     @property
     def empty(self) -> bool:
         """Nothing left to remember: the caller may drop this key's stored state."""
-        return self.monitor.empty
+        return self.monitor.empty and not self.answers
 
 
 def _pack(state: dict[str, Any]) -> bytes:

@@ -5,10 +5,11 @@ next Produce continues its sequence, is answered without error at the epoch alre
 moves the stream's ``next``, its acknowledged window and the touch times. The router
 (``checks.sharding.Router``) collapses each *run* of such exchanges of one connection and one batch
 into one summary route (``Summary``): the facts the rules need to end in the state those exchanges
-would have left, plus the original routes to fall back on. The exchanges are the ones the router
-paired as it routed them (``Router.pairs``): a run pairs nothing itself. A rule accepts a summary kind by declaring
-it (``checks.projections.Transitions.summaries``); a key kind gets a summary kind only when every rule
-of it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``).
+would have left, plus the original routes to fall back on. The exchanges are the routes that carry
+their answers (the router paired them as it routed them): a run pairs nothing itself, and holds each
+of its exchanges whole. A rule accepts a summary kind by declaring it
+(``checks.projections.Transitions.summaries``); a key kind gets a summary kind only when every rule of
+it that looks at the summarised API does (``checks.projections.SUMMARY_APIS``).
 
 The router cannot see other connections or earlier batches, so a summary is *checked* where it is
 applied (``checks.engine.Monitor.apply_summary``, in the keyed shard): the key's state must be what the run was built on
@@ -65,19 +66,26 @@ def split_held(
     due: Sequence[bool],
     summaries: Sequence[bool],
     release_ns: Sequence[int],
+    answers: Sequence[Any] | None = None,
 ) -> tuple[list[_E], list[_E]]:
     """One key's held routes: those that go now, in release order, and those that wait, as held.
     Per route, in ``held``'s order: its release order, whether its caller's watermark passed it,
-    whether it is a summary, and its release time (ns): plain values, so the stage and the tests'
-    drivers call this alike.
+    whether it is a summary, its release time (ns) and where its answer sorts (``answers``; None: it
+    carries none): plain values, so the stage and the tests' drivers call this alike.
 
     A route goes when it is due and ends before every summary still waiting starts: a later route may
-    fall inside that summary's run. A frame ends where it sorts; a summary's run ends at its release
-    time at the latest. A due summary waits too while a route that is not due sorts inside its run (a
-    request sent again is released with its answer, after the requests around it), and then holds what
-    sorts after its start as any waiting summary does."""
+    fall inside that summary's run. A frame ends where it sorts, a route with its answer where the
+    answer sorts; a summary's run ends at its release time at the latest. A due summary waits too while
+    a route that is not due sorts inside its run (a request sent again is released with its answer,
+    after the requests around it), and then holds what sorts after its start as any waiting summary
+    does."""
+    if answers is None:
+        answers = [None] * len(held)
     # (at + 1, "", 0): no route released at ``at`` sorts after it.
-    ends = [(at + 1, "", 0) if s else o for o, s, at in zip(orders, summaries, release_ns, strict=True)]
+    ends = [
+        (at + 1, "", 0) if s else (o if a is None else a)
+        for o, s, at, a in zip(orders, summaries, release_ns, answers, strict=True)
+    ]
     pending = [o for o, d in zip(orders, due, strict=True) if not d]
     waits = [
         not d or (s and any(o < p < end for p in pending))
@@ -251,17 +259,41 @@ def _ordinary(
     return (epochs.pop(), ex.req.client_id or "", txn if isinstance(txn, str) and txn else None), batches
 
 
+class _Carried:
+    """The frames one key's routes carry (an answered request's route carries its answer too), each
+    with the route carrying it, and the exchanges among them (frame indices: request, answer): the
+    answered routes whose connection lost no records by then."""
+
+    def __init__(self, routes: Sequence[Any]) -> None:
+        self.frames: list[TapFrame] = []
+        self.carrier: list[int] = []
+        self.exchanges: list[tuple[int, int]] = []
+        for i, route in enumerate(routes):
+            self.frames.append(route.frame)
+            self.carrier.append(i)
+            answer = route.answer
+            if answer is not None:
+                self.frames.append(answer)
+                self.carrier.append(i)
+                if not (route.incomplete or route.answer_incomplete):
+                    self.exchanges.append((len(self.frames) - 2, len(self.frames) - 1))
+
+    def routes_of(self, members: list[int]) -> list[int]:
+        """The routes carrying ``members`` (frame indices, release order), in their requests' order."""
+        return list(dict.fromkeys(self.carrier[m] for m in members))
+
+
 def _segments(
-    routes: Sequence[Any], pairs: list[tuple[int, int]], signature: dict[int, Any]
+    frames: Sequence[TapFrame], pairs: list[tuple[int, int]], signature: dict[int, Any]
 ) -> list[list[int]]:
-    """The runs among ``routes``: stretches, in release order, of the routes of candidate exchanges
+    """The runs among ``frames``: stretches, in release order, of the frames of candidate exchanges
     (``pairs`` whose indices ``signature`` maps to what the exchanges of one run share) with one
-    signature and no other route between, each exchange wholly inside one."""
+    signature and no other frame between, each exchange wholly inside one."""
     exchange_of: dict[int, tuple[int, int]] = {}
     for pair in pairs:
         if pair[0] in signature:
             exchange_of[pair[0]] = exchange_of[pair[1]] = pair
-    order = sorted(range(len(routes)), key=lambda i: release_key(routes[i].frame))
+    order = sorted(range(len(frames)), key=lambda i: release_key(frames[i]))
     while True:
         segment_of: dict[int, int] = {}
         segment, last_sig = 0, None
@@ -285,28 +317,29 @@ def _segments(
     return [list(group) for _, group in itertools.groupby(members, key=segment_of.__getitem__)]
 
 
-def produce_runs(
-    pid: str, routes: Sequence[Any], pairs: list[tuple[int, int]], ttl_ns: int
-) -> list[tuple[list[int], ProduceRun]]:
+def produce_runs(pid: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], ProduceRun]]:
     """The runs among one connection's ``routes`` (``checks.routes.Route``s, routing order) to the
-    producer-id key ``pid``, whose exchanges are ``pairs`` (request and answer indices, as the router
-    paired them, by request): per run the indices of its routes (release order) and its summary."""
+    producer-id key ``pid``, made of the exchanges the routes carry whole (a request with its answer,
+    as the router paired them): per run the indices of its routes (their requests' release order) and
+    its summary."""
     key_pid = int(pid)
+    carried = _Carried(routes)
+    frames = carried.frames
     ends: dict[tuple[int, str, int], int] = {}
-    signature: dict[int, _Signature] = {}  # route index -> its exchange's signature
-    batches: dict[int, list[_Batch]] = {}  # route index -> its exchange's batches
-    for req, resp in pairs:
-        found = _ordinary(key_pid, routes[req], routes[resp].frame, ends)
+    signature: dict[int, _Signature] = {}  # frame index -> its exchange's signature
+    batches: dict[int, list[_Batch]] = {}  # frame index -> its exchange's batches
+    for req, resp in carried.exchanges:
+        found = _ordinary(key_pid, routes[carried.carrier[req]], frames[resp], ends)
         if found is not None:
             signature[req] = signature[resp] = found[0]
             batches[req] = batches[resp] = found[1]
     runs: list[tuple[list[int], ProduceRun]] = []
-    for indices in _segments(routes, pairs, signature) if signature else []:
+    for members in _segments(frames, carried.exchanges, signature) if signature else []:
         run = _run_facts(
-            [routes[i].frame for i in indices], [batches[i] for i in indices], signature[indices[0]], ttl_ns
+            [frames[i] for i in members], [batches[i] for i in members], signature[members[0]], ttl_ns
         )
         if run is not None:
-            runs.append((indices, run))
+            runs.append((carried.routes_of(members), run))
     return runs
 
 
@@ -381,30 +414,29 @@ def _steady(request: TapFrame, response: TapFrame) -> tuple[int, str, int] | Non
     return (ex.api_key, member, epoch)
 
 
-def heartbeat_runs(
-    group: str, routes: Sequence[Any], pairs: list[tuple[int, int]], ttl_ns: int
-) -> list[tuple[list[int], HeartbeatRun]]:
+def heartbeat_runs(group: str, routes: Sequence[Any], ttl_ns: int) -> list[tuple[list[int], HeartbeatRun]]:
     """``produce_runs`` for the steady heartbeats of one member to the group key ``group``."""
+    carried = _Carried(routes)
+    frames = carried.frames
     signature: dict[int, tuple[int, str, int]] = {}
-    for req, resp in pairs:
-        found = _steady(routes[req].frame, routes[resp].frame)
+    for req, resp in carried.exchanges:
+        found = _steady(frames[req], frames[resp])
         if found is not None:
             signature[req] = signature[resp] = found
     runs: list[tuple[list[int], HeartbeatRun]] = []
-    for indices in _segments(routes, pairs, signature) if signature else []:
-        frames = [routes[i].frame for i in indices]
-        timing = _timing(frames, ttl_ns)
+    for members in _segments(frames, carried.exchanges, signature) if signature else []:
+        run_frames = [frames[i] for i in members]
+        timing = _timing(run_frames, ttl_ns)
         if timing is not None:
-            api, member, epoch = signature[indices[0]]
-            runs.append((indices, HeartbeatRun(frames[0].conn, api, member, epoch, *timing)))
+            api, member, epoch = signature[members[0]]
+            run = HeartbeatRun(run_frames[0].conn, api, member, epoch, *timing)
+            runs.append((carried.routes_of(members), run))
     return runs
 
 
 #: Summary kind -> how the router finds its runs among one connection's routes to one key (the key's
-#: state key, its routes, their exchanges, the key kind's TTL).
-RUNS: Final[
-    dict[str, Callable[[str, Sequence[Any], list[tuple[int, int]], int], list[tuple[list[int], Any]]]]
-] = {
+#: state key, its routes, the key kind's TTL).
+RUNS: Final[dict[str, Callable[[str, Sequence[Any], int], list[tuple[list[int], Any]]]]] = {
     PRODUCE_RUN: produce_runs,
     HEARTBEAT_RUN: heartbeat_runs,
 }
@@ -412,12 +444,14 @@ RUNS: Final[
 
 def expand_conflicts(routes: Iterable[Any]) -> list[Any]:
     """``routes`` (release order) with every summary that another route falls inside replaced by the
-    routes it stands for: applied whole, it would be out of order with that route."""
+    routes it stands for: applied whole, it would be out of order with that route (with its request,
+    or with the answer it carries)."""
     out = list(routes)
     spans = [(r.summary.first, r.summary.last, i) for i, r in enumerate(out) if r.summary is not None]
     if not spans:
         return out
     keys = [r.summary.first if r.summary is not None else release_key(r.frame) for r in out]
+    answers = [None if r.summary is not None or r.answer is None else release_key(r.answer) for r in out]
     expand: set[int] = set()
     for first, last, i in spans:
         for j, route in enumerate(out):
@@ -427,7 +461,8 @@ def expand_conflicts(routes: Iterable[Any]) -> list[Any]:
             if other is not None:
                 inside = other.first <= last and first <= other.last
             else:
-                inside = first <= keys[j] <= last
+                answer = answers[j]
+                inside = first <= keys[j] <= last or (answer is not None and first <= answer <= last)
             if inside:
                 expand.add(i)
                 break

@@ -83,6 +83,7 @@ def _declared_state(processor: Any) -> dict[str, dict[str, Any]]:
 def query_shape(config: KpmonConfig) -> dict[str, Any]:
     """What a checkpoint written by this build with ``config`` depends on. Pure: no Spark session, no I/O."""
     from checks.engine import STATE_FORMAT
+    from checks.routes import ROUTE_ENTRY_FORMAT
     from checks.rules import all_rules
     from checks.sharding import ROUTE_SCHEME
     from streaming.bundles import BUNDLE_SCHEMA
@@ -112,6 +113,7 @@ def query_shape(config: KpmonConfig) -> dict[str, Any]:
         "state_layout": pages_layout(PAGES_FORMAT),
         "state_format": STATE_FORMAT,
         "route_scheme": ROUTE_SCHEME,
+        "route_entries": ROUTE_ENTRY_FORMAT,
         "stages": stages,
         "rules": sorted({rule.name for rule in all_rules()}),
     }
@@ -148,6 +150,14 @@ def _reads_layout(reader: str, saved: str) -> bool:
     return reader == saved or (
         reader == pages_layout(PAGES_FORMAT) and saved in {pages_layout(n) for n in READABLE_PAGES_FORMATS}
     )
+
+
+def _readable_route_entries(reader: int) -> frozenset[int]:
+    """The route entry formats a build that writes ``reader`` reads: this build's own list, and
+    a build before exchange routes (format 1) only its own."""
+    from checks.routes import READABLE_ROUTE_ENTRY_FORMATS, ROUTE_ENTRY_FORMAT
+
+    return READABLE_ROUTE_ENTRY_FORMATS if reader == ROUTE_ENTRY_FORMAT else frozenset({reader})
 
 
 def pages_layout(pages_format: int) -> str:
@@ -199,6 +209,13 @@ def check_compatible(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             f"monitor state format {saved['state_format']} is newer than this build reads "
             f"({new['state_format']})"
         )
+    # A shape without it was written when each answer was a held entry of its own (format 1).
+    saved_entries, new_entries = saved.get("route_entries", 1), new.get("route_entries", 1)
+    if saved_entries not in _readable_route_entries(new_entries):
+        problems.append(
+            f"held route entries in format {saved_entries} (answers carried by their requests' entries), "
+            f"which a build of format {new_entries} does not read: start from a new stream.checkpoint_dir"
+        )
     if saved.get("route_scheme") != new.get("route_scheme"):
         problems.append(
             f"the entity keys' route scheme changed (scheme {saved.get('route_scheme')!r} -> "
@@ -242,6 +259,11 @@ def describe_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
         notes.append(f"rules removed (their saved state expires by TTL): {', '.join(removed)}")
     if saved.get("state_format") != new.get("state_format"):
         notes.append(f"monitor state format {saved.get('state_format')} -> {new.get('state_format')}")
+    if saved.get("route_entries", 1) != new.get("route_entries", 1):
+        notes.append(
+            f"route entry format {saved.get('route_entries', 1)} -> {new.get('route_entries', 1)} "
+            "(held entries of the old format are read as they are)"
+        )
     old_stages = {s["name"]: s for s in saved.get("stages", [])}
     for stage in new.get("stages", []):
         old = old_stages.get(stage["name"])

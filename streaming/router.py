@@ -188,7 +188,8 @@ def _route(
     for route in router.route(frames):
         summary = route.summary
         if summary is None:
-            entry = route_entry(route, pack(route.frame))
+            answer = route.answer
+            entry = route_entry(route, pack(route.frame), None if answer is None else pack(answer))
         else:
             # One entry, with the routes it stands for (``checks.summaries``).
             entry = summary_entry(route, summary.expand())

@@ -91,6 +91,7 @@ def keyed_step(
         [b.at_ms <= watermark_ms for b in buffer],
         [bool(b.flags & SUMMARY) for b in buffer],
         [b.at_ms * NS_PER_MS for b in buffer],
+        [b.answer_order for b in buffer],
     )
     try:
         shard = KeyedShard(config, key, saved or None)
@@ -98,16 +99,19 @@ def keyed_step(
         # A key no rule of this build forms (state from an older route scheme): drop it, counted.
         return KeyedResult(counts={"unknown_route_keys": 1, "dropped_routes": len(buffer)})
     findings = shard.feed([b.route(key) for b in ready])
+    watermark_ns = watermark_ms * NS_PER_MS
     if watermark_ms > 0:
-        findings += shard.advance(watermark_ms * NS_PER_MS)
+        # A summary held back holds back the answers that sort after its start, as it does routes.
+        held_back = min((_RELEASE_ORDER(b) for b in waiting if b.flags & SUMMARY), default=None)
+        findings += shard.advance(watermark_ns, held_back)
     out = [finding_row(f) for f in findings]
     out.extend(resolve_rows(shard.ctx.resolved))
     counts: dict[str, int] = {}
     add_stats(counts, shard.ctx.stats)
     timers = [b.at_ms for b in waiting if b.at_ms > watermark_ms]
-    deadline = shard.next_timer_ns()
-    if deadline is not None:
-        timers.append(-(-deadline // NS_PER_MS))
+    for deadline in (shard.next_timer_ns(), shard.next_answer_ns(watermark_ns)):
+        if deadline is not None:
+            timers.append(-(-deadline // NS_PER_MS))
     if shard.empty:
         return KeyedResult(out, counts, min(timers, default=None), None, waiting)
     expiry_ms = -(-shard.expires_at_ns() // NS_PER_MS)

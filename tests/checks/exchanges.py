@@ -104,7 +104,14 @@ def released(held: list[Any], upto: int | None) -> tuple[list[Any], list[Any]]:
         [upto is None or r.at_ns <= upto for r in held],
         [r.summary is not None for r in held],
         [r.at_ns for r in held],
+        [None if r.answer is None else release_key(r.answer) for r in held],
     )
+
+
+def held_back(waiting: list[Any]) -> tuple[int, str, int] | None:
+    """Where the first summary that waits starts: the keyed shard releases no answer it holds from
+    there on (as ``streaming.stages.keyed_step`` advances it)."""
+    return min((r.summary.first for r in waiting if r.summary is not None), default=None)
 
 
 def entry_of(route: Route) -> RouteEntry:
@@ -112,5 +119,20 @@ def entry_of(route: Route) -> RouteEntry:
     what the stage reads back with ``RouteEntry.route``."""
     summary = route.summary
     if summary is None:
-        return route_entry(route, pack_frame(route.frame))
+        answer = route.answer
+        return route_entry(route, pack_frame(route.frame), None if answer is None else pack_frame(answer))
     return summary_entry(route, summary.expand())
+
+
+def as_built_before(routes: list[Route]) -> list[Route]:
+    """``routes`` as a build before exchange routes wrote them: each answer a route of its own, at its
+    time, nothing paired by the router, in release order (summaries as the routes they stand for)."""
+    flat: list[Route] = []
+    for r in routes:
+        if r.summary is not None:
+            flat += as_built_before(r.summary.expand())
+            continue
+        flat.append(Route(r.key, r.frame, r.at_ns, r.incomplete, r.request_only, paired=False))
+        if r.answer is not None:
+            flat.append(Route(r.key, r.answer, r.answer.ts_ns, r.answer_incomplete, paired=False))
+    return sorted(flat, key=lambda r: release_key(r.frame))

@@ -5,6 +5,7 @@ the layouts a checkpoint's held entries may still have (its originals as entries
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import cramjam
 
@@ -12,7 +13,7 @@ from checks.routes import SUMMARY, Route, RouteEntry, route_entry
 from checks.sharding import Router
 from codec import facts
 from codec.taprecord import pack_frame, pack_run
-from tests.checks.exchanges import entry_of, exchange_records, flatten
+from tests.checks.exchanges import as_built_before, entry_of, exchange_records, flatten
 from tests.checks.test_summaries import CONFIG, traffic
 
 
@@ -22,11 +23,23 @@ def _summary_route() -> Route:
     return next(r for r in routes if r.summary is not None)
 
 
-def _packed(routes: list[Route]) -> list[tuple[str, bytes, int, bool, bool]]:
-    return [(r.key, pack_frame(r.frame), r.at_ns, r.incomplete, r.request_only) for r in routes]
+def _packed(routes: list[Route]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            r.key,
+            pack_frame(r.frame),
+            r.at_ns,
+            r.incomplete,
+            r.request_only,
+            r.paired,
+            r.answer and pack_frame(r.answer),
+            r.answer_incomplete,
+        )
+        for r in routes
+    ]
 
 
-def _assert_reads_as(read: Route, route: Route) -> None:
+def _assert_reads_as(read: Route, route: Route, originals: list[Route] | None = None) -> None:
     assert read.summary is not None and route.summary is not None
     assert (read.key, read.at_ns, read.frame.conn, read.frame.seq, read.frame.ts_ns) == (
         route.key,
@@ -41,22 +54,26 @@ def _assert_reads_as(read: Route, route: Route) -> None:
         route.summary.last,
     )
     assert read.summary.facts.to_list() == route.summary.facts.to_list()
-    assert _packed(read.summary.expand()) == _packed(route.summary.expand())
+    expected = route.summary.expand() if originals is None else originals
+    assert _packed(read.summary.expand()) == _packed(expected)
 
 
 def test_a_summary_entry_reads_back_as_its_summary_and_the_routes_it_stands_for() -> None:
     route = _summary_route()
-    assert route.summary is not None and len(route.summary.expand()) == 2 * 19
+    assert route.summary is not None and len(route.summary.expand()) == 19
+    assert all(r.answer is not None and r.paired for r in route.summary.expand())
     _assert_reads_as(entry_of(route).route(route.key), route)
 
 
 def test_summary_entries_in_the_layouts_of_builds_before_still_read() -> None:
     """Held entries in a checkpoint: a summary's originals as entries each packing its frame, in a plain
-    list (before they were compressed) or compressed (before they were one run)."""
+    list (before they were compressed) or compressed (before they were one run), each answer an entry
+    of its own (before exchange routes)."""
     route = _summary_route()
     summary = route.summary
     assert summary is not None
-    originals = [route_entry(r, pack_frame(r.frame)) for r in summary.expand()]
+    before = as_built_before(summary.expand())
+    originals = [route_entry(r, pack_frame(r.frame)) for r in before]
     new = entry_of(route)
     span = [list(summary.first), list(summary.last)]
     compressed = facts.packb(
@@ -71,7 +88,7 @@ def test_summary_entries_in_the_layouts_of_builds_before_still_read() -> None:
     for layout in (compressed, listed):
         old = new._replace(frame=layout)
         assert old.flags == SUMMARY
-        _assert_reads_as(RouteEntry(*old).route(route.key), route)
+        _assert_reads_as(RouteEntry(*old[:6]).route(route.key), route, before)
     # What the run is for: the connection's fields once, and no facts packed twice.
     assert len(new.frame) < len(compressed) * 0.9
     assert len(new.frame) * 3 < len(listed)
@@ -101,12 +118,13 @@ def test_each_original_keeps_its_release_time_and_flags() -> None:
     for i, original in enumerate(originals):
         original.at_ns += i * 1_000_000
         original.incomplete, original.request_only = i % 2 == 1, i % 3 == 1
+        original.answer_incomplete = i % 4 == 1
     flagged = replace(route, summary=replace(summary, expand=lambda: originals))
     read = entry_of(flagged).route(route.key)
     _assert_reads_as(read, flagged)
     assert read.summary is not None
     expanded = read.summary.expand()
-    assert [(r.incomplete, r.request_only) for r in expanded] == [
-        (i % 2 == 1, i % 3 == 1) for i in range(len(originals))
+    assert [(r.incomplete, r.request_only, r.answer_incomplete) for r in expanded] == [
+        (i % 2 == 1, i % 3 == 1, i % 4 == 1) for i in range(len(originals))
     ]
     assert [r.at_ns for r in expanded] == [-(-r.at_ns // 1_000_000) * 1_000_000 for r in originals]

@@ -23,6 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import checks.sharding as sharding
+from checks.engine import Dispatched
 from checks.model import Finding
 from checks.routes import Route
 from checks.settings import ChecksSettings
@@ -32,7 +33,7 @@ from codec.taprecord import TapFrame
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks.builders import SECOND, Conversation, arrival_order, shared_offsets
-from tests.checks.exchanges import entry_of, exchange_records, flatten, micro_batches, released
+from tests.checks.exchanges import entry_of, exchange_records, flatten, held_back, micro_batches, released
 
 CONFIG = ChecksSettings(watermark_seconds=2.0, producer_ttl_seconds=30.0, group_ttl_seconds=30.0)
 LATENESS_NS = int(CONFIG.watermark_seconds * 1e9)
@@ -41,7 +42,7 @@ MS = 1_000_000
 STEPS = st.sampled_from(
     ["next"] * 8
     + ["pipeline"] * 4
-    + ["gap", "retry", "error", "fence", "zombie", "twin", "idle", "partition", "other"]
+    + ["gap", "retry", "error", "fence", "zombie", "twin", "overlap", "idle", "partition", "other"]
     # Runs that span the lateness: a batch's watermark can then fall inside one while another
     # connection's route inside it is due (what ``split_held`` holds back).
     + ["slow"] * 2
@@ -109,6 +110,12 @@ def traffic(steps: list[str], sizes: list[int], txn_id: str | None = None) -> li
             frames.extend(pr.init_pid(other, t, epoch=epoch + 1 + steps.count("zombie"), txn_id=txn_id))
         elif step == "twin":
             write(twin, t)
+        elif step == "overlap":
+            # Two connections' exchanges in flight at once: the twin's request comes between the
+            # app's request and its answer.
+            write(app, t)
+            write(twin, t + MS)
+            t += 3 * MS
         elif step == "idle":
             t += int(CONFIG.producer_ttl_seconds * 1e9) + SECOND
         elif step == "slow":
@@ -133,10 +140,12 @@ def run(
     summarise: str,
     kind: str = "producer|",
     config: ChecksSettings = CONFIG,
+    dispatched: dict[str, list[tuple[int, str, int]]] | None = None,
 ) -> tuple[list[Finding], list[bytes], dict[str, bytes]]:
     """The keys of ``kind`` fed micro-batch by micro-batch, as ``tests.checks.test_sharding``
     drives them, each summary as ``summarise`` says. Returns the findings, every key's saved state
-    after each batch, and each key's state at the end."""
+    after each batch, and each key's state at the end; ``dispatched`` gets, per key, where each frame
+    its engine dispatched to the rules sorts (release order)."""
     states: dict[str, bytes] = {}
     buffers: dict[str, list[Route]] = defaultdict(list)
     findings: list[Finding] = []
@@ -151,8 +160,12 @@ def run(
         if summarise == HELD_ROUTES:
             flat = [x for r in crossed for x in (r.summary.expand() if r.summary is not None else [r])]
             crossed = sorted(flat, key=lambda r: release_key(r.frame))
+        if dispatched is not None:
+            shard.monitor.dispatched = []
         findings.extend(shard.feed(crossed))
-        findings.extend(shard.advance(upto if upto is not None else max_ts))
+        findings.extend(shard.advance(upto if upto is not None else max_ts, held_back(buffers[key])))
+        if dispatched is not None:
+            dispatched[key] += [release_key(_dispatched_frame(d)) for d in shard.monitor.take_dispatched()]
         states[key] = shard.export()
         saved.append(states[key])
 
@@ -171,6 +184,12 @@ def run(
     for key in sorted(buffers.keys() | states.keys()):
         release(key, None)
     return findings, saved, states
+
+
+def _dispatched_frame(event: Dispatched) -> TapFrame:
+    """The frame that made the engine dispatch ``event``: the answer for ``on_response``, else the request."""
+    response = event.exchange.response
+    return response if event.hook == "on_response" and response is not None else event.exchange.request
 
 
 def ids(findings: list[Finding]) -> list[tuple[str, str, str, bool]]:
@@ -224,20 +243,76 @@ def test_a_run_spanning_a_takeover_is_held_with_what_falls_inside_it(
     assert_exact(exchange_records(traffic(steps, [])), cuts)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(STEPS, min_size=1, max_size=40),
+    st.sampled_from([SUMMARIES, ROUTES]),
+    st.data(),
+)
+def test_a_keyed_shard_hands_its_rules_requests_and_answers_in_release_order(
+    steps: list[str], summarise: str, data: Any
+) -> None:
+    """The router pairs an exchange and routes it whole; the keyed shard still hands its rules each
+    request and each answer where it sorts among every other connection's (an answer waits for the
+    requests sent before it), in any micro-batching and arrival order within the lateness."""
+    records = exchange_records(traffic(steps, [1]))
+    jitters = data.draw(st.lists(st.integers(0, LATENESS_NS // 2), max_size=len(records)))
+    by_last = {id(record[-1]): record for record in records}
+    arrived = [by_last[id(f)] for f in arrival_order([record[-1] for record in records], jitters)]
+    cuts = data.draw(st.lists(st.integers(0, len(records)), max_size=6))
+    order: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    run(arrived, cuts, summarise, dispatched=order)
+    for released_order in order.values():
+        assert released_order == sorted(released_order)
+
+
+def test_an_answer_held_by_the_shard_waits_behind_a_summary_that_starts_before_it() -> None:
+    """A write answered three seconds late, with an error (no summary holds it): its request is released in the first micro-batch and
+    its answer held. The next batch brings another connection's run of writes, which started before
+    that answer and ends after the watermark: the summary waits, and the answer waits behind it."""
+    app = Conversation(conn="tap1-app", client="10.0.0.7:40000", client_id="app")
+    twin = Conversation(conn="tap1-twin", client="10.0.0.7:40001", client_id="app")
+    shared_offsets(app, twin)
+    frames = [*pr.init_pid(app, 0, epoch=0, txn_id=None)]
+    slow = pr.produce(app, 10 * SECOND, [(0, pr.batch(0, 0))])
+    frames += [slow, pr.answer(app, slow, 13 * SECOND, [(0, pr.NOT_LEADER, -1)])]
+    for i in range(10):
+        at = 11 * SECOND + SECOND // 2 + i * SECOND // 2
+        write = pr.produce(twin, at, [(1, pr.batch(0, i))])
+        frames += [write, pr.answer(twin, write, at + 2 * MS, [(1, 0, i)])]
+    records = exchange_records(sorted(frames, key=lambda f: (f.ts_ns, f.conn, f.seq)))
+    # The slow write's record (written at its answer, 13 s) arrives before the twin's: the first
+    # batch's watermark (11 s) passes its request and not its answer.
+    late = next(r for r in records if r[0].ts_ns == slow.ts_ns and r[0].conn == slow.conn)
+    arrived = [r for r in records if r[0].conn == "tap1-app" and r is not late] + [late]
+    arrived += [r for r in records if r[0].conn == "tap1-twin"]
+    order: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    summarised, _, _ = run(arrived, [len(arrived) - 10], SUMMARIES, dispatched=order)
+    assert order["producer|4000"] == sorted(order["producer|4000"])
+    whole, _, _ = run(arrived, [len(arrived) - 10], ROUTES)
+    assert ids(summarised) == ids(whole)
+
+
 def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
     """The property above is not vacuous: ordinary runs become summaries, and the shard applies them."""
     records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))
     routes = [r for r in Router(CONFIG).route(flatten(records)) if r.key.startswith("producer|")]
     summaries = [r.summary for r in routes if r.summary is not None]
-    # The InitProducerId goes whole; the 19 writes after it, the stream's first among them, are one run.
-    assert len(routes) == 2 + 1
-    assert len(summaries) == 1 and len(summaries[0].expand()) == 2 * 19
+    # The InitProducerId goes whole (one route carrying its answer); the 19 writes after it, the
+    # stream's first among them, are one run.
+    assert len(routes) == 1 + 1
+    assert len(summaries) == 1 and len(summaries[0].expand()) == 19
+    assert all(r.answer is not None for r in summaries[0].expand())
     order = sorted(routes, key=lambda r: (r.frame.ts_ns, r.frame.conn, r.frame.seq))
     shard = KeyedShard(CONFIG, routes[0].key)
     assert shard.feed(order) == []
     assert (shard.summaries_applied, shard.summaries_expanded) == (1, 0)
     whole = KeyedShard(CONFIG, routes[0].key)
     whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
+    # Fed the routes, the shard holds the last answer until event time reaches it.
+    assert len(whole.answers) == 1 and not shard.answers
+    end = max(f.ts_ns for record in records for f in record)
+    assert shard.advance(end) == whole.advance(end) == []
     assert shard.export() == whole.export()
 
 
@@ -272,6 +347,9 @@ def test_a_summary_starts_the_streams_its_run_starts_within_the_bound() -> None:
             assert shard.feed(order) == []
             whole.feed([x for r in order for x in (r.summary.expand() if r.summary is not None else [r])])
         assert shard.summaries_applied == 1 + applied
+        # The routes' last answer is released when event time reaches it, as the run's end is.
+        end = max(f.ts_ns for record in later for f in record)
+        assert shard.advance(end) == whole.advance(end) == []
         assert shard.export() == whole.export()
 
 
@@ -335,11 +413,13 @@ def test_steady_heartbeats_are_one_summary_and_applied() -> None:
     frames = [f for f in flatten(exchange_records(group_traffic(["beat"] * 5))) if f.conn == "tap1-m1"]
     routes = [r for r in Router(CONFIG).route(frames) if r.key.startswith("group|")]
     # The join (epoch 0) goes whole; the five steady heartbeats are one run.
-    assert [len(r.summary.expand()) if r.summary is not None else 0 for r in routes] == [0, 0, 10]
+    assert [len(r.summary.expand()) if r.summary is not None else 0 for r in routes] == [0, 5]
     shard, whole = KeyedShard(CONFIG, routes[0].key), KeyedShard(CONFIG, routes[0].key)
     assert shard.feed(routes) == []
     assert (shard.summaries_applied, shard.summaries_expanded) == (1, 0)
     whole.feed([x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])])
+    end = frames[-1].ts_ns
+    assert shard.advance(end) == whole.advance(end) == []
     assert shard.export() == whole.export()
 
 
@@ -354,7 +434,7 @@ def test_a_key_kind_with_a_rule_that_does_not_accept_a_summary_gets_every_route(
     }
     assert by_kind["producer|"].count(True) == 1
     assert by_kind["txn|"] and not any(by_kind["txn|"])
-    assert len(by_kind["txn|"]) == 2 * (1 + 6)  # the InitProducerId and the six writes
+    assert len(by_kind["txn|"]) == 1 + 6  # the InitProducerId and the six writes, each with its answer
     assert (
         sharding._accepted([r for r in sharding._catalogue().keyed_rules if r.key_kind == "txn"])
         == frozenset()

@@ -154,6 +154,16 @@ def test_what_a_checkpoint_cannot_survive(shape: dict[str, Any]) -> None:
         "bucket state layout changed (pages-2 -> pages-1)" in p for p in check_compatible(shape, hashed_pages)
     )
 
+    # Held entries of a build before exchange routes (no route_entries: format 1) are read, their
+    # answers paired by the keyed shard; a build of format 1 cannot read answers carried by requests.
+    separate = {k: v for k, v in shape.items() if k != "route_entries"}
+    assert shape["route_entries"] == 2
+    assert check_compatible(separate, shape) == []
+    assert any(
+        "held route entries in format 2" in p and "new stream.checkpoint_dir" in p
+        for p in check_compatible(shape, separate)
+    )
+
     # A checkpoint from before stage two was keyed by key kind has no route scheme: refused.
     older = {k: v for k, v in shape.items() if k != "route_scheme"}
     assert any("route scheme changed" in p for p in check_compatible(older, shape))

@@ -81,11 +81,17 @@ def test_docs_show_the_path_as_the_code_takes_it() -> None:
     reason=f"issue 35's targets are not met yet; docs/architecture.md, as measured: {_documented()}. "
     "Remove this marker once they are",
 )
-def test_the_path_meets_the_targets() -> None:
+def test_the_path_meets_the_hop_and_shape_targets() -> None:
     figures = measure()
     assert len(figures.hops) <= MAX_HOPS, _summary(figures)
     assert figures.back_and_forth == [], _summary(figures)
     assert len(figures.shapes) <= MAX_SHAPES, _summary(figures)
+
+
+def test_each_exchange_is_paired_once_by_one_implementation() -> None:
+    """The tap pairs an exchange and writes it as one record; the router reads the pair as written and
+    routes it whole, and no later stage looks a request up by its correlation id again."""
+    figures = measure()
     assert len(figures.pairing_implementations) <= MAX_PAIRING_IMPLEMENTATIONS, _summary(figures)
     for calls in figures.pairings.values():
         assert len(calls) <= MAX_PAIRINGS_PER_EXCHANGE, _summary(figures)
