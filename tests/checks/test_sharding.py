@@ -30,6 +30,7 @@ from checks.sharding import ConnectionShard, KeyedShard, Router, cached_plans, c
 from codec.protocol import ApiKey
 from codec.taprecord import FIELDS, TapFrame, frame_from_packed, pack_frame, unpack_frame
 from tests.checks import test_apiversions as av
+from tests.checks import test_flexible as fl
 from tests.checks import test_groups as gr
 from tests.checks import test_producers as pr
 from tests.checks import test_transactions as tx
@@ -87,8 +88,6 @@ def scenario() -> list[TapFrame]:
 
 def more_rules() -> list[TapFrame]:
     """The rest of the catalogue's families, each on connections of its own."""
-    from tests.checks import test_flexible as fl
-
     frames: list[TapFrame] = []
     outside = tx.Producer(name="outside", txn_id="outside-tx", pid=8100)
     frames += [*outside.init(12 * SECOND, epoch=0), *outside.add(13 * SECOND, [0])]
