@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from streaming.stages import (
     monitor_bucket,
     monitor_bucket_expired,
 )
+from tests.checks import test_groups as gr
+from tests.checks.builders import Conversation
 from tests.checks.exchanges import exchange_records, flatten
 from tests.checks.test_sharding import (
     CONFIG,
@@ -478,3 +481,21 @@ def test_a_waiting_summary_holds_back_the_routes_that_may_fall_inside_it() -> No
         "producer.stale_epoch_accepted"
     ] * 2
     assert findings_of(run_bucketed(frames, 1000, 4)[0]) == expected
+
+
+def test_an_answer_held_past_the_batch_clock_is_released_by_its_keys_timer() -> None:
+    """A JoinGroup answered three seconds after it was sent (a rebalance waits for its members): the
+    first batch's clock passes the request, not the answer, which the group's key holds. No later
+    batch brings that key anything, yet the answer's finding comes out when a clock passes it."""
+    joining = Conversation(conn="tap1-join", client_id="member")
+    request, answer = gr.join(joining, 10 * SECOND_NS, "m-a", 1, resp_type="connect")
+    answer = replace(answer, ts_ns=13 * SECOND_NS)
+    other = Conversation(conn="tap1-other", client_id="other")
+    later = other.exchange(3, 12, {"Topics": None}, {"Brokers": [], "Topics": []}, 20 * SECOND_NS)
+    records = exchange_records([request, answer]) + exchange_records(later)
+    stages = LocalStages(CONFIG, 4)
+    first = batch_findings(stages, flatten(records[:1]), 0)
+    assert not any(rule == "group.protocol_type_mismatch" for _, rule, *_ in first)
+    found = first + batch_findings(stages, flatten(records[1:]), (13 * SECOND_NS - LATENESS_NS) // NS_PER_MS)
+    assert [rule for _, rule, *_ in found if rule.startswith("group.")] == ["group.protocol_type_mismatch"]
+    assert sorted(found) == summary(single_run(flatten(records)))
