@@ -208,17 +208,10 @@ class Monitor:
         if self.track_gaps:
             self._check_seq(frame)
         ts = frame.ts_ns
-        if ts < self.released_ts:
-            if not self.in_record_order:
-                ctx.stats.late_frames += 1
-            self._release(frame)
-        elif not self._lateness_ns and not self._heap:
-            # No lateness (the stages' shards, fed in order): the frame would be pushed and popped
-            # again at once, so it is released as it comes, exactly as ``_drain`` would release it.
-            if ts > self.max_ts:
-                self.max_ts = ts
-            self._release(frame)
-            self._fire_timers(self.max_ts)
+        if ts < self.released_ts or (not self._lateness_ns and not self._heap):
+            # A late frame, or no lateness (the stages' shards, fed in order): the frame would be
+            # pushed and popped again at once, so it is released as it comes.
+            self._release_as_fed(frame)
         else:
             self._tiebreak += 1
             heapq.heappush(self._heap, (ts, frame.conn, frame.seq, self._tiebreak, frame))
@@ -237,15 +230,21 @@ class Monitor:
         looked up. For a monitor with no lateness (the stages' shards), which releases as it is fed."""
         if self._lateness_ns or self._heap:
             raise ValueError("feed_paired releases as it is fed: for a monitor with no lateness")
-        ts = frame.ts_ns
-        if ts < self.released_ts:
+        self._release_as_fed(frame, request, False)
+        return self.take_findings()
+
+    def _release_as_fed(self, frame: TapFrame, request: TapFrame | None = None, pairs: bool = True) -> None:
+        """Release ``frame`` now, as ``_drain`` would: a late frame as it is, an in-order one moving
+        event time to it and firing the timers due by then (``_release``'s ``request`` and ``pairs``)."""
+        if frame.ts_ns < self.released_ts:
             if not self.in_record_order:
                 self.ctx.stats.late_frames += 1
-        elif ts > self.max_ts:
-            self.max_ts = ts
-        self._release(frame, request, False)
+            self._release(frame, request, pairs)
+            return
+        if frame.ts_ns > self.max_ts:
+            self.max_ts = frame.ts_ns
+        self._release(frame, request, pairs)
         self._fire_timers(self.max_ts)
-        return self.take_findings()
 
     def feed_header_exchange(self, meta: ConnectionMeta, header: HeaderExchange) -> list[Finding]:
         """``feed`` of an exchange's request and answer known by their headers (a connection shard's

@@ -112,7 +112,7 @@ class RouteEntry(NamedTuple):
     seq: int
     #: The frame as ``codec.taprecord.pack_frame`` made it, pruned to the key kind's projection.
     frame: bytes
-    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY`` | ``PAIRED`` | ``ANSWER_INCOMPLETE``.
+    #: ``INCOMPLETE`` | ``REQUEST_ONLY`` | ``SUMMARY`` | ``PAIRED`` | ``ANSWERED`` | ``ANSWER_INCOMPLETE``.
     flags: int
     #: The request's answer: [ts_ns, seq, the answer packed as ``frame`` is], or None.
     answer: list[Any] | None = None
@@ -235,15 +235,16 @@ def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
             frames.append(r.answer)
     run = taprecord.pack_run(frames, heads)
     if run is None:
-        run = facts.packb([_entry_packing(r) for r in originals])
+        run = facts.packb([packed_entry(r) for r in originals])
     blob = bytes(cramjam.lz4.compress_block(run))
     data = facts.packb([summary.kind, summary.facts.to_list(), blob, list(summary.first), list(summary.last)])
     f = route.frame
     return RouteEntry(_release_ms(route), f.ts_ns, f.conn, f.seq, data, SUMMARY)
 
 
-def _entry_packing(route: Route) -> RouteEntry:
-    """``route`` as its entry, packing its frames here (a summary's originals that make no run)."""
+def packed_entry(route: Route) -> RouteEntry:
+    """``route`` as its entry, packing its frames here (a summary's originals that make no run; the
+    router packs each projected frame once for all its routes instead)."""
     answer = route.answer
     return route_entry(
         route, taprecord.pack_frame(route.frame), None if answer is None else taprecord.pack_frame(answer)

@@ -777,10 +777,7 @@ class KeyedShard:
             start = release_key(frame) if summary is None else summary.first
             if self.answers and self.answers[0][0] < start:
                 findings += self._release_answers(start, None)
-            if route.incomplete:
-                self.ctx.incomplete_conns.add(frame.conn)
-            else:
-                self.ctx.incomplete_conns.discard(frame.conn)
+            self._mark_incomplete(frame.conn, route.incomplete)
             if summary is not None:
                 # Checked against the state, or fed as the routes it stands for (``checks.summaries``);
                 # an answer held here that sorts inside the run is one of the routes it would skip.
@@ -813,18 +810,21 @@ class KeyedShard:
         """Release the held answers that sort before ``before`` and whose time is ``upto_ns`` or
         earlier (None: no bound), in release order."""
         answers, findings = self.answers, []
-        incomplete = self.ctx.incomplete_conns
         while answers:
             order = answers[0][0]
             if (before is not None and order >= before) or (upto_ns is not None and order[0] > upto_ns):
                 break
             _order, _arrival, request, answer, lost = heapq.heappop(answers)
-            if lost:
-                incomplete.add(answer.conn)
-            else:
-                incomplete.discard(answer.conn)
+            self._mark_incomplete(answer.conn, lost)
             findings += self.monitor.feed_paired(answer, request)
         return findings
+
+    def _mark_incomplete(self, conn: str, lost: bool) -> None:
+        """Whether the findings about ``conn`` from here on are incomplete (its route's flag)."""
+        if lost:
+            self.ctx.incomplete_conns.add(conn)
+        else:
+            self.ctx.incomplete_conns.discard(conn)
 
     def advance(self, now_ns: int, before: tuple[int, str, int] | None = None) -> list[Finding]:
         """Event time reached ``now_ns``: the held answers due by then that sort before ``before``

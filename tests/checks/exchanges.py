@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from checks.routes import Route, RouteEntry, route_entry, summary_entry
+from checks.routes import Route, RouteEntry, packed_entry, summary_entry
 from checks.summaries import release_key, split_held
-from codec.taprecord import CLOSE, REQ, RESP, TapFrame, pack_frame
+from codec.taprecord import CLOSE, REQ, RESP, TapFrame
 
 
 def exchange_records(frames: list[TapFrame]) -> list[list[TapFrame]]:
@@ -119,8 +119,7 @@ def entry_of(route: Route) -> RouteEntry:
     what the stage reads back with ``RouteEntry.route``."""
     summary = route.summary
     if summary is None:
-        answer = route.answer
-        return route_entry(route, pack_frame(route.frame), None if answer is None else pack_frame(answer))
+        return packed_entry(route)
     return summary_entry(route, summary.expand())
 
 
