@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
 
+from codec.api import kept_whole
+from codec.errors import DecodeError
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 
@@ -387,13 +389,60 @@ def kind_pruner(rules: tuple[str, ...], api_key: int, response: bool) -> Callabl
     return pruner(kind_tree(rules, api_key, response))
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+@cache
+def version_pruner(
+    rules: tuple[str, ...], api_key: int, api_version: int, response: bool
+) -> Callable[[Any], Any]:
+    """``kind_pruner`` for bodies decoded at ``api_version`` with nothing but that version's fields
+    (no tagged-field evidence, no bytes left over): a struct whose every field the tree keeps at this
+    version is kept as it is, the same object, instead of copied field by field. A Produce routed to a
+    producer key drops only ``TimeoutMs``: its topics, partitions and record sets are not copied. A
+    struct kept whole keeps its fields in the order the frame has them, not the tree's."""
+    tree = kind_tree(rules, api_key, response)
+    try:
+        normal = kept_whole(api_key, api_version, response, tree)
+    except DecodeError:
+        return kind_pruner(rules, api_key, response)
+    whole = _whole_nodes(tree, normal)
+    return _same if whole is None else pruner(whole)
+
+
+def _whole_nodes(tree: Tree, normal: Mapping[str, Any] | None) -> Tree | None:
+    """``tree`` in its own order with each node that ``normal`` (``codec.api.kept_whole``) keeps whole
+    made a leaf; None when the whole body is kept. A field ``normal`` lacks is absent at its version:
+    its node stays as it is and never matches."""
+    if normal is None:
+        return None
+    out: Tree = {}
+    for name, sub in tree.items():
+        out[name] = sub if sub is None or name not in normal else _whole_nodes(sub, normal[name])
+    return out
+
+
 def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
-    """A copy of ``frame`` whose body keeps only what ``rules`` (and the engine) read."""
+    """``frame`` with a body that keeps only what ``rules`` (and the engine) read: a copy, or the frame
+    itself where that is all of it. The parts of the body kept whole are shared with ``frame``, whose
+    body nothing changes once decoded and expanded."""
     message = frame.message
-    if message is None or frame.api_key is None:
+    api_key = frame.api_key
+    if message is None or api_key is None:
         return frame
-    keep = kind_pruner(rules, frame.api_key, frame.direction != "req")
-    return frame.with_message(message.with_body(keep(message.body)))
+    body = message.body
+    response = frame.direction != "req"
+    if message.tag_extras is not False or "_trailing" in body:
+        # Keys beyond the version's fields (``_unknown_tags``, ``_tag_anomalies``, ``_trailing``), or
+        # evidence not known yet (a response waiting for its request to expand): the tree alone says
+        # what stays.
+        keep = kind_pruner(rules, api_key, response)
+    else:
+        keep = version_pruner(rules, api_key, message.api_version, response)
+        if keep is _same:
+            return frame
+    return frame.with_message(message.with_body(keep(body)))
 
 
 #: APIs whose whole bodies the connection shard's rules read: ApiVersions (the advertised ranges),
@@ -413,5 +462,4 @@ def project_for_connection(frame: TapFrame) -> TapFrame:
         return frame
     if message.tag_extras is not False or "_trailing" in message.body:
         return frame
-    keep = kind_pruner((), api_key, frame.direction != "req")
-    return frame.with_message(message.with_body(keep(message.body)))
+    return project_frame(frame, ())

@@ -17,7 +17,7 @@ from codec.bodies import (
     to_bytes,
     version_segment,
 )
-from codec.compiler import Decoder, Projection
+from codec.compiler import Decoder, Projection, normalize_projection
 from codec.errors import DecodeError
 from codec.messages import Request, Response
 from codec.nested import (
@@ -258,6 +258,14 @@ def response_plan(
         plan = ResponsePlan(api_key, api_version, hv, header, body, api_key in RESPONSES_WITH_NESTED, v0)
     proj.responses[key] = plan
     return plan
+
+
+def kept_whole(api_key: int, api_version: int, response: bool, tree: Projection) -> Projection | None:
+    """``tree`` (a projection of one side of an API) as a decode at ``api_version`` reads it: the
+    fields that version has, None wherever it keeps every field of a struct (and None for the whole
+    body when it keeps everything). Raises ``DecodeError`` for a version the codec does not define."""
+    spec = response_spec(api_key) if response else request_spec(api_key)
+    return normalize_projection(version_segment(spec, api_version, api_key).fields, api_version, tree)
 
 
 def _header_decoder(name: str, version: int) -> Decoder:

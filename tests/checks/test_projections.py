@@ -3,14 +3,29 @@ exactly the declared fields (the recording fixture in conftest.py proves the rul
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import codec
-from checks.projections import ENGINE_READS, READS, covers, kind_tree, project_frame, prune, tree_of
+from checks.projections import (
+    CONNECTION_BODIES,
+    ENGINE_READS,
+    READS,
+    covers,
+    kind_tree,
+    project_for_connection,
+    project_frame,
+    prune,
+    tree_of,
+)
 from checks.rules import all_rules
 from checks.sharding import is_connection_scoped
-from codec.api import request_spec, response_spec
+from codec.api import kept_whole, request_spec, response_spec
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 from tests.checks.recording import field_names
+from tests.codec.strategies import build_frame, decode_frame, messages, seeds
+from tests.codec.test_facts import facts_view
 
 
 def test_every_keyed_rule_declares_and_only_keyed_rules_do() -> None:
@@ -72,3 +87,64 @@ def test_a_routed_produce_keeps_what_producer_rules_read_and_its_header() -> Non
     assert routed.message.body["TopicData"][0]["PartitionData"][0]["Records"] is not None
     assert frame.message is message and "TimeoutMs" in message.body  # the original is untouched
     assert kind_tree(("producer",), ApiKey.FETCH, False) == {}
+
+
+#: The rules of each key kind (``checks.sharding``'s catalogue), and none: what the engine alone reads.
+KIND_RULES = [(), ("apiversions.cluster",), ("group", "group_protocol"), ("producer", "txn_pid"), ("txn",)]
+
+
+def test_the_kinds_tested_are_the_catalogues() -> None:
+    from checks.sharding import _catalogue
+
+    assert {tuple(rules) for rules in _catalogue().kind_rules.values()} | {()} == set(KIND_RULES)
+
+
+@settings(max_examples=400, deadline=None)
+@given(message=messages, seed=seeds, unknown_tags=st.booleans(), rules=st.sampled_from(KIND_RULES))
+def test_a_projected_body_is_the_tree_pruned_body_and_shares_what_it_keeps_whole(
+    message: tuple[str, int, int], seed: int, unknown_tags: bool, rules: tuple[str, ...]
+) -> None:
+    """Any frame of any API and version, for the rules of every key kind: the projection is exactly
+    the declared fields (what ``prune`` keeps of the tree), and a field holding a struct the tree keeps
+    every field of is the frame's own value, not a copy (a body kept whole: the frame itself). A body
+    with tagged-field evidence (or none known yet: a response waiting for its request to expand) or
+    bytes left over is pruned by the tree alone."""
+    kind, api_key, version = message
+    decoded = decode_frame(kind, build_frame(kind, api_key, version, seed, unknown_tags), api_key, version)
+    direction = "req" if kind == "request" else "resp"
+    frame = TapFrame("c-1", 0, 1, direction, api_key, version, decoded.correlation_id, message=decoded)
+    projected = project_frame(frame, rules)
+    assert projected.message is not None
+    tree = kind_tree(rules, api_key, kind == "response")
+    assert facts_view(projected.message.body) == facts_view(prune(decoded.body, tree))
+    assert projected.message.header is decoded.header
+    assert frame.message is decoded  # the frame routed is untouched
+    if decoded.tag_extras is not False or "_trailing" in decoded.body:
+        assert projected is not frame
+        return
+    normal = kept_whole(api_key, decoded.api_version, kind == "response", tree)
+    if normal is None:
+        assert projected is frame
+        return
+    for name, below in normal.items():
+        value = decoded.body.get(name)
+        if below is None and isinstance(value, dict | list):
+            assert projected.message.body[name] is value, name
+
+
+@settings(max_examples=200, deadline=None)
+@given(message=messages, seed=seeds)
+def test_a_connection_projection_keeps_what_the_engine_reads_or_the_whole_frame(
+    message: tuple[str, int, int], seed: int
+) -> None:
+    kind, api_key, version = message
+    decoded = decode_frame(kind, build_frame(kind, api_key, version, seed), api_key, version)
+    direction = "req" if kind == "request" else "resp"
+    frame = TapFrame("c-1", 0, 1, direction, api_key, version, decoded.correlation_id, message=decoded)
+    projected = project_for_connection(frame)
+    assert projected.message is not None
+    if api_key in CONNECTION_BODIES or decoded.tag_extras is not False or "_trailing" in decoded.body:
+        assert projected is frame
+        return
+    expected = prune(decoded.body, kind_tree((), api_key, kind == "response"))
+    assert facts_view(projected.message.body) == facts_view(expected)
