@@ -6,8 +6,11 @@ decoded frames into bundles) is timed as ``stages_bench.route_parts`` times it, 
 each), pinned to one CPU and timed in the process's CPU time: on a shared host, wall time between two
 runs a minute apart moves by more than a change may gain. The builds alternate ``--rounds`` times; each
 run keeps its fastest of ``--repeats``. The comparison each build is measured against is the full codec
-decode of the same records in the same child (the routing's anchor in ``stages_bench``), timed in CPU time as well: both checkouts need
-``stages_bench.full_decode``'s ``clock`` and ``stages_bench.routing_work``.
+decode of the same records in the same child (the routing's anchor in ``stages_bench``), timed in CPU
+time as well: both checkouts need ``stages_bench.full_decode``'s ``clock`` and
+``stages_bench.routing_work``. A checkout with ``streaming.frames.batch_frames`` is timed decoding the
+source batches with it (reading the records included); one from before, decoding the columns its
+``routing_work`` read.
 
     .venv/bin/python benchmarks/routing_ab.py --before ../before --after . --out NAME
 
@@ -42,13 +45,21 @@ sessions, repeats = int(sys.argv[1]), int(sys.argv[2])
 records = sb.tap_records(sessions)
 work = sb.routing_work(records, 20_000, 0)
 tune_worker_gc()
-frames = [taprecord.frames_from_columns(c, n) for c, n, _ in work]
+try:
+    from streaming.frames import batch_frames
+
+    def decode(batch, count):
+        return batch_frames(batch)[0]
+except ImportError:  # a checkout from before ``batch_frames``: its routing_work gives the columns
+    def decode(columns, count):
+        return taprecord.frames_from_columns(columns, count)
+frames = [decode(b, n) for b, n, _ in work]
 best = {"decode": float("inf"), "routing": float("inf"), "full_decode": float("inf")}
 for _ in range(repeats):
     with collector_paused(True):
         t0 = time.process_time()
-        for columns, count, _ in work:
-            taprecord.frames_from_columns(columns, count)
+        for batch, count, _ in work:
+            decode(batch, count)
         t1 = time.process_time()
         for decoded, (_, _, newest_ms) in zip(frames, work):
             route_frames(sb.SETTINGS, decoded, newest_ms, len(sb.LABELS))

@@ -54,7 +54,7 @@ from checks.settings import ChecksSettings  # noqa: E402
 from codec import taprecord  # noqa: E402
 from kpconfig.model import StreamConfig  # noqa: E402
 from streaming.bundles import KAFKA_SOURCE_SCHEMA, batch_clock_ms, bundle_batches, joined  # noqa: E402
-from streaming.frames import frame_values  # noqa: E402
+from streaming.frames import batch_frames  # noqa: E402
 from streaming.job import bucket_labels  # noqa: E402
 from streaming.pages import DictPageBackend, PagedBucketStore  # noqa: E402
 from streaming.router import (  # noqa: E402
@@ -239,32 +239,31 @@ def count_per_key_round_trips(records: list[tuple[dict[str, str], bytes, int, in
 
 def routing_work(
     records: list[tuple[dict[str, str], bytes, int, int]], batch: int, now_ms: int
-) -> list[tuple[dict[str, list[Any]], int, int]]:
+) -> list[tuple[pa.RecordBatch, int, int]]:
     """The batches the ``mapInArrow`` stage routes (Spark's, ``batch`` records per micro-batch, joined to
-    ``stream.route_batch_records``) as the stage reads them: its columns, its record count and its clock
-    (ms; ``now_ms`` where the batch has no time of its own)."""
-    work: list[tuple[dict[str, list[Any]], int, int]] = []
+    ``stream.route_batch_records``): each batch, its frame count and its clock (ms; ``now_ms`` where the
+    batch has no time of its own)."""
+    work: list[tuple[pa.RecordBatch, int, int]] = []
     for start in range(0, len(records), batch):
         for joined_batch in joined(
             source_batches(records[start : start + batch]), StreamConfig().route_batch_records
         ):
-            columns = frame_values(joined_batch)
-            newest_ms = batch_clock_ms(columns[taprecord.Header.TS_NS], now_ms)
-            work.append((columns, len(columns[taprecord.Header.CONN]), newest_ms))
+            frames, times = batch_frames(joined_batch)
+            work.append((joined_batch, len(frames), batch_clock_ms(times, now_ms)))
     return work
 
 
 def route_parts(records: list[tuple[dict[str, str], bytes, int, int]], batch: int) -> dict[str, float]:
     """Seconds the two parts of the ``mapInArrow`` stage's Python work take apart, over the batches the
-    stage routes (``routing_work``): the decode into frames (``codec.taprecord.frames_from_columns``) and
-    the routing of the decoded frames into bundles (``streaming.router.route_frames``), with the
-    collector as the stage has it. What ``route`` adds to them is reading the Arrow columns and packing
-    and reading the bundles."""
+    stage routes (``routing_work``): the decode into frames (``streaming.frames.batch_frames``: reading
+    the records and decoding their frames) and the routing of the decoded frames into bundles
+    (``streaming.router.route_frames``), with the collector as the stage has it. What ``route`` adds to
+    them is reading the Arrow batches in and packing and reading the bundles."""
     seconds = {"decode": 0.0, "routing": 0.0}
-    for columns, count, newest_ms in routing_work(records, batch, time.time_ns() // NS_PER_MS):
+    for joined_batch, _, newest_ms in routing_work(records, batch, time.time_ns() // NS_PER_MS):
         with collector_paused(WORKER_GC[0]):
             t0 = time.perf_counter()
-            frames = taprecord.frames_from_columns(columns, count)
+            frames, _ = batch_frames(joined_batch)
             t1 = time.perf_counter()
             route_frames(SETTINGS, frames, newest_ms, len(LABELS))
             t2 = time.perf_counter()

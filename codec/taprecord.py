@@ -15,7 +15,7 @@ change the tap topic format). In Python a frame's fields are ``TapFrame``'s attr
 Two layouts spell some fields after their headers and are read as aliases by ``frame_from_dict``:
 the JSON checker state of kpmon state format 1 (``STATE_KEYS``; no longer written: the engine's
 format 2 keeps frames packed, ``frame_to_packed``) and the streaming job's tap-record rows
-(``ROW_KEYS``; ``frames_from_columns`` reads those rows, and only those, on the job's hot path).
+(``ROW_KEYS``; ``frame_of`` reads those rows' values, and only those, on the job's hot path).
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ def frame_from_dict(data: Mapping[str, Any], decode: bool = True) -> TapFrame:
 # --- the streaming job's tap-record rows ------------------------------------------------------------------
 
 
-#: The tap-record rows' columns a frame is read from, in ``_frame_of``'s argument order.
+#: The tap-record rows' columns a frame is read from, in ``frame_of``'s argument order.
 ROW_COLUMNS: Final = (
     Header.CONN,
     Header.SEQ,
@@ -487,7 +487,7 @@ ROW_COLUMNS: Final = (
 def frame_from_row(row: Mapping[str, Any]) -> TapFrame:
     """A tap-record row (``streaming.frames.FRAME_ROW_SCHEMA``: header names, ``ROW_KEYS``) to a frame,
     decoded, as ``frames_from_columns`` reads each of its rows."""
-    return _frame_of(*map(row.get, ROW_COLUMNS))
+    return frame_of(*map(row.get, ROW_COLUMNS))
 
 
 def frames_from_columns(columns: Mapping[str, Sequence[Any]], rows: int) -> list[TapFrame]:
@@ -496,10 +496,10 @@ def frames_from_columns(columns: Mapping[str, Sequence[Any]], rows: int) -> list
     stage, ``streaming.bundles``). Column by column: a dict per row cost as much as reading it."""
     nulls = [None] * rows
     values = (columns.get(name, nulls) for name in ROW_COLUMNS)
-    return [_frame_of(*row) for row in zip(*values, strict=True)]
+    return [frame_of(*row) for row in zip(*values, strict=True)]
 
 
-def _frame_of(
+def frame_of(
     conn: Any,
     seq: Any,
     ts_ns: Any,

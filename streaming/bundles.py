@@ -24,8 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from checks.settings import ChecksSettings
-from codec.taprecord import Header, frames_from_columns
-from streaming.frames import frame_values
+from streaming.frames import batch_frames
 from streaming.router import PASS_BUCKET, pack_bundle, pack_passed, route_frames
 from streaming.rows import NS_PER_MS
 from streaming.workergc import collector_paused, tune_worker_gc
@@ -66,13 +65,11 @@ def bundle_batch(
     """Kafka-source rows (``value``, ``headers``, ``partition``, ``offset``) → one bundle row per bucket
     (every bucket gets the batch clock) and one of aggregates; ``labels[b]`` is bucket ``b``'s grouping
     value (``streaming.job``)."""
-    columns = frame_values(batch)
-    count = len(columns[Header.CONN])
-    if count == 0:
+    frames, times = batch_frames(batch)
+    if not frames:
         return pa.RecordBatch.from_pylist([], schema=BUNDLE_SCHEMA)
     now_ms = time.time_ns() // NS_PER_MS if arrival_ms is None else arrival_ms
-    newest_ms = batch_clock_ms(columns[Header.TS_NS], now_ms)
-    frames = frames_from_columns(columns, count)
+    newest_ms = batch_clock_ms(times, now_ms)
     routed = route_frames(config, frames, newest_ms, len(labels))
     event_us = newest_ms * 1000
     out: dict[str, list[Any]] = {

@@ -2,13 +2,12 @@
 
 ``frame_columns`` is pure: an Arrow batch of Kafka source rows (value, headers, partition, offset) in,
 an Arrow batch of ``FRAME_ROW_SCHEMA`` rows out: a schema-1 record's headers, or a schema-2 or 3
-record's packed metadata, one row per frame. ``frame_values`` gives the same columns as Python lists:
-the first step of the job's ``mapInArrow`` stage (``streaming.bundles``; the router,
-``streaming.router``, decodes and routes them), reading a batch of schema-2 and 3 records (what taps
-write) straight into lists.
-It reads tap-record metadata only (``codec.taprecord``, the one tap-record contract) and never runs
-the codec: the router decodes each frame once, right after (docs/decisions.md, "Decode once, in
-stage one").
+record's packed metadata, one row per frame. ``frame_values`` gives the same columns as Python lists,
+and ``batch_frames`` each row's frame, decoded once (``codec.taprecord.frame_of``): the first step of
+the job's ``mapInArrow`` stage (``streaming.bundles``; the router, ``streaming.router``, routes the
+frames), reading a batch of schema-2 and 3 records (what taps write) straight into frames.
+It reads tap-record metadata only (``codec.taprecord``, the one tap-record contract); the codec runs
+once per frame, in ``frame_of`` (docs/decisions.md, "Decode once, in stage one").
 
 ``frame_columns`` computes the batch column by column with Arrow kernels (the headers flattened once,
 no Python per record); ``frame_row`` is the one-record reference it equals, kept for the tests, the
@@ -47,8 +46,12 @@ from codec.taprecord import (
     Header,
     RawPart,
     RecordError,
+    TapFrame,
     TapRecord,
     connection_of,
+    frame_from_row,
+    frame_of,
+    frames_from_columns,
     header_only,
     header_text,
     int_header,
@@ -347,13 +350,27 @@ def _columns(batch: pa.RecordBatch, value: pa.Array, headers: _Headers, packed: 
 
 
 def frame_values(batch: pa.RecordBatch) -> dict[str, list[Any]]:
-    """``frame_columns(batch)``'s columns as Python lists, what the router reads
-    (``codec.taprecord.frames_from_columns``). A batch of schema-2 and 3 records only, what taps
-    write, is read straight into lists: no Arrow arrays made to be read back."""
+    """``frame_columns(batch)``'s columns as Python lists. A batch of schema-2 and 3 records only, what
+    taps write, is read straight into lists: no Arrow arrays made to be read back."""
     value, headers, packed = _packed_rows(batch)
     if pc.all(packed).as_py():
         return _schema_2_lists(batch, np.arange(len(value)))[0]
     return _lists(_columns(batch, value, headers, packed))
+
+
+def batch_frames(batch: pa.RecordBatch) -> tuple[list[TapFrame], list[int | None]]:
+    """The frames of ``batch``'s records, decoded: the one decode of the streaming job (its
+    ``mapInArrow`` stage, ``streaming.bundles``), each frame as ``codec.taprecord.frame_of`` makes it
+    of its row of ``frame_values(batch)``; and each frame's ``ts_ns`` as its row holds it (None where the
+    record gave none). A batch of schema-2 and 3 records only is read straight into frames: no
+    columns made to be read back."""
+    value, headers, packed = _packed_rows(batch)
+    if pc.all(packed).as_py():
+        frames: list[TapFrame] = []
+        columns = _schema_2_lists(batch, np.arange(len(value)), frames)[0]
+        return frames, columns[Header.TS_NS]
+    columns = _lists(_columns(batch, value, headers, packed))
+    return frames_from_columns(columns, len(columns[Header.CONN])), columns[Header.TS_NS]
 
 
 def _lists(rows: pa.RecordBatch) -> dict[str, list[Any]]:
@@ -365,9 +382,12 @@ def _as_batch(lists: dict[str, list[Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=FRAME_ROW_SCHEMA)
 
 
-def _schema_2_lists(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[dict[str, list[Any]], list[int]]:
+def _schema_2_lists(
+    batch: pa.RecordBatch, sources: np.ndarray, frames: list[TapFrame] | None = None
+) -> tuple[dict[str, list[Any]], list[int]]:
     """The frames' rows of schema-2 and 3 records as ``FRAME_ROW_SCHEMA``'s columns of Python values,
-    and each row's source row (``sources[i]`` of record i).
+    and each row's source row (``sources[i]`` of record i). Given ``frames``, each row goes there as its
+    decoded frame instead (``codec.taprecord.frame_of``), and of the columns only ``ts_ns`` is kept.
 
     Column by column, as ``record_rows`` would make them row by row: this runs for every record of
     the stream, and a dict per frame then ``from_pylist`` cost more than reading the records. A part
@@ -410,8 +430,12 @@ def _schema_2_lists(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[dict[st
         if not any(parts for _, _, parts in entries):
             # Broken, or (never written by a tap) a record of no frames: as the reference reads it.
             for row in record_rows({}, value, partition, offset):
-                for name in names:
-                    columns[name].append(row[name])
+                if frames is not None:
+                    frames.append(frame_from_row(row))
+                    ts_col.append(row[Header.TS_NS])
+                else:
+                    for name in names:
+                        columns[name].append(row[name])
                 origins.append(source)
             continue
         conn = connection_of(c.conn, partition)
@@ -429,15 +453,28 @@ def _schema_2_lists(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[dict[st
                 else:
                     header_only = False
                 ts = ts_ns if type(ts_ns) is int else 0
-                conn_col.append(conn)
-                seq_col.append(seq_value)
-                ts_col.append(ts if ts_lo <= ts <= ts_hi else None)
-                dir_col.append(direction)
-                api_col.append(api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None)
-                ver_col.append(
+                ts_value = ts if ts_lo <= ts <= ts_hi else None
+                api = api_key if type(api_key) is int and i32_lo <= api_key <= i32_hi else None
+                version = (
                     api_version if type(api_version) is int and i32_lo <= api_version <= i32_hi else None
                 )
-                corr_col.append(corr if type(corr) is int and i32_lo <= corr <= i32_hi else None)
+                corr_value = corr if type(corr) is int and i32_lo <= corr <= i32_hi else None
+                ts_col.append(ts_value)
+                origins.append(source)
+                if frames is not None:
+                    made = frame_of(
+                        conn, seq_value, ts_value, direction, api, version, corr_value, c.client,
+                        c.broker, broker_id, c.listener, partition, offset, c.capture, lost, lone,
+                        value[pos : pos + size], header_only, index, loss_ns,
+                    )  # fmt: skip
+                    frames.append(made)
+                    continue
+                conn_col.append(conn)
+                seq_col.append(seq_value)
+                dir_col.append(direction)
+                api_col.append(api)
+                ver_col.append(version)
+                corr_col.append(corr_value)
                 client_col.append(c.client)
                 broker_col.append(c.broker)
                 broker_id_col.append(broker_id)
@@ -453,7 +490,6 @@ def _schema_2_lists(batch: pa.RecordBatch, sources: np.ndarray) -> tuple[dict[st
                 lone_col.append(lone)
                 index_col.append(index)
                 loss_col.append(loss_ns)
-                origins.append(source)
     return columns, origins
 
 

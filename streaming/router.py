@@ -1,7 +1,7 @@
 """The stateless half of the job: tap-record rows in, one *bundle* per stateful bucket out.
 
 The job's ``mapInArrow`` runs ``route_frames`` where the Kafka source hands over the tap topic's
-records, before any shuffle, on each frame decoded once (``codec.taprecord.frames_from_columns``,
+records, before any shuffle, on each frame decoded once (``streaming.frames.batch_frames``,
 ``streaming.bundles``). It sends each frame:
 
 - to its connection's key (``conn|<id>``), for the connection-scoped rules, the gap and decode error

@@ -34,7 +34,14 @@ from codec.taprecord import (
     pack_static,
 )
 from streaming.bundles import KAFKA_SOURCE_SCHEMA
-from streaming.frames import FRAME_ROW_SCHEMA, frame_columns, frame_row_batches, frame_values, record_rows
+from streaming.frames import (
+    FRAME_ROW_SCHEMA,
+    batch_frames,
+    frame_columns,
+    frame_row_batches,
+    frame_values,
+    record_rows,
+)
 
 #: The Kafka source's columns, as Spark hands them to ``mapInArrow``.
 SOURCE_SCHEMA = KAFKA_SOURCE_SCHEMA
@@ -81,6 +88,12 @@ def assert_same(batch: pa.RecordBatch) -> None:
     # What the router reads: the same values, whichever way they were read.
     assert frame_values(batch) == {name: expected.column(name).to_pylist() for name in FRAME_ROW_SCHEMA.names}
     assert got.equals(expected)
+    # What the job decodes: each row's frame, and its event time as the row holds it.
+    frames, times = batch_frames(batch)
+    assert [_frame_facts(f) for f in frames] == [
+        _frame_facts(frame_from_row(r)) for r in expected.to_pylist()
+    ]
+    assert times == expected.column(Header.TS_NS).to_pylist()
 
 
 # --- generated batches -------------------------------------------------------------------------------------
