@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from codec.api import kept_whole
 from codec.errors import DecodeError
+from codec.messages import Request, Response
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame
 
@@ -431,18 +432,28 @@ def project_frame(frame: TapFrame, rules: tuple[str, ...]) -> TapFrame:
     api_key = frame.api_key
     if message is None or api_key is None:
         return frame
-    body = message.body
-    response = frame.direction != "req"
-    if message.tag_extras is not False or "_trailing" in body:
+    if _has_extra_keys(message):
         # Keys beyond the version's fields (``_unknown_tags``, ``_tag_anomalies``, ``_trailing``), or
         # evidence not known yet (a response waiting for its request to expand): the tree alone says
         # what stays.
-        keep = kind_pruner(rules, api_key, response)
-    else:
-        keep = version_pruner(rules, api_key, message.api_version, response)
-        if keep is _same:
-            return frame
-    return frame.with_message(message.with_body(keep(body)))
+        keep = kind_pruner(rules, api_key, frame.direction != "req")
+        return frame.with_message(message.with_body(keep(message.body)))
+    return _project_plain(frame, message, api_key, rules)
+
+
+def _has_extra_keys(message: Request | Response) -> bool:
+    """Whether ``message``'s body may hold keys its version's fields do not name."""
+    return message.tag_extras is not False or "_trailing" in message.body
+
+
+def _project_plain(
+    frame: TapFrame, message: Request | Response, api_key: int, rules: tuple[str, ...]
+) -> TapFrame:
+    """``project_frame`` of a frame whose body holds its version's fields and nothing else."""
+    keep = version_pruner(rules, api_key, message.api_version, frame.direction != "req")
+    if keep is _same:
+        return frame
+    return frame.with_message(message.with_body(keep(message.body)))
 
 
 #: APIs whose whole bodies the connection shard's rules read: ApiVersions (the advertised ranges),
@@ -460,6 +471,6 @@ def project_for_connection(frame: TapFrame) -> TapFrame:
     api_key = frame.api_key
     if message is None or api_key is None or api_key in CONNECTION_BODIES:
         return frame
-    if message.tag_extras is not False or "_trailing" in message.body:
+    if _has_extra_keys(message):
         return frame
-    return project_frame(frame, ())
+    return _project_plain(frame, message, api_key, ())
