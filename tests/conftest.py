@@ -8,6 +8,7 @@ nothing needs to be running beforehand and parallel runs do not collide.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from importlib.machinery import ModuleSpec
@@ -29,6 +30,26 @@ from tests.tap.harness import TappedCluster, free_port, start_stack
 _main = sys.modules["__main__"]
 if _main.__spec__ is None and not hasattr(_main, "__file__") and not hasattr(sys, "ps1"):
     _main.__spec__ = ModuleSpec("__main__", None)
+
+# ----- a run stopped by SIGTERM tears its fixtures down ------------------------------------------------
+
+# The stack's JVMs run in process groups of their own, so a run that dies at SIGTERM (a CI timeout, a
+# `kill`) would leave its brokers behind: Python's default is to exit without running a `finally`. As a
+# KeyboardInterrupt, pytest stops and tears the session's fixtures down, stacks included. A process
+# forked from the run (a test's child) keeps SIGTERM's default.
+_RUN_PID = os.getpid()
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    if os.getpid() != _RUN_PID:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise KeyboardInterrupt("SIGTERM: the run stops, and its fixtures are torn down")
+
+
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 # ----- local Kafka stack (deploy/local) -------------------------------------------------------------
 
