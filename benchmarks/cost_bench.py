@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from benchmarks.results_file import machine  # noqa: E402
+from benchmarks.results_file import cores_changed, machine  # noqa: E402
 from benchmarks.stream_bench import _config, run_job  # noqa: E402
 from benchmarks.tap_bench import (  # noqa: E402
     TapProcess,
@@ -745,6 +745,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in chosen:
         print("\n".join(report_lines(name, summaries[name])))
+    changed = cores_changed(host["compiled_cores"])
+    if changed:
+        print(f"cost_bench: not written: {changed}", file=sys.stderr)
+        return 1
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {output}")

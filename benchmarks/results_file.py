@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codec import native
+
 
 def cpu_model() -> str | None:
     """The CPU as ``/proc/cpuinfo`` names it: model name, family and model numbers, clock and cache
@@ -34,14 +36,40 @@ def cpu_model() -> str | None:
     return f"{name} ({', '.join(d for d in details if d)})"
 
 
+def compiled_cores() -> dict[str, Any]:
+    """Whether a process started now runs the compiled per-frame cores (``codec.native``), and if not,
+    why: a figure of plain Python is not one of the compiled build."""
+    refused, _ = native.refusal()
+    return {"used": refused is None, "why": refused or "compiled"}
+
+
+def cores_changed(at_start: dict[str, Any]) -> str | None:
+    """Why figures measured since ``at_start`` (``compiled_cores()`` then) are not all the compiled
+    build's, when the cores were usable then and are not now: a source edited during the run makes
+    every process started after it (Spark's Python workers, a tap) run plain Python, with only a
+    warning in its own log. None when nothing changed."""
+    if not at_start.get("used"):
+        return None
+    now = compiled_cores()
+    if now["used"]:
+        return None
+    return (
+        f"the compiled cores went out of use during the run ({now['why']}): processes started after "
+        "that ran plain Python, so these figures are not the compiled build's; run kpmon deploy native "
+        "(make native), leave the sources alone, and run again"
+    )
+
+
 def machine() -> dict[str, Any]:
-    """The machine a benchmark ran on, and its load average (1, 5, 15 min) as the run starts."""
+    """The machine a benchmark ran on, its load average (1, 5, 15 min) as the run starts, and whether
+    it runs the compiled cores."""
     return {
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "load_before": os.getloadavg(),
+        "compiled_cores": compiled_cores(),
     }
 
 

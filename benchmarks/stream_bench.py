@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import codec  # noqa: E402
-from benchmarks.results_file import machine  # noqa: E402
+from benchmarks.results_file import cores_changed, machine  # noqa: E402
 from codec import taprecord  # noqa: E402
 from codec.records import build_record_batch  # noqa: E402
 from deploy.local.stack import LocalStack  # noqa: E402
@@ -887,6 +887,10 @@ def main() -> int:
     print(json.dumps(out, indent=2, default=str))
     if args.progress:
         args.progress.write_text(json.dumps(PROGRESS, indent=2, default=str))
+    changed = cores_changed(out["machine"]["compiled_cores"])
+    if changed:
+        print(f"stream_bench: not written: {changed}", file=sys.stderr)
+        return 1
     if not args.no_write:
         RESULTS.write_text(json.dumps(out, indent=2, default=str))
     return 0

@@ -102,18 +102,24 @@ def verdict(manifest: dict[str, Any] | None, digests: dict[str, str], abi: str) 
     return None
 
 
-@cache
-def status() -> tuple[bool, str]:
-    """(whether the compiled modules are used, why): decided once per process."""
+def refusal() -> tuple[str | None, dict[str, Any] | None]:
+    """Why a process starting now would run plain Python (None: it would use the compiled modules),
+    with the manifest read; read afresh on every call (``status`` keeps its process's first answer)."""
     if disabled():
-        return False, f"{ENV}={os.environ[ENV]}: plain Python"
+        return f"{ENV}={os.environ[ENV]}", None
     try:
         manifest: dict[str, Any] | None = json.loads(MANIFEST.read_text())
     except FileNotFoundError:
         manifest = None
     except (OSError, ValueError) as exc:
-        return False, f"unreadable {MANIFEST}: {exc}: plain Python"
-    refused = verdict(manifest, {path: source_digest(path) for path in MODULES}, abi_tag())
+        return f"unreadable {MANIFEST}: {exc}", None
+    return verdict(manifest, {path: source_digest(path) for path in MODULES}, abi_tag()), manifest
+
+
+@cache
+def status() -> tuple[bool, str]:
+    """(whether the compiled modules are used, why): decided once per process."""
+    refused, manifest = refusal()
     if refused is not None or manifest is None:
         return False, f"{refused}: plain Python"
     group = BUILD_DIR / str(manifest["group"])
