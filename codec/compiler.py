@@ -946,13 +946,16 @@ def _struct_body(
         # written into the dict literal: no default is built only to be replaced.
         fast = ", ".join(f"{f.name!r}: {defaults.get(f.name, local[f.name])}" for f in wanted)
         code.emit("if b[p] == 0: " + fast_exit.format(f"{{{fast}}}"))
-        known_fields = [f for f in present if f.tagged_at(version)] if proj is None else tagged
+        # Every tag known at this version, the projected ones read as projected and the others whole: a
+        # projection builds no value it leaves out, but tells a known tag from an unknown one and checks
+        # its size as the whole decode does (``TAG_EXTRAS``).
         known = {
             f.tag: (
                 f.name,
                 ns[_tag_fn(ns, f, version, flexible, what, None if proj is None else proj.get(f.name))],
             )
-            for f in known_fields
+            for f in present
+            if f.tagged_at(version)
         }
         code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)}{'' if proj is None else ', False'})")
         for f in tagged:
@@ -992,7 +995,12 @@ def compile_skipper(
     if fixed:
         code.emit(f"p += {fixed}")
     if flexible:
-        code.emit("p = _skiptags(b, p, L)")
+        known = {
+            f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, None)])
+            for f in fields
+            if f.present(version) and f.tagged_at(version)
+        }
+        code.emit(f"p = _skiptags(b, p, L, {ns.const(known)})")
     code.emit("if p > L: raise _E('struct runs past the end of the frame', L)")
     code.emit("return p")
     code.dedent()

@@ -26,8 +26,8 @@ class Request:
     header_version: int
     #: Whether some tagged section of the header or body held unknown tags or anomalies (the
     #: ``_unknown_tags``/``_tag_anomalies`` keys somewhere in the message, its decoded nested payloads
-    #: included), as the decode saw it; None when not known (nested payloads that wait for the request,
-    #: ``codec.api._waits_for_request``; a message restored from facts).
+    #: included, and the sections a projected decode skips); None when not known (nested payloads that
+    #: wait for the request, ``codec.api._waits_for_request``; a message restored from facts).
     tag_extras: bool | None = field(default=None, compare=False)
 
     def __init__(

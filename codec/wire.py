@@ -64,6 +64,8 @@ def read_tagged_section(
     Extra keys are ``_unknown_tags`` ({tag: raw bytes}, kept so re-encoding is lossless) and
     ``_tag_anomalies`` (tags out of order or repeated, known tags whose value does not fill the declared
     size): KIP-482 well-formedness evidence that the checks report on, without failing the decode.
+    ``known`` is every tag known at the struct's version; a projected decode keeps no unknown tags
+    (``keep_unknown=False``) but counts them in ``TAG_EXTRAS`` all the same.
     """
     start = p
     count, p = read_uvarint(b, p)
@@ -72,6 +74,7 @@ def read_tagged_section(
     values: dict[str, Any] = {}
     unknown: dict[int, bytes] = {}
     anomalies: list[dict[str, Any]] = []
+    unknown_seen = False
     last = -1
     seen: set[int] = set()
     for _ in range(count):
@@ -98,32 +101,29 @@ def read_tagged_section(
                     {"tag": tag, "offset": at, "problem": f"declared size {size}, value used {used - p}"}
                 )
             values[name] = value
-        elif keep_unknown:
-            unknown[tag] = b[p:end]
+        else:
+            unknown_seen = True
+            if keep_unknown:
+                unknown[tag] = b[p:end]
         p = end
     extras: dict[str, Any] = {}
     if unknown:
         extras["_unknown_tags"] = unknown
     if anomalies:
         extras["_tag_anomalies"] = anomalies
-    if extras:
+    if unknown_seen or anomalies:
         TAG_EXTRAS.count += 1
     return values, extras, p
 
 
-def skip_tagged_section(b: bytes, p: int, limit: int) -> int:
-    start = p
-    count, p = read_uvarint(b, p)
-    if count * 2 > limit - p:
-        raise DecodeError(f"tagged section claims {count} fields with {limit - p} bytes left", start)
-    for _ in range(count):
-        at = p
-        _, p = read_uvarint(b, p)
-        size, p = read_uvarint(b, p)
-        p += size
-        if p > limit:
-            raise DecodeError(f"tagged field size {size} runs past the end", at)
-    return p
+def skip_tagged_section(b: bytes, p: int, limit: int, known: Mapping[int, tuple[str, TagReader]]) -> int:
+    """Step over a tagged-field section (a projection skips its struct): ``read_tagged_section``
+    without the values, which still counts the section in ``TAG_EXTRAS`` when it holds what that
+    would report (so a projected decode's ``tag_extras`` is the whole decode's) and raises what it
+    raises."""
+    if b[p] == 0:
+        return p + 1
+    return read_tagged_section(b, p, limit, known, False)[2]
 
 
 def uuid_bytes(value: Any) -> bytes:
