@@ -81,9 +81,9 @@ def decode_body(plan: BodyPlan, buf: bytes, pos: int) -> dict[str, Any]:
             raise DecodeError(
                 f"{plan.message} runs {end - size} bytes past the frame", size, plan.api_key, plan.version
             )
-        if plan.projection is None:
-            # Bytes after the body: the broker ignores them; keep them so encode(decode(x)) == x.
-            body["_trailing"] = buf[end:]
+        # Bytes after the body: the broker ignores them; kept so encode(decode(x)) == x, and kept by a
+        # projected decode too, since they are the KIP-482 check's evidence whatever else it reads.
+        body["_trailing"] = buf[end:]
     return body
 
 
