@@ -18,7 +18,7 @@ import linecache
 import re
 import struct
 import uuid
-from collections.abc import Callable, Mapping, ValuesView
+from collections.abc import Callable, Mapping, Sequence, ValuesView
 from itertools import count
 from typing import Any
 
@@ -799,6 +799,29 @@ class _DecodeWriter:
         raise ValueError(f"unknown type {t}")
 
 
+def _known_tags(
+    ns: _Namespace,
+    present: Sequence[FieldSpec],
+    version: int,
+    flexible: bool,
+    what: str,
+    proj: Projection | None,
+) -> str:
+    """The name of the constant mapping every tag known at this version to its field's name and reader
+    (``read_tagged_section``'s ``known``), the projected fields read as ``proj`` keeps them and the others
+    whole: a projected decode or a skip builds no value it leaves out, but tells a known tag from an
+    unknown one and checks its size as the whole decode does (``TAG_EXTRAS``)."""
+    known = {
+        f.tag: (
+            f.name,
+            ns[_tag_fn(ns, f, version, flexible, what, None if proj is None else proj.get(f.name))],
+        )
+        for f in present
+        if f.tagged_at(version)
+    }
+    return ns.const(known)
+
+
 def _tag_fn(
     ns: _Namespace, f: FieldSpec, version: int, flexible: bool, what: str, proj: Projection | None
 ) -> str:
@@ -946,18 +969,8 @@ def _struct_body(
         # written into the dict literal: no default is built only to be replaced.
         fast = ", ".join(f"{f.name!r}: {defaults.get(f.name, local[f.name])}" for f in wanted)
         code.emit("if b[p] == 0: " + fast_exit.format(f"{{{fast}}}"))
-        # Every tag known at this version, the projected ones read as projected and the others whole: a
-        # projection builds no value it leaves out, but tells a known tag from an unknown one and checks
-        # its size as the whole decode does (``TAG_EXTRAS``).
-        known = {
-            f.tag: (
-                f.name,
-                ns[_tag_fn(ns, f, version, flexible, what, None if proj is None else proj.get(f.name))],
-            )
-            for f in present
-            if f.tagged_at(version)
-        }
-        code.emit(f"T, U, p = _tags(b, p, L, {ns.const(known)}{'' if proj is None else ', False'})")
+        known = _known_tags(ns, present, version, flexible, what, proj)
+        code.emit(f"T, U, p = _tags(b, p, L, {known}{'' if proj is None else ', False'})")
         for f in tagged:
             code.emit(f"{local[f.name]} = T[{f.name!r}] if {f.name!r} in T else {defaults[f.name]}")
         code.emit(f"r = {{{items}}}")
@@ -995,12 +1008,8 @@ def compile_skipper(
     if fixed:
         code.emit(f"p += {fixed}")
     if flexible:
-        known = {
-            f.tag: (f.name, ns[_tag_fn(ns, f, version, flexible, what, None)])
-            for f in fields
-            if f.present(version) and f.tagged_at(version)
-        }
-        code.emit(f"p = _skiptags(b, p, L, {ns.const(known)})")
+        present = [f for f in fields if f.present(version)]
+        code.emit(f"p = _skiptags(b, p, L, {_known_tags(ns, present, version, flexible, what, None)})")
     code.emit("if p > L: raise _E('struct runs past the end of the frame', L)")
     code.emit("return p")
     code.dedent()
