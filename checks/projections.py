@@ -5,7 +5,9 @@ The job's router (``streaming.router``) decodes a frame once; the connection-sco
 entity key (a producer id, a transactional id, a group, the cluster) carries only the body fields
 that the rules of that key kind declare here, plus the few the engine itself reads; the request and
 response headers travel whole. So the routes, the shuffle and the entity entries' state hold the
-facts those rules need and nothing else.
+facts those rules need and nothing else. The routes a summary stands for (``checks.summaries``) are
+the one exception on the way: they travel whole, as their frames' bytes, and the keyed shard projects
+them the same way if it has to read them.
 
 Paths are dotted field names, as in a codec projection (``codec.projection``): list elements share
 their list's path, and a path ending at a struct, a list of structs, a record set or a nested payload

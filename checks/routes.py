@@ -51,7 +51,7 @@ class Route:
     summary: Summary | None = None
     #: A request the router routed whole: the exchange it formed the keys from, whose ``memo`` holds
     #: what the keys derived from the request's body, so a summary reads those instead of deriving them
-    #: again from ``frame``'s projected copy (which keeps every field they read). Never packed.
+    #: again from ``frame``. Never packed.
     asked: Exchange | None = field(default=None, compare=False, repr=False)
     #: The router paired this request: its answer, if this key gets one, is ``answer``, and nothing
     #: after the router looks for it. False only for routes a build before exchange routes wrote (its
@@ -221,9 +221,10 @@ def summary_entry(route: Route, originals: list[Route]) -> RouteEntry:
     summary = route.summary
     assert summary is not None
     # The originals are most of a bundle's bytes and are read only when the shard cannot apply the
-    # summary: their frames (one connection's) packed as one run, the connection's fields once and
-    # each message's facts inside the run rather than packed on their own, then compressed (LZ4 block),
-    # with the run's span beside them so an applied summary never reads them at all.
+    # summary: their frames (one connection's, whole: the shard projects them if it reads them) packed
+    # as one run, the connection's fields once and each frame's bytes (or, where those are many, its
+    # message's facts) inside the run, then compressed (LZ4 block), with the run's span beside them so
+    # an applied summary never reads them at all.
     # An answered request's answer follows it in the run, with no head of its own to keep.
     heads: list[list[int]] = []
     frames: list[TapFrame] = []

@@ -484,7 +484,8 @@ class Router:
         #: What the router's own rules found in the batches routed so far.
         self.findings: list[Finding] = []
         self.routes: list[Route] = []
-        self._projected: dict[tuple[int, str], TapFrame] = {}
+        #: ``id`` of each route in ``routes``: those ``route`` has not projected yet (``_projected``).
+        self._unprojected: set[int] = set()
         #: "conn|corr" -> the routes its request went to whole (its answer's keys), until the answer comes.
         self.sent: dict[str, list[Route]] = {}
         #: (conn, api, version) this batch already reported to the first-use-only rules.
@@ -516,7 +517,8 @@ class Router:
                 self.unrouted_responses += 1
         self.findings += monitor.take_findings()
         out, self.routes = self.routes, []
-        return self._summarise(out)
+        self._unprojected.clear()
+        return _projected(self._summarise(out))
 
     def _summarise(self, routes: list[Route]) -> list[Route]:
         """``routes`` with each run of ordinary exchanges of a key whose rules accept its summary
@@ -600,7 +602,6 @@ class Router:
         expand_response(response.message, sent)
         ex = Exchange(request, response)
         inner = unwrap_envelope(ex) if ex.api_key == ENVELOPE else None
-        self._projected.clear()
         self._observe_answer(ex, inner, kept, response.conn in incomplete)
         return True
 
@@ -648,28 +649,18 @@ class Router:
         request_only: bool = False,
         asked: Exchange | None = None,
     ) -> Route:
-        """Send ``frame`` on to ``key``'s shard (of ``kind``) with the fields that shard's rules read
-        (``asked``: ``Route.asked``); the route sent."""
-        sent = Route(key, self._projection(frame, kind), at_ns, incomplete, request_only, None, asked)
+        """Send ``frame`` on to ``key``'s shard (of ``kind``; ``asked``: ``Route.asked``); the route sent.
+        It carries the frame whole until ``route`` has summarised the batch (``_projected``)."""
+        sent = Route(key, frame, at_ns, incomplete, request_only, None, asked)
         self.routes.append(sent)
+        self._unprojected.add(id(sent))
         return sent
-
-    def _projection(self, frame: TapFrame, kind: str) -> TapFrame:
-        """``frame`` with the fields the rules of ``kind`` read: one object per kind, however many keys
-        of the kind it goes to."""
-        cached = (id(frame), kind)
-        projected = self._projected.get(cached)
-        if projected is None:
-            projected = self._projected[cached] = project_frame(frame, _catalogue().kind_rules.get(kind, ()))
-        return projected
 
     def _observe(self, event: Dispatched) -> None:
         """An exchange the engine dispatched: the request's route keys wait in ``sent`` for its answer."""
         if event.hook == "on_response":
             ex = event.exchange
             sent_key = f"{ex.conn}|{ex.request.correlation_id}"
-            # Frames projected for this exchange, per key kind (one frame goes to many keys of a kind).
-            self._projected.clear()
             self._observe_answer(
                 ex, event.inner, self.sent.pop(sent_key, None), ex.conn in self.ctx.incomplete_conns
             )
@@ -684,7 +675,6 @@ class Router:
         """Route a request (``on_request``) or a request known by its header (``on_header``); its routes
         whose keys its answer goes to as well (None: the answer goes nowhere the request went)."""
         hook, ex, inner = event.hook, event.exchange, event.inner
-        self._projected.clear()
         conn = ex.conn
         incomplete = conn in self.ctx.incomplete_conns
         use = (conn, ex.api_key, ex.api_version)
@@ -727,14 +717,63 @@ class Router:
             # The kind of a kept key: its prefix (``route_key``).
             key = asked.key
             kept_keys.add(key)
-            asked.answer = self._projection(response, key.partition("|")[0])
+            if id(asked) in self._unprojected:
+                asked.answer = response
+            else:
+                # Its request was routed by an earlier ``route`` call, which projected it already.
+                asked.answer = project_frame(response, _catalogue().kind_rules.get(key.partition("|")[0], ()))
             asked.answer_incomplete = incomplete
         request = ex.request
         for key, step in answered.items():
             if key not in kept_keys:
                 sent = self._route(key, step[2], request, response.ts_ns, incomplete)
-                sent.answer = self._projection(response, step[2])
+                sent.answer = response
                 sent.answer_incomplete = incomplete
+
+
+def _projected(routes: list[Route]) -> list[Route]:
+    """``routes`` with each route's frame and answer pruned to its key kind's projection
+    (``checks.projections``): one object per frame and kind, however many keys of the kind it goes to.
+    A summary's originals stay whole: they travel as their frames' bytes where those are few
+    (``checks.routes.summary_entry``), and a keyed shard projects them only if it reads them
+    (``projected_originals``)."""
+    kind_rules = _catalogue().kind_rules
+    # (id(frame), kind) -> (frame, its projection): holding each frame keeps its id its own meanwhile.
+    made: dict[tuple[int, str], tuple[TapFrame, TapFrame]] = {}
+    for route in routes:
+        if route.summary is not None:
+            continue
+        kind = route.key.partition("|")[0]
+        rules = kind_rules.get(kind, ())
+        frame = route.frame
+        done = made.get((id(frame), kind))
+        if done is None:
+            done = made[(id(frame), kind)] = (frame, project_frame(frame, rules))
+        route.frame = done[1]
+        answer = route.answer
+        if answer is not None:
+            done = made.get((id(answer), kind))
+            if done is None:
+                done = made[(id(answer), kind)] = (answer, project_frame(answer, rules))
+            route.answer = done[1]
+    return routes
+
+
+def projected_originals(summary: Summary, key: str) -> list[Route]:
+    """The routes ``summary`` stands for as a keyed shard of ``key`` is fed them: each frame and answer
+    projected for the key's kind (``checks.projections``), as the router projects a route it sends
+    on its own (``_projected``). Copies: the routes ``summary.expand`` gives may be the router's own."""
+    rules = _catalogue().kind_rules.get(split_route_key(key)[0], ())
+    out: list[Route] = []
+    for r in summary.expand():
+        answer = None if r.answer is None else project_frame(r.answer, rules)
+        out.append(
+            Route(
+                r.key, project_frame(r.frame, rules), r.at_ns, r.incomplete, r.request_only, None, None,
+                r.paired, answer, r.answer_incomplete,
+            )
+        )  # fmt: skip
+    return out
 
 
 class KeyedShard:
@@ -762,6 +801,7 @@ class KeyedShard:
                 self._hold(frame_from_packed(request), frame_from_packed(answer), bool(incomplete))
         else:
             self.monitor = Monitor(rules, self.ctx, only_key=state_key, track_gaps=False, report_frames=False)
+        self.key = key
         #: Summaries this shard applied, and those it fed as their routes (not state: not saved).
         self.summaries_applied = 0
         self.summaries_expanded = 0
@@ -771,7 +811,7 @@ class KeyedShard:
         answer is released where it sorts: before the first later route, or by ``advance``."""
         findings: list[Finding] = []
         monitor = self.monitor
-        for route in expand_conflicts(routes):
+        for route in expand_conflicts(self._pruning_originals(routes)):
             frame = route.frame
             summary = route.summary
             start = release_key(frame) if summary is None else summary.first
@@ -801,6 +841,22 @@ class KeyedShard:
             # connection that ever touched it (close events are not routed here).
             monitor.drop_idle_connection(frame.conn)
         return findings
+
+    def _pruning_originals(self, routes: Iterable[Route]) -> list[Route]:
+        """``routes`` with each summary's originals projected to this shard's kind as they are expanded
+        (the router sends them whole: ``_projected``), so a run fed as its routes is fed what those
+        routes would have carried on their own."""
+        out: list[Route] = []
+        for route in routes:
+            summary = route.summary
+            if summary is not None:
+                pruned = replace(summary, expand=partial(projected_originals, summary, self.key))
+                route = Route(
+                    route.key, route.frame, route.at_ns, route.incomplete, route.request_only, pruned,
+                    route.asked, route.paired, route.answer, route.answer_incomplete,
+                )  # fmt: skip
+            out.append(route)
+        return out
 
     def _hold(self, request: TapFrame, answer: TapFrame, incomplete: bool) -> None:
         self._arrivals += 1

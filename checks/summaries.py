@@ -185,7 +185,8 @@ FACTS: Final[dict[str, type[ProduceRun] | type[HeartbeatRun]]] = {
 @dataclass
 class Summary:
     """A summary route's content: its kind, its facts, and the routes it stands for (``expand``: made
-    on demand, as the stage keeps them packed)."""
+    on demand, as the stage keeps them packed), their frames whole, as the router decoded them: the
+    keyed shard projects them for its kind if it feeds them (``checks.sharding.projected_originals``)."""
 
     kind: str
     facts: ProduceRun | HeartbeatRun

@@ -571,15 +571,33 @@ def frame_to_packed(frame: TapFrame) -> list[Any]:
 
 def _held(frame: TapFrame, in_run: bool) -> list[Any]:
     """What a packed frame holds after its metadata: its message packed on its own, or ``in_run`` the
-    message itself, which ``facts.packb`` packs as its facts inside the run (``pack_run``)."""
+    message itself, which ``facts.packb`` packs as its facts inside the run (``pack_run``), or in a
+    run just the frame's bytes where decoding them again gives that message (``_bytes_in_run``)."""
     message = frame.message
     if message is not None:
+        if in_run and _bytes_in_run(frame, message):
+            return [frame.raw, None, None, frame.lost, frame.lone, frame.index, frame.loss_ns]
         # A body decoded with bytes left over keeps them: the KIP-482 check re-decodes it.
         raw = frame.raw if "_trailing" in message.body else None
         held: Any = message if in_run else facts.pack_message(message)
         return [raw, held, None, frame.lost, frame.lone, frame.index, frame.loss_ns]
     error = None if frame.error is None else facts.pack_error(frame.error)
     return [frame.raw, None, error, frame.lost, frame.lone, frame.index, frame.loss_ns]
+
+
+#: The most bytes of a frame a run carries instead of its facts (``_bytes_in_run``). Below it the bytes
+#: cost less to pack than the facts (a Produce exchange's about a third of walking its messages' facts
+#: in ``facts.packb``) and, compressed, take less room; a larger frame is most often one carrying record
+#: payloads (a ``full`` capture), which facts leave out.
+RUN_BYTES_LIMIT: Final = 4096
+
+
+def _bytes_in_run(frame: TapFrame, message: Request | Response) -> bool:
+    """Whether a run carries ``frame`` as its bytes, decoded again only if the run is read
+    (``frame_from_packed``): few enough bytes, and a message they decode to on their own. A response
+    whose nested payloads needed its request (``tag_extras`` None) keeps its facts."""
+    raw = frame.raw
+    return raw is not None and len(raw) <= RUN_BYTES_LIMIT and message.tag_extras is not None
 
 
 #: The ``FIELDS`` every frame of one connection shares, and those of its own, as a run keeps them.

@@ -293,6 +293,32 @@ def test_an_answer_held_by_the_shard_waits_behind_a_summary_that_starts_before_i
     assert ids(summarised) == ids(whole)
 
 
+def _in_release_order(routes: list[Route]) -> list[Route]:
+    return sorted(routes, key=lambda r: r.summary.first if r.summary is not None else release_key(r.frame))
+
+
+def test_a_summary_the_shard_cannot_apply_feeds_its_routes_as_the_router_sends_them_alone() -> None:
+    """The router sends a summary's routes whole (``checks.routes.summary_entry`` carries them as their
+    frames' bytes); a keyed shard that cannot apply the summary feeds them projected for its kind, as
+    the router projects a route it sends alone: the same findings and the same state, the answer it
+    still holds included."""
+    frames = flatten(exchange_records(traffic(["next"] * 6 + ["pipeline"] * 2, [1, 2])))
+    summarised = [r for r in Router(CONFIG).route(frames) if r.key.startswith("producer|")]
+    one_by_one = Router(CONFIG)
+    alone = [r for f in frames for r in one_by_one.route([f]) if r.key.startswith("producer|")]
+    assert any(r.summary is not None for r in summarised)
+    assert not any(r.summary is not None for r in alone)
+    key = summarised[0].key
+    shard, plain = KeyedShard(CONFIG, key), KeyedShard(CONFIG, key)
+    assert shard.feed(_in_release_order(summarised)) == plain.feed(_in_release_order(summarised))
+    assert shard.export() == plain.export()
+    # Fed again, the summary no longer fits the state (its streams moved past it).
+    found = shard.feed(_in_release_order(summarised))
+    assert (shard.summaries_applied, shard.summaries_expanded) == (1, 1)
+    assert found == plain.feed(_in_release_order(alone))
+    assert shard.answers and shard.export() == plain.export()
+
+
 def test_a_run_of_continuations_is_one_summary_and_is_applied() -> None:
     """The property above is not vacuous: ordinary runs become summaries, and the shard applies them."""
     records = exchange_records(traffic(["next"] * 6 + ["pipeline"] * 3 + ["next"] * 4, [1, 2]))

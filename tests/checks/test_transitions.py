@@ -28,6 +28,7 @@ from checks.sharding import (
     UndeclaredTransitions,
     check_transitions,
     connection_row,
+    projected_originals,
 )
 from codec.protocol import ApiKey
 from codec.taprecord import TapFrame, pack_frame, unpack_frame
@@ -194,9 +195,10 @@ def test_a_consumer_groups_exchanges_travel_by_their_headers() -> None:
 
 
 def _routes(routes: list[Route]) -> list[tuple[object, ...]]:
-    """The routes of each key in order, each summary as the routes it stands for (fed one frame at a
-    time, the router finds no run; a summary sits where its first route was)."""
-    flat = [x for r in routes for x in (r.summary.expand() if r.summary is not None else [r])]
+    """The routes of each key in order, each summary as the routes it stands for, as its keyed shard
+    is fed them (fed one frame at a time, the router finds no run; a summary sits where its first
+    route was)."""
+    flat = [x for r in routes for x in (projected_originals(r.summary, r.key) if r.summary else [r])]
     by_key = sorted(flat, key=lambda r: r.key)
     return [(r.key, pack_frame(r.frame), r.at_ns, r.incomplete, r.request_only) for r in by_key]
 
