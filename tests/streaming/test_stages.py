@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from checks.routes import RouteEntry
+from codec.protocol import ApiKey
 from codec.taprecord import EXCHANGE, Connection, Part, TapFrame, pack_record, pack_static
 from streaming.frames import frame_row
 from streaming.pages import DictPageBackend, PagedBucketStore
@@ -225,6 +226,27 @@ def test_a_record_that_is_not_from_a_tap_is_a_decode_error() -> None:
     assert [f["rule"] for f in findings] == ["frame.decode_error"]
     assert findings[0]["evidence"]["offsets"] == [[3, 42]]
     assert "not a tap record" in findings[0]["summary"]
+
+
+def test_bytes_no_rule_reads_are_still_decoded_and_a_bad_one_is_a_decode_error() -> None:
+    """The job decodes each body whole, not with the fields its consumers declare (docs/decisions.md,
+    "Decode once, in stage one"): a Metadata answer naming a broker host that is not UTF-8 is reported
+    as undecodable, though no rule reads a Metadata answer's body and a decode projected to what they
+    read would accept it."""
+    body = {"Brokers": [{"NodeId": 1, "Host": "broker-a", "Port": 9092, "Rack": None}], "Topics": []}
+    request, answer = Conversation().exchange(
+        ApiKey.METADATA, 12, {"Topics": [], "AllowAutoTopicCreation": False}, body, NS_PER_MS
+    )
+    assert answer.raw is not None and b"broker-a" in answer.raw
+    broken = replace(answer, raw=answer.raw.replace(b"broker-a", b"\xffroker-a"))
+
+    def rules(frames: list[TapFrame]) -> list[str]:
+        stages = LocalStages(CONFIG, 2)
+        rows = [frame_row(*tap_record(f)) for f in frames]
+        out = stages.batch(rows, 0) + stages.batch([], 2**62)
+        return sorted(json.loads(r.payload)["rule"] for r in out if r.kind == "finding")
+
+    assert rules([request, broken]) == sorted([*rules([request, answer]), "frame.decode_error"])
 
 
 #: The tap record's numeric headers (``streaming.frames.FRAME_ROW_SCHEMA``'s integer columns).
