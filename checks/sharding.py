@@ -740,22 +740,20 @@ def _projected(routes: list[Route]) -> list[Route]:
     kind_rules = _catalogue().kind_rules
     # (id(frame), kind) -> (frame, its projection): holding each frame keeps its id its own meanwhile.
     made: dict[tuple[int, str], tuple[TapFrame, TapFrame]] = {}
+
+    def projection(frame: TapFrame, kind: str) -> TapFrame:
+        done = made.get((id(frame), kind))
+        if done is None:
+            done = made[(id(frame), kind)] = (frame, project_frame(frame, kind_rules.get(kind, ())))
+        return done[1]
+
     for route in routes:
         if route.summary is not None:
             continue
         kind = route.key.partition("|")[0]
-        rules = kind_rules.get(kind, ())
-        frame = route.frame
-        done = made.get((id(frame), kind))
-        if done is None:
-            done = made[(id(frame), kind)] = (frame, project_frame(frame, rules))
-        route.frame = done[1]
-        answer = route.answer
-        if answer is not None:
-            done = made.get((id(answer), kind))
-            if done is None:
-                done = made[(id(answer), kind)] = (answer, project_frame(answer, rules))
-            route.answer = done[1]
+        route.frame = projection(route.frame, kind)
+        if route.answer is not None:
+            route.answer = projection(route.answer, kind)
     return routes
 
 
@@ -764,16 +762,16 @@ def projected_originals(summary: Summary, key: str) -> list[Route]:
     projected for the key's kind (``checks.projections``), as the router projects a route it sends
     on its own (``_projected``). Copies: the routes ``summary.expand`` gives may be the router's own."""
     rules = _catalogue().kind_rules.get(split_route_key(key)[0], ())
-    out: list[Route] = []
-    for r in summary.expand():
-        answer = None if r.answer is None else project_frame(r.answer, rules)
-        out.append(
-            Route(
-                r.key, project_frame(r.frame, rules), r.at_ns, r.incomplete, r.request_only, None, None,
-                r.paired, answer, r.answer_incomplete,
-            )
-        )  # fmt: skip
-    return out
+    return [
+        replace(
+            r,
+            frame=project_frame(r.frame, rules),
+            answer=None if r.answer is None else project_frame(r.answer, rules),
+            summary=None,
+            asked=None,
+        )
+        for r in summary.expand()
+    ]
 
 
 class KeyedShard:
@@ -850,11 +848,9 @@ class KeyedShard:
         for route in routes:
             summary = route.summary
             if summary is not None:
-                pruned = replace(summary, expand=partial(projected_originals, summary, self.key))
-                route = Route(
-                    route.key, route.frame, route.at_ns, route.incomplete, route.request_only, pruned,
-                    route.asked, route.paired, route.answer, route.answer_incomplete,
-                )  # fmt: skip
+                route = replace(
+                    route, summary=replace(summary, expand=partial(projected_originals, summary, self.key))
+                )
             out.append(route)
         return out
 

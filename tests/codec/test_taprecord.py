@@ -260,6 +260,24 @@ def test_a_run_reads_back_every_field_of_every_frame(
     assert read_extras == [extras] * len(frames)
 
 
+def _decoded(direction: str, api_key: int | None, version: int | None, data: bytes) -> TapFrame:
+    frame = decode_frame(TapFrame("c-1", 3, 5, direction, api_key, version, None, "client:1"), data)
+    assert frame.message is not None and frame.error is None
+    return frame
+
+
+def _run_of_one(frame: TapFrame) -> tuple[TapFrame, bool]:
+    """``frame`` packed alone as a run and read back, and whether the run carried it as its bytes."""
+    from codec import facts
+    from codec.taprecord import pack_run, run_of
+
+    values = facts.unpack_values(pack_run([frame], [[0, 0]]) or b"")
+    read = run_of(values)
+    assert read is not None
+    # The packed row's message slot (``_held``: bytes, message, error, lost, lone, index, loss_ns).
+    return read[0][0], values[2][0][-6] is None
+
+
 @settings(max_examples=300, deadline=None)
 @given(message=messages, seed=seeds)
 def test_a_run_carries_a_frame_as_its_bytes_where_they_decode_to_its_message(
@@ -269,43 +287,31 @@ def test_a_run_carries_a_frame_as_its_bytes_where_they_decode_to_its_message(
     message on their own (``RUN_BYTES_LIMIT``; not a response whose nested payloads needed its
     request), and as their facts otherwise: either way the run reads back the frame it packed, its
     message's facts included, for every API and version."""
-    from codec import facts
-    from codec.taprecord import RUN_BYTES_LIMIT, frame_to_packed, pack_run, run_of
+    from codec.taprecord import RUN_BYTES_LIMIT, frame_to_packed
 
     kind, api_key, version = message
     data = build_frame(kind, api_key, version, seed)
-    direction = "req" if kind == "request" else "resp"
-    frame = decode_frame(TapFrame("c-1", 3, 5, direction, api_key, version, None, "client:1"), data)
-    assert frame.message is not None and frame.error is None
-    values = facts.unpack_values(pack_run([frame], [[0, 0]]) or b"")
-    read = run_of(values)
-    assert read is not None
-    assert frame_to_packed(read[0][0]) == frame_to_packed(frame)
-    # The packed row's message slot (``_held``: bytes, message, error, lost, lone, index, loss_ns).
-    as_bytes = values[2][0][-6] is None
+    frame = _decoded("req" if kind == "request" else "resp", api_key, version, data)
+    read, as_bytes = _run_of_one(frame)
+    assert frame_to_packed(read) == frame_to_packed(frame)
+    assert frame.message is not None
     assert as_bytes == (len(data) <= RUN_BYTES_LIMIT and frame.message.tag_extras is not None)
 
 
 def test_runs_carry_both_forms() -> None:
     """The property above is not vacuous: across the catalogue, frames go both as bytes and as facts."""
-    from codec import facts
-    from codec.taprecord import pack_run
-
     forms = set()
     for kind, api_key, version in ALL_MESSAGES:
         data = build_frame(kind, api_key, version, api_key * 1_000 + version)
-        direction = "req" if kind == "request" else "resp"
-        frame = decode_frame(TapFrame("c-1", 3, 5, direction, api_key, version, None, "client:1"), data)
-        forms.add(facts.unpack_values(pack_run([frame], [[0, 0]]) or b"")[2][0][-6] is None)
+        forms.add(_run_of_one(_decoded("req" if kind == "request" else "resp", api_key, version, data))[1])
     assert forms == {True, False}
 
 
 def test_a_frame_of_many_bytes_goes_as_its_facts() -> None:
     """A Produce carrying more than ``RUN_BYTES_LIMIT`` bytes of records (a ``full`` capture) goes as
     its facts, which leave the record payloads out."""
-    from codec import facts
     from codec.records import build_record_batch
-    from codec.taprecord import RUN_BYTES_LIMIT, frame_to_packed, pack_run, run_of
+    from codec.taprecord import RUN_BYTES_LIMIT, frame_to_packed, pack_run
 
     batch = build_record_batch([(None, b"x" * RUN_BYTES_LIMIT)], producer_id=5, producer_epoch=1)
     body = {
@@ -314,14 +320,11 @@ def test_a_frame_of_many_bytes_goes_as_its_facts() -> None:
         "TimeoutMs": 30000,
         "TopicData": [{"Name": "orders", "PartitionData": [{"Index": 0, "Records": batch}]}],
     }
-    data = codec.encode_request(ApiKey.PRODUCE, 9, 11, "app", body)
-    frame = decode_frame(TapFrame("c-1", 3, 5, "req", None, None, None, "client:1"), data)
+    frame = _decoded("req", None, None, codec.encode_request(ApiKey.PRODUCE, 9, 11, "app", body))
     run = pack_run([frame], [[0, 0]])
     assert run is not None and len(run) < RUN_BYTES_LIMIT
-    values = facts.unpack_values(run)
-    assert values[2][0][-6] is not None
-    read = run_of(values)
-    assert read is not None and frame_to_packed(read[0][0]) == frame_to_packed(frame)
+    read, as_bytes = _run_of_one(frame)
+    assert not as_bytes and frame_to_packed(read) == frame_to_packed(frame)
 
 
 def test_values_that_are_not_a_run_read_as_none() -> None:
